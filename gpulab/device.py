@@ -1,0 +1,115 @@
+"""Choosing the device: the one place that decides between CUDA and the CPU (lesson 00).
+
+On a CPU, Triton kernels run in Triton's interpreter. The interpreter is chosen when a kernel is
+*decorated* with ``@triton.jit``, so ``TRITON_INTERPRET=1`` must be set before any notebook cell
+defines a kernel: that is why every notebook calls ``gpulab.setup`` first.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+_VALID = ("auto", "cpu", "cuda")
+_current: str | None = None
+
+
+def pick_device(requested: str = "auto") -> str:
+    """Return ``"cuda"`` or ``"cpu"`` for a requested ``"auto" | "cpu" | "cuda"``.
+
+    ``"auto"`` takes the environment variable ``GPULAB_DEVICE`` if set (CI's GPU lane uses it),
+    else CUDA when a GPU is visible, else the CPU. Asking for CUDA without a GPU is an error,
+    not a silent fallback, so a GPU run can never quietly report CPU numbers.
+    """
+    import torch
+
+    requested = (requested or "auto").strip().lower()
+    if requested not in _VALID:
+        raise ValueError(f"DEVICE must be one of {_VALID}, got {requested!r}. "
+                         "Set DEVICE = 'auto' in the parameters cell.")
+    if requested == "auto":
+        requested = os.environ.get("GPULAB_DEVICE", "auto").strip().lower() or "auto"
+        if requested not in _VALID:
+            raise ValueError(f"GPULAB_DEVICE must be one of {_VALID}, got {requested!r}.")
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("DEVICE = 'cuda' was asked for, but PyTorch sees no CUDA GPU on this "
+                           "machine. Use DEVICE = 'auto' (or 'cpu') to run in Triton's interpreter.")
+    return requested
+
+
+def use_interpreter() -> None:
+    """Switch Triton to its CPU interpreter for every kernel decorated from now on."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    if "triton" in sys.modules:
+        # Kernels decorated before this point are already compiled-mode kernels.
+        from triton import knobs  # noqa: PLC0415 - only when triton is already loaded
+        knobs.runtime.interpret = True
+
+
+def set_device(requested: str = "auto") -> str:
+    """Pick the device (see :func:`pick_device`), remember it, and prepare Triton for it."""
+    global _current
+    device = pick_device(requested)
+    if device == "cpu":
+        use_interpreter()
+    else:
+        os.environ.pop("TRITON_INTERPRET", None)
+    _current = device
+    return device
+
+
+def current_device() -> str:
+    """The device chosen by :func:`set_device` (choosing ``"auto"`` if none was chosen yet)."""
+    return _current if _current is not None else set_device("auto")
+
+
+def interpreted() -> bool:
+    """True when Triton kernels run in the CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def synchronize(device=None) -> None:
+    """Wait until all work queued on ``device`` has finished (lesson 01).
+
+    GPU kernels are *asynchronous*: a launch returns before the kernel runs, so a timer must
+    synchronise before reading the clock. ``device`` may be ``"cuda"``, ``"cpu"`` (nothing to
+    wait for), a ``torch.device``, or any object with a ``synchronize()`` method (the simulated
+    asynchronous device that lab 01's check uses).
+    """
+    import torch
+
+    if device is None:
+        device = current_device()
+    if hasattr(device, "synchronize") and not isinstance(device, (str, torch.device)):
+        device.synchronize()
+        return
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def describe() -> dict:
+    """What this machine offers: device, GPU name, Triton mode and the distributed backend."""
+    import torch
+
+    device = current_device()
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:  # macOS has no Triton wheels
+        triton_version = None
+    info = {
+        "device": device,
+        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+        "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "triton_mode": "interpreter (CPU)" if interpreted() else "compiled (GPU)",
+        "distributed_backend": "nccl" if device == "cuda" and torch.distributed.is_nccl_available()
+        else "gloo",
+    }
+    return info

@@ -1,0 +1,134 @@
+"""The inline ``check``: run an exercise's public cases on the learner's code, show the verdict.
+
+In JupyterLab the verdict is an ipywidget with a "Show hint" button (hints before solutions);
+where no widget front end exists (papermill, nbconvert, a terminal) the same verdict prints as
+text. With ``GPULAB_STRICT=1`` (set by the test suite) a failed check raises, so a solution
+notebook whose check fails cannot pass CI.
+"""
+from __future__ import annotations
+
+import html
+import os
+import sys
+
+
+def _in_notebook() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
+
+
+def display_rich(text: str, html_text: str) -> None:
+    """Show ``html_text`` in a notebook (with ``text`` as its plain fallback), else print ``text``."""
+    if _in_notebook():
+        from IPython.display import display
+
+        display({"text/plain": text, "text/html": html_text}, raw=True)
+    else:
+        print(text)
+
+
+_ICON = {"passed": "✅", "failed": "❌", "error": "💥", "not_attempted": "✏️",
+         "timeout": "⏱️", "crashed": "💥"}
+
+
+def format_text(result, hint: str) -> str:
+    lines = [f"{_ICON.get(result.status, '?')} {result.id}: {result.status} "
+             f"({result.score:g}/{result.points:g} points on the public cases)"]
+    for case in result.cases:
+        mark = "ok  " if case.status == "passed" else case.status.upper()
+        lines.append(f"  [{mark}] {case.name}")
+        if case.status != "passed" and case.message:
+            lines.extend("         " + m for m in case.message.splitlines()[:12])
+    if result.status != "passed" and hint:
+        lines.append(f"  Hint: {hint}")
+    return "\n".join(lines)
+
+
+def format_html(result) -> str:
+    color = {"passed": "#2e7d32", "not_attempted": "#6d6d6d"}.get(result.status, "#c62828")
+    rows = []
+    for case in result.cases:
+        msg = "" if case.status == "passed" else f"<pre style='margin:0'>{html.escape(case.message)}</pre>"
+        rows.append(f"<tr><td>{_ICON.get(case.status, '?')}</td><td>{html.escape(case.name)}</td>"
+                    f"<td style='text-align:left'>{msg}</td></tr>")
+    return (f"<div style='border-left:4px solid {color};padding-left:8px'>"
+            f"<b>{html.escape(result.id)}</b>: <span style='color:{color}'>{result.status}</span> "
+            f"({result.score:g}/{result.points:g} points on the public cases)"
+            f"<table>{''.join(rows)}</table></div>")
+
+
+def _widget(result, hint: str, text: str):
+    import ipywidgets as widgets
+
+    class Verdict(widgets.VBox):
+        def _repr_mimebundle_(self, **kwargs):  # plain text where widgets cannot render
+            bundle = super()._repr_mimebundle_(**kwargs)
+            if isinstance(bundle, tuple):
+                bundle = bundle[0]
+            bundle["text/plain"] = text
+            return bundle
+
+    children = [widgets.HTML(format_html(result))]
+    if result.status != "passed" and hint:
+        hint_box = widgets.HTML(f"<i>Hint: {html.escape(hint)}</i>")
+        hint_box.layout.display = "none"
+        button = widgets.Button(description="Show hint", icon="lightbulb-o")
+
+        def reveal(_):
+            hint_box.layout.display = None
+            button.disabled = True
+
+        button.on_click(reveal)
+        children += [button, hint_box]
+    return Verdict(children)
+
+
+class CheckFailed(AssertionError):
+    """Raised by :func:`check` in strict mode (``GPULAB_STRICT=1``) when an exercise does not pass."""
+
+
+def check(exercise_id: str, namespace: dict | None = None, device: str | None = None,
+          strict: bool | None = None, quiet: bool = False):
+    """Run the public cases of exercise ``exercise_id`` against your code and show the result.
+
+    ``namespace`` defaults to the calling notebook's globals, where your functions live.
+    Shows the verdict (unless ``quiet``) and returns nothing, so a notebook cell shows only the
+    verdict; use :func:`check_result` for the result object.
+    """
+    if namespace is None:
+        namespace = sys._getframe(1).f_globals
+    check_result(exercise_id, namespace, device, strict, quiet)
+
+
+def check_result(exercise_id: str, namespace: dict, device: str | None = None,
+                 strict: bool | None = None, quiet: bool = False):
+    """:func:`check`, returning the :class:`grader.exercise.ExerciseResult`."""
+    from gpulab import progress
+    from gpulab.device import current_device
+    from grader.checks import find_exercise
+    from grader.exercise import evaluate
+
+    stem, ex = find_exercise(exercise_id)
+    result = evaluate(ex, namespace, device or current_device())
+    progress.record(stem, ex.id, result.status)
+    text = format_text(result, ex.hint)
+    if quiet:
+        pass
+    elif _in_notebook():
+        from IPython.display import display
+
+        try:
+            display(_widget(result, ex.hint, text))
+        except ImportError:
+            display_rich(text, format_html(result))
+    else:
+        print(text)
+    if strict is None:
+        strict = os.environ.get("GPULAB_STRICT") == "1"
+    if strict and result.status != "passed":
+        raise CheckFailed(text)
+    return result

@@ -1,0 +1,102 @@
+"""This machine's measured peaks: copy bandwidth and matmul rate (lessons 01 and 02).
+
+Datasheet peaks are never reached; "% of peak" in this course means "% of what a plain copy
+(``torch.Tensor.copy_``) or ``torch.matmul`` achieves on this machine". Both are measured once
+and cached per machine in ``~/.cache/gpulab/peaks.json`` (``GPULAB_CACHE`` moves it).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from gpulab.bench import benchmark, gbps, tflops
+from gpulab.device import current_device
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """Measured peaks of one device: copy bandwidth (GB/s) and matmul rate (TFLOP/s)."""
+
+    device: str            # "cuda" or "cpu"
+    name: str              # GPU or CPU model, the cache key
+    copy_gbps: float       # torch copy_ of a large buffer: bytes read + bytes written per second
+    matmul_tflops: float   # torch.matmul of square matrices in `matmul_dtype`
+    matmul_dtype: str
+    copy_bytes: int
+    matmul_size: int
+
+    @property
+    def ridge_point(self) -> float:
+        """Arithmetic intensity (FLOP/byte) where the roofline turns from memory- to compute-bound."""
+        return self.matmul_tflops * 1e12 / (self.copy_gbps * 1e9)
+
+
+def _cache_file() -> Path:
+    root = Path(os.environ.get("GPULAB_CACHE", Path.home() / ".cache" / "gpulab"))
+    return root / "peaks.json"
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.get_device_name(0)
+    return f"{platform.machine()} {platform.processor() or 'cpu'} x{os.cpu_count()} torch{torch.__version__}"
+
+
+def _cache_key(device: str) -> str:
+    return f"v{_METHOD_VERSION} {_device_name(device)}"  # a new method re-measures
+
+
+_METHOD_VERSION = 2
+
+
+def measure_peaks(device: str | None = None) -> Peaks:
+    """Measure copy bandwidth and matmul rate now (a few seconds on CPU, under a second on GPU)."""
+    import torch
+
+    device = device or current_device()
+    if device == "cuda":
+        n_bytes, size, dtype = 1 << 30, 8192, torch.float16
+    else:
+        n_bytes, size, dtype = 256 << 20, 1024, torch.float32  # larger than any CPU cache
+    src = torch.empty(n_bytes // 4, dtype=torch.float32, device=device).normal_()
+    dst = torch.empty_like(src)
+    t_copy = benchmark(dst.copy_, src, device=device, warmup=2, repeats=10)
+    del src, dst
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    t_mm = benchmark(torch.matmul, a, b, device=device, warmup=2, repeats=10)
+    return Peaks(device=device, name=_device_name(device),
+                 copy_gbps=gbps(2 * n_bytes, t_copy.median_ms),  # read + write
+                 matmul_tflops=tflops(2 * size**3, t_mm.median_ms),
+                 matmul_dtype=str(dtype).replace("torch.", ""), copy_bytes=n_bytes, matmul_size=size)
+
+
+def measured_peaks(device: str | None = None, refresh: bool = False) -> Peaks:
+    """This device's peaks, measured on first use and then read from the per-machine cache."""
+    device = device or current_device()
+    key = _cache_key(device)
+    path = _cache_file()
+    cache = {}
+    if path.exists():
+        try:
+            cache = json.loads(path.read_text())
+        except (OSError, ValueError):
+            cache = {}  # a damaged cache is re-measured, never trusted
+    if not refresh and key in cache:
+        try:
+            return Peaks(**cache[key])
+        except TypeError:
+            pass
+    peaks = measure_peaks(device)
+    cache[key] = asdict(peaks)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(cache, indent=2))
+    except OSError:
+        pass  # a read-only home still gets the numbers, just not cached
+    return peaks

@@ -1,0 +1,1 @@
+"""The GPU Systems Lab grader: release labs, grade submissions, merge cohorts (see README)."""

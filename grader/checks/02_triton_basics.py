@@ -1,0 +1,239 @@
+"""Checks of lab 02, Triton basics: vector add, fused bias+GELU, strided 2-D copy, fusion bytes.
+
+Every kernel check passes a *poisoned* output buffer followed by a guard region (so unwritten
+elements and out-of-bounds stores both show), records which Triton kernels launched (so a
+PyTorch one-liner earns nothing), and verifies the inputs were not modified.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from gpulab.check import compare, guard_report, poisoned
+from gpulab.device import synchronize
+from gpulab.launches import record_launches
+from grader.exercise import Case, Exercise, changed_inputs, entry, to_cpu
+
+LAB = "02_triton_basics"
+TITLE = "Triton basics: programs, masks, fusion"
+
+_REJECTABLE = (ValueError, TypeError, AssertionError)
+
+
+def _randn(gen, *shape, scale=1.0):
+    return torch.randn(*shape, generator=gen) * scale
+
+
+def _layout(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """Rebuild a non-contiguous view on the learner's side (a view does not survive pickling)."""
+    if layout == "strided":      # every other element of a 1-D buffer of twice the length
+        return t[::2]
+    if layout == "transposed":   # stored (N, M), seen as (M, N)
+        return t.t()
+    if layout == "sliced":       # rows 0, 2, 4 ... and columns 1, 4, 7 ... of a bigger matrix
+        return t[::2, 1::3]
+    return t
+
+
+def _call_kernel(fn, args: dict, out_shape, out_dtype, device, may_reject: bool) -> dict:
+    """Call ``fn(**args, out=out)`` with a poisoned ``out``; observe everything a check needs."""
+    out, storage = poisoned(tuple(out_shape), out_dtype, device)
+    with record_launches() as launched:
+        try:
+            ret = fn(*args.values(), out=out)
+        except _REJECTABLE as exc:
+            if not may_reject:
+                raise
+            return {"rejected": f"{type(exc).__name__}: {exc}", "launches": list(launched)}
+    synchronize(device)
+    same = isinstance(ret, torch.Tensor) and ret.data_ptr() == out.data_ptr() and ret.shape == out.shape
+    return {"out": out.cpu(), "returned_out": same, "launches": list(launched),
+            "guard": guard_report(storage, out.numel()), "rejected": None}
+
+
+def _judge_kernel(case, obs, expected, dtype, fn_name: str, may_reject: bool) -> str | None:
+    if obs.get("rejected") is not None:
+        if may_reject:
+            return None  # rejecting a non-contiguous input with a clear error is allowed
+        return f"{fn_name} raised {obs['rejected']}, but this input is valid."
+    if not obs["launches"]:
+        return (f"no Triton kernel was launched: {fn_name} must compute its result with your "
+                f"@triton.jit kernel, not with PyTorch operations.")
+    if obs["guard"]:
+        return obs["guard"]
+    if not obs["returned_out"]:
+        return (f"{fn_name} must write its result into `out` when `out` is given, and return `out` "
+                "(the check passes a buffer pre-filled with NaN).")
+    report = compare(obs["out"], expected, dtype=dtype, name=fn_name)
+    if report:
+        return report
+    return changed_inputs(case, obs.get("inputs_after", {}))
+
+
+# --- vector add ---------------------------------------------------------------------------------
+
+def _vector_add_cases(gen, public):
+    sizes = [(1, "float32"), (1000, "float32"), (4096, "float32"), (98_307, "float16")]
+    if not public:
+        sizes = [(int(torch.randint(1, 1 << 17, (1,), generator=gen)), d) for d in ("float32", "float16")] * 2
+    cases = []
+    for n, dtype in sizes:
+        dt = getattr(torch, dtype)
+        cases.append(Case(f"n={n} {dtype}", dict(x=_randn(gen, n).to(dt), y=_randn(gen, n).to(dt), layout="contiguous")))
+    n = 777 if public else int(torch.randint(100, 5000, (1,), generator=gen))
+    cases.append(Case(f"n={n} float32, non-contiguous x and y (stride 2): handle or reject",
+                      dict(x=_randn(gen, 2 * n), y=_randn(gen, 2 * n), layout="strided")))
+    return cases
+
+
+def _vector_add_run(ns, case, device):
+    x_base, y_base = case.inputs["x"].to(device), case.inputs["y"].to(device)
+    x, y = _layout(x_base, case.inputs["layout"]), _layout(y_base, case.inputs["layout"])
+    obs = _call_kernel(entry(ns, "vector_add"), {"x": x, "y": y}, x.shape, x.dtype, device,
+                       may_reject=case.inputs["layout"] != "contiguous")
+    obs["inputs_after"] = {"x": x_base.cpu(), "y": y_base.cpu()}
+    return obs
+
+
+def _vector_add_judge(case, obs):
+    x = _layout(case.inputs["x"], case.inputs["layout"])
+    y = _layout(case.inputs["y"], case.inputs["layout"])
+    expected = x.double() + y.double()
+    return _judge_kernel(case, obs, expected, x.dtype, "vector_add", case.inputs["layout"] != "contiguous")
+
+
+# --- fused bias + GELU ----------------------------------------------------------------------------
+
+def gelu_reference(x: torch.Tensor, bias: torch.Tensor, approximate: str) -> torch.Tensor:
+    """GELU(x + bias) in float64, the form given by ``approximate`` ("none" = erf, or "tanh")."""
+    return F.gelu(x.double() + bias.double(), approximate=approximate)
+
+
+def _bias_gelu_cases(gen, public):
+    shapes = [(1, 1, "none", "float32"), (3, 77, "tanh", "float32"), (64, 1000, "none", "float32"),
+              (17, 300, "tanh", "float16"), (33, 130, "none", "float16")]
+    if not public:
+        shapes = []
+        for approx in ("none", "tanh"):
+            for dtype in ("float32", "float16"):
+                m = int(torch.randint(1, 80, (1,), generator=gen))
+                n = int(torch.randint(1, 1500, (1,), generator=gen))
+                shapes.append((m, n, approx, dtype))
+    cases = []
+    for m, n, approx, dtype in shapes:
+        dt = getattr(torch, dtype)
+        cases.append(Case(f"({m}, {n}) {dtype} approximate={approx!r}", dict(
+            x=_randn(gen, m, n, scale=2.5).to(dt), bias=_randn(gen, n).to(dt), approximate=approx,
+            layout="contiguous")))
+    cases.append(Case("(40, 24) float32 approximate='tanh', x transposed (non-contiguous): handle or reject",
+                      dict(x=_randn(gen, 24, 40, scale=2.5), bias=_randn(gen, 40), approximate="tanh",
+                           layout="transposed")))
+    return cases
+
+
+def _bias_gelu_run(ns, case, device):
+    x_base, bias = case.inputs["x"].to(device), case.inputs["bias"].to(device)
+    x = _layout(x_base, case.inputs["layout"])
+    fn = entry(ns, "bias_gelu")
+    approx = case.inputs["approximate"]
+    obs = _call_kernel(lambda x, bias, out: fn(x, bias, approximate=approx, out=out),
+                       {"x": x, "bias": bias}, x.shape, x.dtype, device,
+                       may_reject=case.inputs["layout"] != "contiguous")
+    obs["inputs_after"] = {"x": x_base.cpu(), "bias": bias.cpu()}
+    return obs
+
+
+def _bias_gelu_judge(case, obs):
+    x = _layout(case.inputs["x"], case.inputs["layout"])
+    expected = gelu_reference(x, case.inputs["bias"], case.inputs["approximate"])
+    message = _judge_kernel(case, obs, expected, x.dtype, "bias_gelu", case.inputs["layout"] != "contiguous")
+    if message and x.dtype == torch.float32 and obs.get("out") is not None:
+        other = "tanh" if case.inputs["approximate"] == "none" else "none"
+        if compare(obs["out"], gelu_reference(x, case.inputs["bias"], other)) is None:
+            message += (f"\n  Your output matches approximate={other!r} instead: "
+                        f"use the {'erf' if other == 'tanh' else 'tanh'} form here.")
+    return message
+
+
+# --- strided 2-D copy -----------------------------------------------------------------------------
+
+def _copy_2d_cases(gen, public):
+    specs = [((33, 65), "contiguous", "float32"), ((65, 33), "transposed", "float32"),
+             ((40, 61), "sliced", "float16"), ((1, 1), "contiguous", "float32")]
+    if not public:
+        specs = [((int(torch.randint(1, 120, (1,), generator=gen)), int(torch.randint(1, 120, (1,), generator=gen))),
+                  layout, dtype) for layout in ("contiguous", "transposed", "sliced") for dtype in ("float32", "float16")]
+    cases = []
+    for shape, layout, dtype in specs:
+        if layout == "sliced" and shape[1] < 2:
+            shape = (shape[0], 2)
+        base = _randn(gen, *shape).to(getattr(torch, dtype))
+        view = _layout(base, layout)
+        cases.append(Case(f"{layout} source of shape {tuple(view.shape)} strides {view.stride()} {dtype}",
+                          dict(src=base, layout=layout)))
+    return cases
+
+
+def _copy_2d_run(ns, case, device):
+    base = case.inputs["src"].to(device)
+    src = _layout(base, case.inputs["layout"])
+    obs = _call_kernel(entry(ns, "copy_2d"), {"src": src}, src.shape, src.dtype, device, may_reject=False)
+    obs["inputs_after"] = {"src": base.cpu()}
+    return obs
+
+
+def _copy_2d_judge(case, obs):
+    src = _layout(case.inputs["src"], case.inputs["layout"])
+    message = _judge_kernel(case, obs, src.contiguous(), src.dtype, "copy_2d", may_reject=False)
+    if message and case.inputs["layout"] != "contiguous" and "differ" in message:
+        message += "\n  Index the source with its strides: src_ptr + row * stride_row + col * stride_col."
+    return message
+
+
+# --- bytes moved by fused vs unfused bias+GELU ----------------------------------------------------
+
+def ref_bias_gelu_bytes(M: int, N: int, dtype_bytes: int, fused: bool) -> int:
+    if fused:  # read x and bias once, write the output once
+        return (2 * M * N + N) * dtype_bytes
+    # eager PyTorch: t = x + bias (read x, bias; write t), then gelu(t) (read t; write out)
+    return (4 * M * N + N) * dtype_bytes
+
+
+def _bytes_cases(gen, public):
+    specs = [(4096, 4096, 2), (1, 1, 4), (3, 1000, 4)]
+    if not public:
+        specs = [(int(torch.randint(1, 10_000, (1,), generator=gen)), int(torch.randint(1, 10_000, (1,), generator=gen)),
+                  [1, 2, 4][i % 3]) for i in range(6)]
+    return [Case(f"M={m} N={n} dtype_bytes={b} fused={f}", dict(M=m, N=n, dtype_bytes=b, fused=f))
+            for m, n, b in specs for f in (True, False)]
+
+
+def _bytes_run(ns, case, device):
+    x = case.inputs
+    return {"bytes": entry(ns, "bias_gelu_bytes")(x["M"], x["N"], x["dtype_bytes"], fused=x["fused"])}
+
+
+def _bytes_judge(case, obs):
+    want = ref_bias_gelu_bytes(**case.inputs)
+    got = obs["bytes"]
+    if not isinstance(got, (int, float)) or got != want:
+        return f"bias_gelu_bytes = {got!r}, expected {want} for {case.inputs}."
+    return None
+
+
+EXERCISES = [
+    Exercise("vector_add", 2, ("vector_add",), _vector_add_cases, _vector_add_run, _vector_add_judge,
+             title="Vector add: programs and masks",
+             hint="Launch triton.cdiv(n, BLOCK) programs and mask every load and store with offs < n."),
+    Exercise("bias_gelu", 3, ("bias_gelu",), _bias_gelu_cases, _bias_gelu_run, _bias_gelu_judge,
+             title="Fused bias + GELU (erf and tanh forms)",
+             hint="Load x in its dtype, compute in float32, store in x's dtype. erf form: 0.5*z*(1+erf(z/sqrt(2))); "
+                  "tanh form: 0.5*z*(1+tanh(sqrt(2/pi)*(z+0.044715*z^3))), with tanh(u) = 2*sigmoid(2u)-1."),
+    Exercise("copy_2d", 2, ("copy_2d",), _copy_2d_cases, _copy_2d_run, _copy_2d_judge,
+             title="Strided 2-D copy",
+             hint="Use 2-D blocks of offsets (rows[:, None], cols[None, :]), the source's strides for loads, "
+                  "the output's row-major layout for stores, and a 2-D mask."),
+    Exercise("fusion_bytes", 1, ("bias_gelu_bytes",), _bytes_cases, _bytes_run, _bytes_judge,
+             title="Bytes moved: fused vs unfused",
+             hint="Unfused, the intermediate x + bias is written to memory and read back."),
+]

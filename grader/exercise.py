@@ -1,0 +1,164 @@
+"""What an exercise is, and how one case of it is run and judged.
+
+One definition serves two callers (design.md): the notebook's inline ``gpulab.check`` runs the
+public cases in the learner's kernel; the grader runs hidden cases from a secret seed, with
+``run`` in a child process and ``judge`` in its own. So an exercise is split in three parts:
+
+- ``make_cases(gen, public)`` builds the inputs (CPU tensors and plain values), in the judge;
+- ``run(ns, case, device)`` calls the learner's code from namespace ``ns`` and returns plain
+  observations (CPU tensors, numbers, strings), in the learner's process;
+- ``judge(case, obs)`` compares the observations with the reference, in the judge: it returns
+  ``None`` when the case passes, else a message for the learner.
+"""
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+PUBLIC_SEED = 0
+STATUSES = ("passed", "failed", "error", "timeout", "crashed", "not_attempted")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One set of inputs for an exercise. ``inputs`` holds CPU tensors and plain values."""
+
+    name: str
+    inputs: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """A graded exercise: its id (the answer cell's ``gpulab.exercise``), points and check."""
+
+    id: str
+    points: float
+    entries: tuple            # names the answer cell defines, e.g. ("vector_add",)
+    make_cases: Callable[[torch.Generator, bool], list]
+    run: Callable[[dict, Case, str], dict]
+    judge: Callable[[Case, dict], "str | None"]
+    hint: str = ""
+    title: str = ""
+
+    def cases(self, seed: int = PUBLIC_SEED, public: bool = True) -> list[Case]:
+        gen = torch.Generator().manual_seed(PUBLIC_SEED if public else seed)
+        return list(self.make_cases(gen, public))
+
+
+@dataclass
+class CaseResult:
+    name: str
+    status: str               # passed | failed | error | not_attempted | timeout | crashed
+    message: str = ""
+
+
+@dataclass
+class ExerciseResult:
+    id: str
+    points: float
+    score: float
+    status: str
+    message: str
+    cases: list = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "points": self.points, "score": self.score,
+                "status": self.status, "message": self.message}
+
+
+def _short_traceback(exc: BaseException, limit: int = 3) -> str:
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-limit)
+    return "".join(lines).strip()[-2000:]
+
+
+def run_case(ex: Exercise, ns: dict, case: Case, device: str) -> dict:
+    """Run one case in the learner's process. Never raises for learner mistakes.
+
+    Returns ``{"status": "ok", "obs": ...}``, ``{"status": "not_attempted", "message": ...}``
+    or ``{"status": "error", "message": ...}``.
+    """
+    missing = [name for name in ex.entries if name not in ns]
+    if missing:
+        return {"status": "not_attempted",
+                "message": f"define {', '.join('`%s`' % m for m in missing)} (run its cell first)."}
+    try:
+        obs = ex.run(ns, case, device)
+    except NotImplementedError as exc:
+        return {"status": "not_attempted", "message": str(exc) or "not implemented yet."}
+    except Exception as exc:  # the learner's bug, reported, never raised
+        return {"status": "error", "message": _short_traceback(exc)}
+    return {"status": "ok", "obs": obs}
+
+
+def judge_case(ex: Exercise, case: Case, outcome: dict) -> CaseResult:
+    """Turn a :func:`run_case` outcome into a :class:`CaseResult`, in the judge's process."""
+    status = outcome.get("status")
+    if status != "ok":
+        return CaseResult(case.name, status if status in STATUSES else "error",
+                          str(outcome.get("message", "")))
+    try:
+        message = ex.judge(case, outcome["obs"])
+    except Exception as exc:  # malformed observations (wrong types) are the learner's failure
+        message = f"could not check the result: {type(exc).__name__}: {exc}"
+    return CaseResult(case.name, "passed" if message is None else "failed", message or "")
+
+
+def summarize(ex: Exercise, results: list[CaseResult]) -> ExerciseResult:
+    """Score an exercise: points times the fraction of cases passed (partial credit)."""
+    if not results or all(r.status == "not_attempted" for r in results):
+        msg = results[0].message if results else "no cases ran."
+        return ExerciseResult(ex.id, ex.points, 0.0, "not_attempted", msg, results)
+    n_pass = sum(r.status == "passed" for r in results)
+    score = round(ex.points * n_pass / len(results), 4)
+    if n_pass == len(results):
+        return ExerciseResult(ex.id, ex.points, float(ex.points), "passed",
+                              f"all {len(results)} cases passed.", results)
+    worst = next(s for s in ("crashed", "timeout", "error", "failed", "not_attempted")
+                 if any(r.status == s for r in results))
+    if worst == "not_attempted":
+        worst = "failed"
+    first = next(r for r in results if r.status != "passed")
+    message = f"{n_pass}/{len(results)} cases passed. Case '{first.name}': {first.message}"
+    return ExerciseResult(ex.id, ex.points, score, worst, message, results)
+
+
+def evaluate(ex: Exercise, ns: dict, device: str, cases: list[Case] | None = None) -> ExerciseResult:
+    """Run and judge every case in this process (the inline check's path)."""
+    cases = ex.cases() if cases is None else cases
+    results = [judge_case(ex, case, run_case(ex, ns, case, device)) for case in cases]
+    return summarize(ex, results)
+
+
+# Small helpers the per-lab check modules share ------------------------------------------------
+
+def entry(ns: dict, name: str) -> Callable[..., Any]:
+    """The learner's callable ``name`` from ``ns``; a clear error if it is not callable."""
+    fn = ns[name]
+    if not callable(fn):
+        raise TypeError(f"`{name}` must be a function, got {type(fn).__name__}.")
+    return fn
+
+
+def to_cpu(x):
+    """Observations travel as CPU tensors and plain values."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu")
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_cpu(v) for v in x)
+    if isinstance(x, dict):
+        return {k: to_cpu(v) for k, v in x.items()}
+    return x
+
+
+def changed_inputs(case: Case, after: dict) -> str | None:
+    """A message if any input tensor differs after the learner's call (inputs must not be mutated)."""
+    for name, before in case.inputs.items():
+        if isinstance(before, torch.Tensor) and name in after:
+            a = after[name]
+            if not isinstance(a, torch.Tensor) or a.shape != before.shape or not torch.equal(
+                    torch.nan_to_num(a.to(before.dtype)), torch.nan_to_num(before)):
+                return f"the input `{name}` was modified; a kernel must not write to its inputs."
+    return None
