@@ -84,8 +84,10 @@ def run_case(ex: Exercise, ns: dict, case: Case, device: str) -> dict:
     if missing:
         return {"status": "not_attempted",
                 "message": f"define {', '.join('`%s`' % m for m in missing)} (run its cell first)."}
+    # The learner gets copies: in the inline path the judge's own inputs must survive any mutation.
+    own = Case(case.name, {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in case.inputs.items()})
     try:
-        obs = ex.run(ns, case, device)
+        obs = ex.run(ns, own, device)
     except NotImplementedError as exc:
         return {"status": "not_attempted", "message": str(exc) or "not implemented yet."}
     except Exception as exc:  # the learner's bug, reported, never raised

@@ -89,3 +89,17 @@ def export_source(solution_nb, answers: dict[str, str], *, title: str = "") -> s
         elif is_parameters(cell) or gpulab_meta(cell).get("export"):
             parts.append(strip_magics(cell.get("source", "")))
     return "\n\n".join(parts) + "\n"
+
+
+def exec_source(source: str, filename: str, namespace: dict | None = None) -> dict:
+    """Execute module ``source`` and return its namespace.
+
+    The source is registered with ``linecache`` (as IPython does for cells) because Triton reads a
+    kernel's source through ``inspect`` when it is decorated.
+    """
+    import linecache
+
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    ns = {"__name__": "__lab__"} if namespace is None else namespace
+    exec(compile(source, filename, "exec"), ns)
+    return ns

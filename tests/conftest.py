@@ -1,0 +1,59 @@
+"""Shared test fixtures. Unit tests run on the CPU, with Triton in its interpreter."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# Kernels defined in test modules are decorated at import: the interpreter must be on first.
+import gpulab.device  # noqa: E402
+
+gpulab.device.set_device("cpu")
+
+from grader.checks import exercises  # noqa: E402
+from grader.exercise import evaluate  # noqa: E402
+from grader.notebooks import answer_cells, exec_source, export_source, read_notebook  # noqa: E402
+
+HIDDEN_SEED = 20261122
+
+
+def solution_namespace(stem: str) -> dict:
+    """Execute the solution of lab ``stem`` as a module (its exported cells and answers)."""
+    nb = read_notebook(ROOT / "solutions" / f"{stem}.ipynb")
+    source = export_source(nb, answer_cells(nb))
+    return exec_source(source, f"<solutions/{stem}.ipynb>")
+
+
+def grade(stem: str, exercise_id: str, ns: dict, hidden: bool = True):
+    """Evaluate one exercise on its public cases, and on hidden ones from a fixed seed."""
+    ex = exercises(stem)[exercise_id]
+    cases = ex.cases()
+    if hidden:
+        cases += ex.cases(seed=HIDDEN_SEED, public=False)
+    return evaluate(ex, ns, "cpu", cases)
+
+
+@pytest.fixture(scope="session")
+def sol01():
+    return solution_namespace("01_performance_model")
+
+
+@pytest.fixture(scope="session")
+def sol02():
+    return solution_namespace("02_triton_basics")
+
+
+def with_answer(ns: dict, **replacements) -> dict:
+    """A copy of a solution namespace with some entries replaced by (wrong) answers."""
+    out = dict(ns)
+    out.update(replacements)
+    return out
+
+
+def pytest_configure(config):
+    os.environ.setdefault("GPULAB_PROGRESS", str(ROOT / ".gpulab" / "test-progress.json"))
