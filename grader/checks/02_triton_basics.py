@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gpulab.check import compare, guard_report, poisoned
+from gpulab.compare import compare, guard_report, poisoned
 from gpulab.device import synchronize
 from gpulab.launches import record_launches
 from grader.exercise import Case, Exercise, changed_inputs, entry, to_cpu

@@ -1,5 +1,7 @@
 """Comparing tensors the way a kernel engineer does (lesson 02, used by every check).
 
+(Named `compare`, not `check`: `gpulab.check` is the inline exercise check learners call.)
+
 - Tolerances depend on the dtype: an fp16 kernel cannot match an fp64 reference to 1e-6.
 - Outputs are *poisoned* (filled with NaN) before the kernel runs, and surrounded by a guard
   region, so an element the kernel forgot to write, or one it wrote out of bounds, is caught.

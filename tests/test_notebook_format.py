@@ -1,0 +1,73 @@
+"""Every notebook follows the fixed format of design.md; labs' stubs raise NotImplementedError."""
+import json
+import re
+
+import pytest
+
+from grader.checks import exercises, lab_stems
+from grader.exercise import evaluate
+from grader.notebooks import answer_cells, exec_source, export_source, exercise_id, is_parameters, read_notebook
+from tests.conftest import ROOT
+
+NOTEBOOKS = sorted(p for folder in ("notebooks", "solutions", "labs") for p in (ROOT / folder).glob("*.ipynb"))
+IDS = [f"{p.parent.name}/{p.name}" for p in NOTEBOOKS]
+
+
+def test_there_are_notebooks():
+    assert {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")} >= {"00_start_here", "01_performance_model",
+                                                                      "02_triton_basics"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_stored_without_outputs_with_stable_ids(path):
+    raw = json.loads(path.read_text())
+    assert raw["nbformat"] == 4
+    ids = [c.get("id") for c in raw["cells"]]
+    assert all(ids) and len(set(ids)) == len(ids), "every cell needs a unique id"
+    for cell in raw["cells"]:
+        if cell["cell_type"] == "code":
+            assert cell["outputs"] == [] and cell["execution_count"] is None, f"cell {cell['id']} has outputs"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_first_cell_parameters_setup_and_interview(path):
+    nb = read_notebook(path)
+    first = nb.cells[0]
+    assert first.cell_type == "markdown"
+    text = first.source.lower()
+    for needed in ("# ", "prerequisite", "gpu", "cpu", "run time"):
+        assert needed in text, f"first cell lacks {needed!r}"
+    params = [c for c in nb.cells if is_parameters(c)]
+    assert len(params) == 1
+    assert re.search(r'^DEVICE = "auto"', params[0].source, re.M) and re.search(r"^SEED = 0", params[0].source, re.M)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    setup_at = next(i for i, s in enumerate(code) if "gpulab.setup(DEVICE, SEED)" in s)
+    triton_at = [i for i, s in enumerate(code) if re.search(r"^\s*(import triton|from triton)", s, re.M)]
+    assert all(i >= setup_at for i in triton_at), "gpulab.setup must come before `import triton`"
+    headings = [c.source for c in nb.cells if c.cell_type == "markdown" and c.source.startswith("## ")]
+    assert headings and headings[-1].startswith("## In the interview")
+
+
+@pytest.mark.parametrize("stem", lab_stems())
+def test_every_exercise_has_exactly_one_answer_cell_with_its_points(stem):
+    nb = read_notebook(ROOT / "solutions" / f"{stem}.ipynb")
+    cells = [c for c in nb.cells if exercise_id(c)]
+    assert [exercise_id(c) for c in cells] == list(exercises(stem))
+    for cell in cells:
+        assert cell.metadata["gpulab"]["points"] == exercises(stem)[exercise_id(cell)].points
+
+
+def test_exercise_ids_are_unique_across_labs():
+    ids = [eid for stem in lab_stems() for eid in exercises(stem)]
+    assert len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize("stem", lab_stems())
+def test_every_stub_in_labs_raises_not_implemented_cleanly(stem):
+    nb = read_notebook(ROOT / "labs" / f"{stem}.ipynb")
+    ns = exec_source(export_source(nb, answer_cells(nb)), f"<labs/{stem}.ipynb>")
+    for eid, ex in exercises(stem).items():
+        result = evaluate(ex, ns, "cpu")
+        assert result.status == "not_attempted", (eid, result.message)
+        assert result.score == 0
+        assert "replace this line with your code" in result.message
