@@ -40,7 +40,9 @@ def _export(args) -> int:
         print(f"export failed: no lab {stem!r} (no solutions/{stem}.ipynb); pass --lab STEM.",
               file=sys.stderr)
         return 2
-    source = export_source(read_notebook(solution), answer_cells(nb), title=f"Lab {stem} from {Path(args.notebook).name}")
+    params = {"DEVICE": args.device} if args.device else None
+    source = export_source(read_notebook(solution), answer_cells(nb), parameters=params,
+                           title=f"Lab {stem} from {Path(args.notebook).name}")
     Path(args.output).write_text(source, encoding="utf-8")
     print(f"wrote {args.output}")
     return 0
@@ -56,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("notebook")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--lab", help="lab stem, if the file name is not the lab's")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="set DEVICE in the exported module")
     p.set_defaults(func=_export)
     return parser
 

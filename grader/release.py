@@ -67,7 +67,7 @@ def strip_regions(source: str, *, markdown: bool, where: str, eid: str | None = 
 
 def release_notebook(solution_path: Path) -> nbformat.NotebookNode:
     """The generated lab notebook for one solution notebook (nothing is written)."""
-    nb = copy.deepcopy(read_notebook(solution_path))
+    nb = nbformat.from_dict(copy.deepcopy(read_notebook(solution_path)))
     for i, cell in enumerate(nb.cells):
         where = f"{solution_path.name}, cell {i} (id {cell.get('id', '?')})"
         eid = exercise_id(cell)
