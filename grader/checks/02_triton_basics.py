@@ -237,3 +237,37 @@ EXERCISES = [
              title="Bytes moved: fused vs unfused",
              hint="Unfused, the intermediate x + bias is written to memory and read back."),
 ]
+
+
+# --- benchmarks (python -m grader bench) -----------------------------------------------------------
+
+def _bench_inputs_add(device, tiny):
+    n = 1 << 12 if tiny else 1 << 28  # 3 x 1 GiB of fp32 traffic on a GPU
+    x, y = torch.randn(n, device=device), torch.randn(n, device=device)
+    return {"x": x, "y": y, "out": torch.empty_like(x), "bytes": 3 * n * 4}
+
+
+def _bench_inputs_gelu(approximate):
+    def make(device, tiny):
+        m, n = (16, 256) if tiny else (16384, 16384)
+        dtype = torch.float32 if device == "cpu" else torch.float16
+        x = torch.randn(m, n, device=device, dtype=dtype)
+        return {"x": x, "bias": torch.randn(n, device=device, dtype=dtype), "out": torch.empty_like(x),
+                "approximate": approximate, "bytes": ref_bias_gelu_bytes(m, n, x.element_size(), fused=True)}
+    return make
+
+
+def _bench_gelu_baseline(d):
+    return F.gelu(d["x"] + d["bias"], approximate=d["approximate"])
+
+
+from grader.bench import Benchmark  # noqa: E402 - kept next to its only use
+
+BENCHMARKS = [
+    Benchmark("vector_add fp32 vs torch.add", "vector_add", _bench_inputs_add,
+              lambda fn, d: fn(d["x"], d["y"], out=d["out"]), lambda d: torch.add(d["x"], d["y"], out=d["out"])),
+    Benchmark("bias_gelu erf vs eager gelu(x+b)", "bias_gelu", _bench_inputs_gelu("none"),
+              lambda fn, d: fn(d["x"], d["bias"], approximate="none", out=d["out"]), _bench_gelu_baseline),
+    Benchmark("bias_gelu tanh vs eager gelu(x+b)", "bias_gelu", _bench_inputs_gelu("tanh"),
+              lambda fn, d: fn(d["x"], d["bias"], approximate="tanh", out=d["out"]), _bench_gelu_baseline),
+]

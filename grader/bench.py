@@ -1,0 +1,117 @@
+"""``python -m grader bench NB``: time a notebook's kernels and the PyTorch baseline in one run.
+
+Each lab may define ``BENCHMARKS`` (a list of :class:`Benchmark`) in its check module. Rates are
+reported as achieved GB/s or TFLOP/s and as % of this device's measured peaks (lesson 01). Needs
+only torch, triton and numpy. Learner code runs in this process: bench is a tool for the learner's
+own code, not a grade.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One timed comparison. ``make(device, tiny)`` returns the inputs dict, with the op's
+    ``"bytes"`` and ``"flops"`` (for rates); ``call(fn, inputs)`` runs the learner's ``entry``;
+    ``baseline(inputs)`` runs the PyTorch equivalent."""
+
+    name: str
+    entry: str
+    make: Callable[[str, bool], dict]
+    call: Callable[[Callable, dict], Any]
+    baseline: Callable[[dict], Any]
+
+
+def run_benchmarks(benchmarks: list[Benchmark], ns: dict, device: str, tiny: bool = False) -> dict:
+    """Time every benchmark whose entry ``ns`` defines; returns ``{"peaks": ..., "results": [...]}``."""
+    from gpulab.bench import benchmark, gbps, pct_of_peak, tflops
+    from gpulab.peaks import measured_peaks
+
+    peaks = measured_peaks(device)
+    rows = []
+    for b in benchmarks:
+        if b.entry not in ns:
+            rows.append({"name": b.name, "skipped": f"`{b.entry}` is not defined"})
+            continue
+        inputs = b.make(device, tiny)
+        fn = ns[b.entry]
+        try:
+            mine = benchmark(lambda: b.call(fn, inputs), device=device)
+        except NotImplementedError:
+            rows.append({"name": b.name, "skipped": f"`{b.entry}` is not implemented yet"})
+            continue
+        base = benchmark(lambda: b.baseline(inputs), device=device)
+        row = {"name": b.name, "ms": mine.median_ms, "p95_ms": mine.p95_ms, "baseline_ms": base.median_ms,
+               "speedup_vs_baseline": base.median_ms / mine.median_ms}
+        if inputs.get("bytes"):
+            row["gbps"] = gbps(inputs["bytes"], mine.median_ms)
+            row["pct_of_copy"] = pct_of_peak(row["gbps"], peaks.copy_gbps)
+        if inputs.get("flops"):
+            row["tflops"] = tflops(inputs["flops"], mine.median_ms)
+            row["pct_of_matmul"] = pct_of_peak(row["tflops"], peaks.matmul_tflops)
+        rows.append(row)
+    return {"device": device, "device_name": peaks.name, "tiny": tiny,
+            "peaks": {"copy_gbps": peaks.copy_gbps, "matmul_tflops": peaks.matmul_tflops,
+                      "matmul_dtype": peaks.matmul_dtype}, "results": rows}
+
+
+def format_table(report: dict) -> str:
+    lines = [f"{report['device_name']} ({report['device']}): copy {report['peaks']['copy_gbps']:.1f} GB/s, "
+             f"matmul {report['peaks']['matmul_tflops']:.2f} TFLOP/s"
+             + ("   [tiny sizes: CPU interpreter timings say nothing about a GPU]" if report["tiny"] else ""),
+             f"{'benchmark':36s}{'ms':>10}{'GB/s':>10}{'% copy':>8}{'TFLOP/s':>9}{'vs torch':>10}"]
+    for r in report["results"]:
+        if "skipped" in r:
+            lines.append(f"{r['name']:36s}  skipped: {r['skipped']}")
+            continue
+        lines.append(f"{r['name']:36s}{r['ms']:>10.4f}{r.get('gbps', float('nan')):>10.1f}"
+                     f"{r.get('pct_of_copy', float('nan')):>7.0f}%{r.get('tflops', float('nan')):>9.2f}"
+                     f"{r['speedup_vs_baseline']:>9.2f}x")
+    return "\n".join(lines)
+
+
+def load_answers(path, lab: str | None, device: str) -> tuple[str, dict]:
+    """Execute a notebook's answer cells (with the lab's locked cells) here; returns (lab, namespace)."""
+    from grader.checks import lab_stems
+    from grader.grade import identify_lab, pick_answers, solution_path
+    from grader.notebooks import exec_source, export_source, read_notebook
+
+    nb = read_notebook(path)
+    stem, reason = identify_lab(nb, lab)
+    if stem is None:
+        raise ValueError(reason)
+    assert stem in lab_stems()
+    from grader.checks import exercises
+
+    solution = read_notebook(solution_path(stem))
+    source = export_source(solution, pick_answers(nb, solution, list(exercises(stem))),
+                           parameters={"DEVICE": device, "SEED": 0})
+    return stem, exec_source(source, f"<{Path(path).name}>")
+
+
+def bench_notebook(path, lab: str | None, device: str, out: str | None = None, tiny: bool | None = None) -> int:
+    from grader.checks import load_lab
+    from grader.notebooks import InvalidNotebook
+
+    tiny = device != "cuda" if tiny is None else tiny
+    try:
+        stem, ns = load_answers(path, lab, device)
+    except (InvalidNotebook, ValueError) as exc:
+        print(f"bench failed: {exc}")
+        return 2
+    benchmarks = getattr(load_lab(stem), "BENCHMARKS", [])
+    if not benchmarks:
+        print(f"lab {stem} has no benchmarks.")
+        return 0
+    report = run_benchmarks(benchmarks, ns, device, tiny)
+    report["lab"], report["notebook"] = stem, Path(path).name
+    print(format_table(report))
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "bench.json").write_text(json.dumps(report, indent=1))
+        print(f"wrote {Path(out) / 'bench.json'}")
+    return 0
