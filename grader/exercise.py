@@ -48,11 +48,17 @@ class Exercise:
         return list(self.make_cases(gen, public))
 
 
+class Neutral(str):
+    """A judge's verdict for a case that passes without earning anything (an allowed, clean
+    rejection of an input), so rejecting everything cannot collect partial credit."""
+
+
 @dataclass
 class CaseResult:
     name: str
     status: str               # passed | failed | error | not_attempted | timeout | crashed
     message: str = ""
+    weight: float = 1.0       # 0 for a Neutral pass
 
 
 @dataclass
@@ -105,6 +111,8 @@ def judge_case(ex: Exercise, case: Case, outcome: dict) -> CaseResult:
         message = ex.judge(case, outcome["obs"])
     except Exception as exc:  # malformed observations (wrong types) are the learner's failure
         message = f"could not check the result: {type(exc).__name__}: {exc}"
+    if isinstance(message, Neutral):
+        return CaseResult(case.name, "passed", str(message), weight=0.0)
     return CaseResult(case.name, "passed" if message is None else "failed", message or "")
 
 
@@ -114,7 +122,9 @@ def summarize(ex: Exercise, results: list[CaseResult]) -> ExerciseResult:
         msg = results[0].message if results else "no cases ran."
         return ExerciseResult(ex.id, ex.points, 0.0, "not_attempted", msg, results)
     n_pass = sum(r.status == "passed" for r in results)
-    score = round(ex.points * n_pass / len(results), 4)
+    total = sum(r.weight for r in results)
+    earned = sum(r.weight for r in results if r.status == "passed")
+    score = round(ex.points * earned / total, 4) if total else 0.0
     if n_pass == len(results):
         return ExerciseResult(ex.id, ex.points, float(ex.points), "passed",
                               f"all {len(results)} cases passed.", results)

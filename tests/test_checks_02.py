@@ -136,3 +136,10 @@ def test_unfused_bytes_without_the_intermediate_fails(sol02):
     r = grade(STEM, "fusion_bytes", with_answer(
         sol02, bias_gelu_bytes=lambda M, N, b, fused: (2 * M * N + N) * b))
     assert r.status == "failed"
+
+
+def test_rejecting_every_input_earns_nothing(sol02):
+    def vector_add(x, y, out=None):
+        raise ValueError("not supported")
+    r = grade(STEM, "vector_add", with_answer(sol02, vector_add=vector_add), hidden=False)
+    assert r.status == "failed" and r.score == 0
