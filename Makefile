@@ -8,8 +8,11 @@ STAMP  := $(VENV)/.gpulab-installed
 
 .PHONY: lab test test-gpu setup release bench clean
 
+# Containers often run as root, which Jupyter refuses without --allow-root.
+LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --ServerApp.port=$(PORT) notebooks/00_start_here.ipynb
+	$(VENV)/bin/jupyter lab --ServerApp.port=$(PORT) $(LAB_ARGS) notebooks/00_start_here.ipynb
 
 test: $(STAMP)
 	$(PY) -m grader release --check
