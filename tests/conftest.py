@@ -56,4 +56,7 @@ def with_answer(ns: dict, **replacements) -> dict:
 
 
 def pytest_configure(config):
+    # Tests (and the notebooks they execute) keep their own progress file and peaks cache, so a
+    # test run never overwrites a learner's.
     os.environ.setdefault("GPULAB_PROGRESS", str(ROOT / ".gpulab" / "test-progress.json"))
+    os.environ.setdefault("GPULAB_CACHE", str(ROOT / ".gpulab" / "test-cache"))
