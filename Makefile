@@ -12,7 +12,8 @@ STAMP  := $(VENV)/.gpulab-installed
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --ServerApp.port=$(PORT) $(LAB_ARGS) notebooks/00_start_here.ipynb
+	$(VENV)/bin/jupyter lab --ServerApp.port=$(PORT) --ServerApp.root_dir="$(CURDIR)" \
+		--ServerApp.default_url=/lab/tree/notebooks/00_start_here.ipynb $(LAB_ARGS)
 
 test: $(STAMP)
 	$(PY) -m grader release --check
