@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpulab.bench import benchmark, gbps, tflops
-from gpulab.device import current_device
+from gpulab.device import current_device, pick_device
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def measure_peaks(device: str | None = None) -> Peaks:
     """Measure copy bandwidth and matmul rate now (a few seconds on CPU, under a second on GPU)."""
     import torch
 
-    device = device or current_device()
+    device = pick_device(device) if device else current_device()
     if device == "cuda":
         n_bytes, size, dtype = 1 << 30, 8192, torch.float16
     else:
@@ -80,7 +80,7 @@ def measure_peaks(device: str | None = None) -> Peaks:
 
 def measured_peaks(device: str | None = None, refresh: bool = False) -> Peaks:
     """This device's peaks, measured on first use and then read from the per-machine cache."""
-    device = device or current_device()
+    device = pick_device(device) if device else current_device()
     key = _cache_key(device)
     path = _cache_file()
     cache = {}
