@@ -1,0 +1,163 @@
+"""Launching N ranks from a notebook cell or a script (lessons 11 to 13).
+
+``launch(fn, world_size)`` runs ``fn(rank, world_size, *args)`` in ``world_size`` fresh Python
+processes joined by ``torch.distributed`` and returns the results in rank order:
+
+- gloo between CPU processes; NCCL when there are at least ``world_size`` GPUs (one rank per GPU);
+- the function is shipped *by value* with cloudpickle, so code defined in a notebook cell works
+  (``torch.multiprocessing.spawn`` cannot pickle it);
+- a free port per launch, so parallel launches (tests, cohorts) never collide;
+- a timeout on the process group and a watchdog: a rank that raises ends the launch at once with
+  its traceback; a hung rank ends it after ``timeout_s`` with a message naming the rank.
+
+Use plain ``send``/``recv``/``isend``/``irecv`` with gloo: its ``batch_isend_irecv`` can hang.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class RankError(RuntimeError):
+    """A rank raised an exception; the message holds that rank's traceback."""
+
+
+class RankTimeout(RuntimeError):
+    """A rank did not finish in time (a hang: a missing send, a collective only some ranks call)."""
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pick_backend(world_size: int, device: str | None = None) -> str:
+    """``"nccl"`` when the run uses CUDA and has a GPU per rank, else ``"gloo"``."""
+    import torch
+
+    from gpulab.device import current_device
+
+    device = device or current_device()
+    if device == "cuda" and torch.cuda.is_available() and torch.cuda.device_count() >= world_size \
+            and torch.distributed.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def launch(fn, world_size: int = 2, *args, backend: str | None = None, timeout_s: float = 60.0,
+           device: str | None = None, **kwargs) -> list:
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` ranks; return their results.
+
+    Raises :class:`RankError` with the failing rank's traceback, or :class:`RankTimeout` naming the
+    ranks that did not finish within ``timeout_s`` seconds.
+    """
+    import cloudpickle
+
+    if not callable(fn):
+        raise TypeError(f"launch needs a function first, got {type(fn).__name__}.")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}.")
+    backend = backend or pick_backend(world_size, device)
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}.")
+    work = Path(tempfile.mkdtemp(prefix="gpulab-launch-"))
+    try:
+        (work / "payload.pkl").write_bytes(cloudpickle.dumps((fn, args, kwargs)))
+        port = free_port()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+                   PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs = []
+        for rank in range(world_size):
+            log = open(work / f"rank{rank}.log", "wb")
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "gpulab.dist_worker", str(work), str(rank), str(world_size), backend,
+                 str(timeout_s)], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True))
+            log.close()
+        _watch(procs, work, timeout_s)
+        return [cloudpickle.loads((work / f"rank{r}.result").read_bytes()) for r in range(world_size)]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _kill(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        p.wait()
+
+
+def _tail(path: Path, n: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def _first_failure(procs, work: Path) -> tuple[int, str] | None:
+    """The rank that failed first (its error file is the oldest) and its report, if any rank failed.
+
+    When one rank crashes, its peers fail moments later with "connection closed" errors; the
+    first failure is the cause worth showing.
+    """
+    failed = []
+    for rank, p in enumerate(procs):
+        err = work / f"rank{rank}.error"
+        code = p.poll()
+        if err.exists():
+            failed.append((err.stat().st_mtime_ns, rank, _tail(err)))
+        elif code not in (None, 0):
+            failed.append((time.time_ns(), rank, _tail(work / f"rank{rank}.log") or
+                           f"exit code {code} (killed by a signal, e.g. a segfault or out of memory)"))
+    return min(failed)[1:] if failed else None
+
+
+_TIMEOUT_WORDS = ("timed out", "timeout", "deadline")
+_PEER_GONE_WORDS = ("closed by peer", "reset by peer", "broken pipe", "connection refused", "connection closed")
+
+
+def _watch(procs, work: Path, timeout_s: float) -> None:
+    """Wait for every rank; on the first failure or at the deadline, stop them all and raise."""
+    deadline = time.monotonic() + timeout_s + 15.0  # start-up (imports) on top of the group timeout
+    try:
+        while True:
+            if _first_failure(procs, work):
+                time.sleep(1.0)  # let the peers of a crashed rank report, then pick the first failure
+                rank, report = _first_failure(procs, work)
+                if any(w in report.lower() for w in _TIMEOUT_WORDS):
+                    raise RankTimeout(f"rank {rank} of {len(procs)} timed out waiting for another rank "
+                                      f"(limit {timeout_s:g} s): a hang, usually a send without a matching recv, "
+                                      f"or a collective that not every rank calls.\n{report}")
+                if any(w in report.lower() for w in _PEER_GONE_WORDS):
+                    report += ("\n(Another rank exited or crashed while this one was waiting for it: a send "
+                               "without a matching recv, or a collective that not every rank calls.)")
+                raise RankError(f"rank {rank} of {len(procs)} failed:\n{report}")
+            codes = [p.poll() for p in procs]
+            if all(code == 0 for code in codes):
+                return
+            if time.monotonic() > deadline:
+                hung = [r for r, c in enumerate(codes) if c is None]
+                done = [r for r, c in enumerate(codes) if c == 0]
+                raise RankTimeout(
+                    f"rank(s) {hung} did not finish within {timeout_s:g} s and were stopped"
+                    f"{f'; rank(s) {done} had finished' if done else ''}. A hang usually means a send without "
+                    "a matching recv, or a collective that not every rank calls.\n"
+                    + "\n".join(f"--- rank {r} output ---\n{_tail(work / f'rank{r}.log', 1500)}" for r in hung))
+            time.sleep(0.05)
+    finally:
+        _kill(procs)

@@ -1,0 +1,47 @@
+"""One rank of :func:`gpulab.dist.launch`: ``python -m gpulab.dist_worker WORK RANK WORLD BACKEND TIMEOUT``."""
+from __future__ import annotations
+
+import datetime
+import sys
+import traceback
+from pathlib import Path
+
+
+def main(work: str, rank: int, world_size: int, backend: str, timeout_s: float) -> int:
+    import cloudpickle
+    import torch
+    import torch.distributed as dist
+
+    work_dir = Path(work)
+
+    def fail() -> int:
+        # Written before the process group goes down: peers fail right after, and the first error is the cause.
+        (work_dir / f"rank{rank}.error").write_text(traceback.format_exc())
+        return 1
+
+    try:
+        fn, args, kwargs = cloudpickle.loads((work_dir / "payload.pkl").read_bytes())
+        if backend == "nccl":
+            torch.cuda.set_device(rank)  # NCCL: exactly one rank per GPU
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    except BaseException:
+        return fail()
+    try:
+        result = fn(rank, world_size, *args, **kwargs)
+        (work_dir / f"rank{rank}.result").write_bytes(cloudpickle.dumps(result))
+        code = 0
+    except BaseException:
+        code = fail()
+    try:
+        dist.destroy_process_group()
+    except BaseException:
+        pass
+    return code
+
+if __name__ == "__main__":
+    import os
+
+    code = main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], float(sys.argv[5]))
+    sys.stdout.flush()
+    os._exit(code)

@@ -1,0 +1,106 @@
+"""The rank launcher: results per rank, notebook-style code, free ports, crashes and hangs end cleanly."""
+import threading
+import time
+
+import pytest
+import torch
+
+from gpulab.dist import RankError, RankTimeout, launch, pick_backend
+
+
+def _all_reduce_sum(rank, world_size, scale):
+    import torch.distributed as dist
+    t = torch.tensor([float(rank + 1)]) * scale
+    dist.all_reduce(t)
+    return t.item()
+
+
+def test_all_reduce_on_two_ranks():
+    assert launch(_all_reduce_sum, 2, 10.0, timeout_s=30) == [30.0, 30.0]
+
+
+def test_code_defined_like_a_notebook_cell_is_shipped_by_value():
+    namespace = {"__name__": "__main__"}
+    exec("import torch\nOFFSET = 5\n"
+         "def ring(rank, world_size):\n"
+         "    import torch.distributed as dist\n"
+         "    t = torch.tensor([float(rank)])\n"
+         "    dst, src = (rank + 1) % world_size, (rank - 1) % world_size\n"
+         "    if rank % 2 == 0:\n"
+         "        dist.send(t, dst); dist.recv(t, src)\n"
+         "    else:\n"
+         "        buf = torch.zeros(1); dist.recv(buf, src); dist.send(t, dst); t = buf\n"
+         "    return t.item() + OFFSET\n", namespace)
+    assert launch(namespace["ring"], 4, timeout_s=30) == [8.0, 5.0, 6.0, 7.0]
+
+
+def test_a_crashing_rank_ends_the_launch_with_its_traceback():
+    def crash(rank, world_size):
+        import torch.distributed as dist
+        if rank == 1:
+            raise ValueError("rank one is broken")
+        dist.barrier()  # rank 0 would wait forever without the watchdog
+
+    start = time.monotonic()
+    with pytest.raises(RankError, match=r"rank 1 of 2 failed:(.|\n)*ValueError: rank one is broken"):
+        launch(crash, 2, timeout_s=60)
+    assert time.monotonic() - start < 30  # no waiting for the timeout
+
+
+def test_a_hung_rank_ends_within_its_timeout_with_a_clear_message():
+    def hang(rank, world_size):
+        import torch.distributed as dist
+        if rank == 0:
+            dist.recv(torch.zeros(1), 1)  # rank 1 never sends ...
+        else:
+            time.sleep(120)               # ... and stays alive: a true hang
+        return rank
+
+    start = time.monotonic()
+    with pytest.raises(RankTimeout, match=r"rank 0 of 2 timed out waiting for another rank"):
+        launch(hang, 2, timeout_s=5)
+    assert time.monotonic() - start < 5 + 40
+
+
+def test_a_rank_stuck_outside_any_collective_is_stopped_by_the_watchdog():
+    def spin(rank, world_size):
+        while rank == 1:
+            time.sleep(0.1)
+        return rank
+
+    start = time.monotonic()
+    with pytest.raises(RankTimeout, match=r"rank\(s\) \[1\] did not finish within 3 s(.|\n)*rank\(s\) \[0\] had finished"):
+        launch(spin, 2, timeout_s=3)
+    assert time.monotonic() - start < 3 + 40
+
+
+def test_parallel_launches_get_their_own_ports():
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(launch(_all_reduce_sum, 2, 1.0, timeout_s=30)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [[3.0, 3.0], [3.0, 3.0]]
+
+
+def test_backend_choice_and_argument_errors():
+    assert pick_backend(2, "cpu") == "gloo"
+    with pytest.raises(ValueError, match="world_size"):
+        launch(_all_reduce_sum, 0)
+    with pytest.raises(TypeError, match="function"):
+        launch(42)
+    with pytest.raises(ValueError, match="backend"):
+        launch(_all_reduce_sum, 2, backend="mpi")
+
+
+def test_a_rank_leaving_without_its_send_is_explained():
+    def unmatched(rank, world_size):
+        import torch.distributed as dist
+        if rank == 0:
+            dist.recv(torch.zeros(1), 1)  # rank 1 returns without sending
+        return rank
+
+    with pytest.raises(RankError, match="send without a matching recv"):
+        launch(unmatched, 2, timeout_s=20)
