@@ -17,7 +17,7 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m grader release --check
-	$(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest -n 2 --dist worksteal
 
 # Re-execute every lesson and solution on the GPU (needs a CUDA machine).
 test-gpu: $(STAMP)
