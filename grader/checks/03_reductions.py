@@ -1,0 +1,690 @@
+"""Checks of lab 03, reductions: row softmax, online-softmax partial states, RMSNorm and LayerNorm.
+
+Every kernel check passes a *poisoned* output followed by a guard region, records which Triton
+kernels launched, and verifies the inputs were not modified (lab 02's rules). What this lab adds,
+from the curriculum's "C:" line:
+
+- **rows wider than one block**: cases pass a small ``BLOCK_N``, so a row spans several blocks and a
+  kernel that handles only the first block, or forgets to rescale its running sum when the running
+  max grows, fails;
+- **large magnitudes**: rows of values near +-1000, where ``exp`` overflows float32 (above ~88.7)
+  unless the row max is subtracted first;
+- **-inf masked entries**: they get probability 0; a *fully* masked row has an all-zero softmax
+  (NaN-free, the convention of FlashAttention-style kernels; ``torch.softmax`` gives NaN there) and
+  the online state ``(m, l) = (-inf, 0)``;
+- **fp16 inputs with fp32 accumulation**: long fp16 rows with a large mean, whose sum (LayerNorm)
+  or sum of squares (RMSNorm) overflows float16's 65504: a kernel that accumulates in fp16 gets inf;
+- odd sizes, wrong eps placement, biased vs unbiased variance (diagnosed by name when matched);
+- the stretch RMSNorm backward: dx with the gradient through rstd, dweight summed over every row.
+
+Inputs sit at the start of a larger buffer padded with large values, so a load mask that is off by
+one (``<=``) reads a value that changes the result rather than memory nobody owns.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from gpulab.compare import compare, guard_report, poisoned
+from gpulab.device import synchronize
+from gpulab.launches import record_launches
+from grader.exercise import Case, Exercise, changed_inputs, entry
+
+LAB = "03_reductions"
+TITLE = "Reductions: softmax and normalization"
+
+PAD, PAD_VALUE = 257, 1.0e4
+# (atol, rtol) for softmax probabilities. Outputs are ~1/N, so dtype-default atols would pass anything:
+# fp32 keeps 1e-5 relative; fp16 gets its rounding (2^-11 relative, half an ulp of a subnormal) with 2x room.
+SOFTMAX_TOL = {torch.float32: (1e-7, 1e-5), torch.float16: (1e-7, 1e-3)}
+STATS_RTOL = 2e-5  # the normaliser l of an (m, l) state, in float32
+
+
+def _padded(x: torch.Tensor, device) -> torch.Tensor:
+    """``x`` (contiguous) at the start of a buffer whose PAD trailing elements hold PAD_VALUE."""
+    storage = torch.full((x.numel() + PAD,), PAD_VALUE, dtype=x.dtype, device=device)
+    storage[: x.numel()].copy_(x.reshape(-1))
+    return storage[: x.numel()].view(x.shape)
+
+
+def _call_kernel(fn, args: tuple, kwargs: dict, out_shape, out_dtype, device) -> dict:
+    """Call ``fn(*args, **kwargs, out=out)`` with a poisoned ``out``; observe what a check needs."""
+    out, storage = poisoned(tuple(out_shape), out_dtype, device)
+    with record_launches() as launched:
+        ret = fn(*args, **kwargs, out=out)
+    synchronize(device)
+    same = isinstance(ret, torch.Tensor) and ret.data_ptr() == out.data_ptr() and ret.shape == out.shape
+    return {"out": out.cpu(), "returned_out": same, "launches": list(launched),
+            "guard": guard_report(storage, out.numel())}
+
+
+def _judge_kernel(case, obs, expected, dtype, fn_name, atol=None, rtol=None) -> str | None:
+    if not obs["launches"]:
+        return (f"no Triton kernel was launched: {fn_name} must compute its result with your "
+                f"@triton.jit kernel, not with PyTorch operations.")
+    if obs["guard"]:
+        return obs["guard"]
+    if not obs["returned_out"]:
+        return (f"{fn_name} must write its result into `out` when `out` is given, and return `out` "
+                "(the check passes a buffer pre-filled with NaN).")
+    report = compare(obs["out"], expected, dtype=dtype, atol=atol, rtol=rtol, name=fn_name)
+    if report:
+        return report
+    return changed_inputs(case, obs.get("inputs_after", {}))
+
+
+def _block_kwargs(block_n) -> dict:
+    return {} if block_n is None else {"BLOCK_N": block_n}
+
+
+def _int(gen, lo, hi) -> int:
+    """A random integer in [lo, hi] from the case generator."""
+    return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+
+def _wide_note(case) -> str:
+    n, b = case.inputs["x"].shape[-1], case.inputs.get("block_n")
+    if b is None or n <= b:
+        return ""
+    return (f"\n  Rows here span {-(-n // b)} blocks of BLOCK_N={b} columns: loop over all of them, with a mask on "
+            "the last one (`cols < N`, not `<=`).")
+
+
+_FP16_NOTE = ("\n  float16 input: convert each loaded block to float32 (`x.to(tl.float32)`) and accumulate "
+              "sums in float32; store the result in float16.")
+
+
+# --- 1. row softmax ---------------------------------------------------------------------------------
+
+def softmax_reference(x: torch.Tensor) -> torch.Tensor:
+    """Row softmax in float64. -inf entries get 0; a row of only -inf gives all zeros (not NaN)."""
+    x = x.double()
+    m = x.amax(dim=1, keepdim=True)
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # fully masked row: exp(-inf - 0) = 0
+    e = torch.exp(x - m)
+    l = e.sum(dim=1, keepdim=True)
+    return torch.where(l > 0, e / torch.where(l > 0, l, torch.ones_like(l)), torch.zeros_like(e))
+
+
+def _softmax_x(gen, M: int, N: int, dtype, kind: str) -> torch.Tensor:
+    if kind == "large":  # exp(x) overflows float32 unless the row max is subtracted
+        x = (torch.rand(M, N, generator=gen) * 2 - 1) * 1000
+        x[:, -1] = 1000.0  # the max sits in the last block: every earlier block sees its max grow
+    else:
+        x = torch.randn(M, N, generator=gen) * 2
+    if kind == "masked":  # some -inf entries in every row, never a whole row
+        for r in range(M):
+            pattern = r % 3
+            if pattern == 0:
+                x[r, ::3] = float("-inf")
+            elif pattern == 1:
+                x[r, : max(N * 3 // 5, 1)] = float("-inf")  # whole leading blocks are -inf
+            else:
+                x[r, :-1] = float("-inf")  # one finite entry, at the very end
+            if N == 1:
+                x[r, 0] = 0.5
+    if kind == "fully_masked":
+        x[M // 2, :] = float("-inf")
+        if M > 1:
+            x[0, : N // 2] = float("-inf")
+    return x.to(dtype)
+
+
+_SOFTMAX_KINDS = {
+    "normal": "",
+    "wide": ": rows wider than one block",
+    "fp16_long": ": long float16 rows",
+    "large": ": values near +-1000 (exp overflows without max subtraction)",
+    "masked": ": -inf (masked) entries in every row",
+    "fully_masked": ": a fully masked row (all -inf) must give all zeros",
+}
+
+
+def _softmax_cases(gen, public):
+    if public:
+        specs = [(1, 1, None, "float32", "normal"), (5, 77, None, "float32", "normal"),
+                 (6, 1000, 128, "float32", "wide"), (4, 4000, 512, "float16", "fp16_long"),
+                 (3, 257, 64, "float32", "large"), (6, 300, 64, "float32", "masked"),
+                 (3, 100, 32, "float32", "fully_masked")]
+    else:
+        specs = [(_int(gen, 1, 12), _int(gen, 1, 700), None, "float32", "normal"),
+                 (_int(gen, 1, 8), _int(gen, 300, 2500), [64, 128, 256][_int(gen, 0, 2)], "float32", "wide"),
+                 (_int(gen, 2, 4), _int(gen, 2500, 4096), [256, 512][_int(gen, 0, 1)], "float16", "fp16_long"),
+                 (_int(gen, 1, 6), _int(gen, 65, 800), 64, ["float32", "float16"][_int(gen, 0, 1)], "large"),
+                 (_int(gen, 3, 8), _int(gen, 100, 600), [32, 64][_int(gen, 0, 1)], "float32", "masked"),
+                 (_int(gen, 2, 6), _int(gen, 40, 300), 32, "float16", "fully_masked")]
+    cases = []
+    for M, N, block_n, dtype, kind in specs:
+        x = _softmax_x(gen, M, N, getattr(torch, dtype), kind)
+        blk = "" if block_n is None else f", BLOCK_N={block_n}"
+        cases.append(Case(f"({M}, {N}) {dtype}{blk}{_SOFTMAX_KINDS[kind]}", dict(x=x, block_n=block_n, kind=kind)))
+    return cases
+
+
+def _softmax_run(ns, case, device):
+    x = _padded(case.inputs["x"], device)
+    obs = _call_kernel(entry(ns, "softmax"), (x,), _block_kwargs(case.inputs["block_n"]), x.shape, x.dtype, device)
+    obs["inputs_after"] = {"x": x.cpu()}
+    return obs
+
+
+def _softmax_judge(case, obs):
+    x, kind = case.inputs["x"], case.inputs["kind"]
+    atol, rtol = SOFTMAX_TOL[x.dtype]
+    message = _judge_kernel(case, obs, softmax_reference(x), x.dtype, "softmax", atol, rtol)
+    if not message or not obs["launches"] or obs["guard"] or not obs["returned_out"]:
+        return message
+    out = obs["out"].double()
+    live = ~torch.isneginf(x.double()).all(dim=1)  # rows with at least one finite entry
+    sums = out.sum(dim=1)
+    off = live & ~((sums - 1).abs() < 1e-2)
+    if off.any():
+        r = int(off.nonzero()[0])
+        message += f"\n  Row {r} of your output sums to {float(sums[r]):.4g}, not 1: its normaliser l is wrong."
+    if kind == "large":
+        return message + ("\n  Entries near +-1000: exp(1000) = inf in float32 (exp overflows above ~88.7), and "
+                          "inf / inf = NaN. Subtract the row max before exp: softmax(x) = softmax(x - max(x)).")
+    if kind in ("masked", "fully_masked"):
+        message += ("\n  -inf entries must get probability 0 without NaN: while a block (or lane) has seen only "
+                    "-inf, its running max is -inf and exp(-inf - (-inf)) = exp(nan). Subtract 0 instead of a "
+                    "-inf max. (Lanes past the end of a row, loaded with other=-inf, see only -inf too.)")
+        r = x.shape[0] // 2
+        if kind == "fully_masked" and not torch.equal(out[r], torch.zeros_like(out[r])):
+            message += (f"\n  Row {r} is entirely -inf (fully masked). This lab's convention: its softmax is all "
+                        "zeros (torch.softmax returns NaN there). Guard the max (use 0 when it is -inf) and the "
+                        "division (divide only where the sum is > 0).")
+        return message
+    b, n = case.inputs["block_n"], x.shape[1]
+    if b is not None and n > b:
+        message += _wide_note(case)
+        if torch.isnan(obs["out"][:, b:]).all() and not torch.isnan(obs["out"][:, :b]).all():
+            message += f"\n  Columns from {b} on were never written: the kernel handled only the first block."
+        else:
+            message += ("\n  A one-pass loop must rescale the running sum when the running max grows: "
+                        "l = l * exp(m_old - m_new) + sum(exp(x - m_new)).")
+    else:
+        message += ("\n  Check the mask (`cols < N`, not `<=`: the element after a row is the next row's) and the "
+                    "formula exp(x - max) / sum(exp(x - max)).")
+    if x.dtype == torch.float16:
+        message += _FP16_NOTE
+    return message
+
+
+# --- 2. online softmax: combinable partial states ----------------------------------------------------
+
+def stats_reference(x: torch.Tensor) -> torch.Tensor:
+    """(M, 2) float64: per row, m = max and l = sum(exp(x - m)); (-inf, 0) for a row of only -inf."""
+    x = x.double()
+    m = x.amax(dim=1)
+    m_use = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    return torch.stack([m, torch.exp(x - m_use[:, None]).sum(dim=1)], dim=1)
+
+
+def combine_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    a, b = a.double(), b.double()
+    m = torch.maximum(a[:, 0], b[:, 0])
+    m_use = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    return torch.stack([m, a[:, 1] * torch.exp(a[:, 0] - m_use) + b[:, 1] * torch.exp(b[:, 0] - m_use)], dim=1)
+
+
+def _stats_compare(got, want, name) -> str | None:
+    """m must be exact (a max is one of the inputs); l within STATS_RTOL."""
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        return f"{name}: expected a tensor of shape {tuple(want.shape)} (m, l per row), got {shape}."
+    if got.dtype != torch.float32:
+        return f"{name}: dtype {got.dtype} but expected torch.float32 (states are kept in float32)."
+    f32 = torch.float32
+    return (compare(got[:, 0], want[:, 0], atol=0.0, rtol=0.0, dtype=f32, name=f"{name} m (column 0)")
+            or compare(got[:, 1], want[:, 1], atol=1e-30, rtol=STATS_RTOL, dtype=f32, name=f"{name} l (column 1)"))
+
+
+def _stats_x(gen, M, N, dtype, kind):
+    if kind == "large":
+        x = (torch.rand(M, N, generator=gen) * 2 - 1) * 1000
+    else:
+        x = torch.randn(M, N, generator=gen) * 3
+    if kind == "masked":  # row 0: first half -inf; row 1: all -inf; row 2: every other entry -inf
+        x[0, : N // 2] = float("-inf")
+        x[1 % M, :] = float("-inf")
+        if M > 2:
+            x[2, ::2] = float("-inf")
+    return x.to(dtype)
+
+
+def _random_splits(gen, N, k):
+    cuts = sorted(set(int(c) for c in torch.randint(1, N, (k - 1,), generator=gen))) if N > 1 else []
+    return [0, *cuts, N]
+
+
+def _state_rows(gen, K):
+    """K random (m, l) states, some of them (-inf, 0) (a chunk that was all -inf)."""
+    m = torch.randn(K, generator=gen) * 20
+    l = 1 + torch.rand(K, generator=gen) * 50
+    empty = torch.rand(K, generator=gen) < 0.2
+    m[empty], l[empty] = float("-inf"), 0.0
+    return torch.stack([m, l], dim=1)
+
+
+def _combine_public_states():
+    inf = float("-inf")
+    a = torch.tensor([[0.0, 1.0], [5.0, 2.5], [inf, 0.0], [inf, 0.0], [1000.0, 3.0], [-3.0, 7.0], [2.0, 1.0]])
+    b = torch.tensor([[0.0, 1.0], [1.0, 4.0], [3.0, 2.0], [inf, 0.0], [-1000.0, 5.0], [-3.0, 2.0], [30.0, 1.5]])
+    c = torch.tensor([[1.0, 2.0], [9.0, 1.0], [inf, 0.0], [inf, 0.0], [999.0, 1.0], [-4.0, 1.0], [16.0, 8.0]])
+    return a, b, c
+
+
+def _stats_cases(gen, public):
+    if public:
+        specs = [(4, 1000, 128, "float32", "normal", [0, 300, 301, 777, 1000]),
+                 (3, 600, 64, "float32", "large", [0, 100, 450, 600]),
+                 (3, 512, 64, "float32", "masked", [0, 128, 256, 384, 512]),
+                 (4, 2048, 256, "float16", "normal", [0, 512, 1024, 1536, 2048])]
+    else:
+        specs = []
+        for kind, dtype in (("normal", "float32"), ("large", "float16"), ("masked", "float32")):
+            N = _int(gen, 50, 1500)
+            specs.append((_int(gen, 3, 8), N, [32, 64, 128][_int(gen, 0, 2)], dtype, kind,
+                          _random_splits(gen, N, _int(gen, 2, 5))))
+    cases = []
+    for M, N, block_n, dtype, kind, splits in specs:
+        x = _stats_x(gen, M, N, getattr(torch, dtype), kind)
+        what = {"normal": "", "large": ", values near +-1000", "masked": ", -inf entries and a fully -inf row"}[kind]
+        cases.append(Case(f"({M}, {N}) {dtype}, BLOCK_N={block_n}, chunks at {splits}{what}",
+                          dict(x=x, block_n=block_n, splits=splits, kind=kind)))
+    a, b, c = _combine_public_states() if public else (_state_rows(gen, 9), _state_rows(gen, 9), _state_rows(gen, 9))
+    cases.append(Case(f"combine_stats on {a.shape[0]} hand-made states, (-inf, 0) ones included",
+                      dict(a=a, b=b, c=c, kind="combine")))
+    return cases
+
+
+def _watched(combine):
+    """``combine`` called on copies of its arguments; ``mutated`` records whether it wrote into them."""
+    mutated = []
+
+    def call(p, q):
+        pc, qc = p.clone(), q.clone()
+        r = combine(pc, qc)
+        same = torch.equal(pc.nan_to_num(), p.nan_to_num()) and torch.equal(qc.nan_to_num(), q.nan_to_num())
+        mutated.append(not same)
+        return r
+    return call, mutated
+
+
+def _stats_run(ns, case, device):
+    stats, (combine, mutated) = entry(ns, "softmax_stats"), _watched(entry(ns, "combine_stats"))
+    inp = case.inputs
+    if inp["kind"] == "combine":
+        a, b, c = (inp[k].to(device) for k in "abc")
+        ab, ba = combine(a, b), combine(b, a)
+        left, right = combine(combine(a, b), c), combine(a, combine(b, c))
+        return {"ab": ab.cpu(), "ba": ba.cpu(), "left": left.cpu(), "right": right.cpu(),
+                "combine_mutated": any(mutated)}
+    x, splits, kw = inp["x"], inp["splits"], _block_kwargs(inp["block_n"])
+    obs = {"chunks": [], "launches": [], "guard": None, "returned_out": True}
+    for lo, hi in zip(splits[:-1], splits[1:]):
+        chunk = _padded(x[:, lo:hi].contiguous(), device)  # (M, hi - lo)
+        r = _call_kernel(stats, (chunk,), kw, (x.shape[0], 2), torch.float32, device)
+        obs["chunks"].append(r["out"])
+        obs["launches"] += r["launches"]
+        obs["guard"] = obs["guard"] or r["guard"]
+        obs["returned_out"] &= r["returned_out"]
+    whole = _padded(x, device)
+    r = _call_kernel(stats, (whole,), kw, (x.shape[0], 2), torch.float32, device)
+    obs["whole"] = r["out"]
+    obs["inputs_after"] = {"x": whole.cpu()}
+    # The learner's own chunk states, combined in three orders: left fold, right fold, reversed.
+    states = [s.to(device) for s in obs["chunks"]]
+    left = states[0]
+    for s in states[1:]:
+        left = combine(left, s)
+    right = states[-1]
+    for s in reversed(states[:-1]):
+        right = combine(s, right)
+    rev = states[-1]
+    for s in reversed(states[:-1]):
+        rev = combine(rev, s)
+    obs["combine_mutated"] = any(mutated)
+    obs["folds"] = {"left fold ((s0 + s1) + s2) + ...": left.cpu(), "right fold s0 + (s1 + (s2 + ...))": right.cpu(),
+                    "reversed order ((sK + sK-1) + ...)": rev.cpu()}
+    return obs
+
+
+_COMBINE_HINT = ("\n  combine_stats: m = max(m_a, m_b); l = l_a * exp(m_a - m) + l_b * exp(m_b - m) (each partial sum "
+                 "rescaled to the new max). A state (-inf, 0) is an empty chunk: use 0 in place of a -inf m so "
+                 "exp(-inf - (-inf)) never makes a NaN.")
+
+
+def _stats_judge(case, obs):
+    inp = case.inputs
+    if obs.get("combine_mutated"):
+        return ("combine_stats modified one of its input states; it must return a new tensor and leave a and b "
+                "unchanged.")
+    if inp["kind"] == "combine":
+        a, b, c = inp["a"], inp["b"], inp["c"]
+        ab = combine_reference(a, b)
+        for name, got, want in [("combine_stats(a, b)", obs["ab"], ab),
+                                ("combine_stats(b, a)", obs["ba"], ab),
+                                ("combine_stats(combine_stats(a, b), c)", obs["left"], combine_reference(ab, c)),
+                                ("combine_stats(a, combine_stats(b, c))", obs["right"],
+                                 combine_reference(a, combine_reference(b, c)))]:
+            report = _stats_compare(got, want, name)
+            if report:
+                return report + _COMBINE_HINT
+        return None
+    if not obs["launches"]:
+        return ("no Triton kernel was launched: softmax_stats must compute its result with your "
+                "@triton.jit kernel, not with PyTorch operations.")
+    if obs["guard"]:
+        return obs["guard"]
+    if not obs["returned_out"]:
+        return ("softmax_stats must write its result into `out` when `out` is given, and return `out` "
+                "(the check passes a (M, 2) float32 buffer pre-filled with NaN).")
+    x, splits = inp["x"], inp["splits"]
+    notes = _wide_note(Case(case.name, {"x": x, "block_n": inp["block_n"]}))
+    if inp["kind"] == "large":
+        notes += "\n  Entries near +-1000: exp(x) overflows float32 unless you subtract the running max first."
+    if inp["kind"] == "masked":
+        notes += ("\n  A row (or a chunk) of only -inf has the state (-inf, 0); a lane that has seen only -inf "
+                  "must not compute exp(-inf - (-inf)) = NaN.")
+    notes += ("\n  When the running max grows from m_old to m_new, rescale the running sum: "
+              "l = l * exp(m_old - m_new) + exp(x - m_new).")
+    report = _stats_compare(obs["whole"], stats_reference(x), f"softmax_stats(x) on the whole {tuple(x.shape)} x")
+    if report:
+        return report + notes
+    for i, (lo, hi) in enumerate(zip(splits[:-1], splits[1:])):
+        report = _stats_compare(obs["chunks"][i], stats_reference(x[:, lo:hi]), f"softmax_stats(x[:, {lo}:{hi}])")
+        if report:
+            return report + notes
+    want = stats_reference(x)
+    for order, got in obs["folds"].items():
+        report = _stats_compare(got, want, f"combine_stats over the chunk states, {order}")
+        if report:
+            return (report + "\n  Combining the chunk states in any order must give the whole row's state "
+                    "(the combine is associative and commutative)." + _COMBINE_HINT)
+    return changed_inputs(case, obs["inputs_after"])
+
+
+# --- 3 and 4. RMSNorm and LayerNorm forward ---------------------------------------------------------
+
+def rmsnorm_reference(x, weight, eps, eps_inside=True):
+    x = x.double()
+    ms = (x * x).mean(dim=1, keepdim=True)
+    rms = torch.sqrt(ms + eps) if eps_inside else torch.sqrt(ms) + eps
+    return x / rms * weight.double()
+
+
+def layernorm_reference(x, weight, bias, eps, unbiased=False, eps_inside=True):
+    x = x.double()
+    mean = x.mean(dim=1, keepdim=True)
+    n = x.shape[1]
+    var = ((x - mean) ** 2).sum(dim=1, keepdim=True) / ((n - 1) if unbiased else n)  # n = 1, unbiased: 0/0 = NaN
+    std = torch.sqrt(var + eps) if eps_inside else torch.sqrt(var) + eps
+    return (x - mean) / std * weight.double() + bias.double()
+
+
+_NORM_KINDS = {
+    "normal": "",
+    "tiny": ": very short rows",
+    "wide": ": rows wider than one block",
+    "fp16_long": ": long float16 rows with a large mean (an fp16 sum overflows at 65504)",
+    "eps": ": small values where eps matters, and a constant row",
+}
+
+
+def _norm_x(gen, M, N, dtype, kind, op):
+    if kind == "fp16_long":  # RMSNorm: sum of squares ~ N * 68; LayerNorm: sum ~ N * 40. Both > 65504.
+        mean, std = (8.0, 2.0) if op == "rmsnorm" else (40.0, 2.0)
+        x = mean + std * torch.randn(M, N, generator=gen)
+    elif kind == "eps":
+        x = 0.3 * torch.randn(M, N, generator=gen) + (0.0 if op == "rmsnorm" else 1.0)
+        x[-1] = 0.0 if op == "rmsnorm" else 2.5  # a constant row: only eps keeps 0 / 0 away
+    else:
+        x = torch.randn(M, N, generator=gen) * 2 + 0.5
+    return x.to(dtype)
+
+
+def _norm_cases(op):
+    def make(gen, public):
+        if public:
+            specs = [(1, 1, None, "float32", "tiny"), (6, 7, None, "float32", "tiny"),
+                     (7, 333, None, "float32", "normal"), (5, 1500, 256, "float32", "wide"),
+                     (4, 4000, 1024, "float16", "fp16_long"), (4, 200, 64, "float32", "eps")]
+        else:
+            specs = [(_int(gen, 1, 8), _int(gen, 1, 9), None, "float32", "tiny"),
+                     (_int(gen, 1, 12), _int(gen, 10, 900), None, ["float32", "float16"][_int(gen, 0, 1)], "normal"),
+                     (_int(gen, 1, 6), _int(gen, 600, 3000), [128, 256, 512][_int(gen, 0, 2)], "float32", "wide"),
+                     (_int(gen, 2, 4), _int(gen, 2500, 4096), [512, 1024][_int(gen, 0, 1)], "float16", "fp16_long"),
+                     (_int(gen, 2, 6), _int(gen, 50, 500), [64, 128][_int(gen, 0, 1)], "float32", "eps")]
+        cases = []
+        for M, N, block_n, dtype, kind in specs:
+            dt = getattr(torch, dtype)
+            x = _norm_x(gen, M, N, dt, kind, op)
+            eps = (0.1 if op == "rmsnorm" else 0.05) if kind == "eps" else (1e-6 if op == "rmsnorm" else 1e-5)
+            w = (1 + 0.5 * torch.randn(N, generator=gen)).to(dt)
+            inputs = dict(x=x, weight=w, eps=eps, block_n=block_n, kind=kind)
+            if op == "layernorm":
+                inputs["bias"] = (0.5 * torch.randn(N, generator=gen)).to(dt)
+            blk = "" if block_n is None else f", BLOCK_N={block_n}"
+            cases.append(Case(f"({M}, {N}) {dtype}, eps={eps:g}{blk}{_NORM_KINDS[kind]}", inputs))
+        return cases
+    return make
+
+
+def _norm_run(op):
+    def run(ns, case, device):
+        inp = case.inputs
+        x = _padded(inp["x"], device)
+        w = inp["weight"].to(device)
+        args = (x, w) if op == "rmsnorm" else (x, w, inp["bias"].to(device))
+        kwargs = {"eps": inp["eps"], **_block_kwargs(inp["block_n"])}
+        obs = _call_kernel(entry(ns, op), args, kwargs, x.shape, x.dtype, device)
+        obs["inputs_after"] = {"x": x.cpu(), "weight": w.cpu()}
+        if op == "layernorm":
+            obs["inputs_after"]["bias"] = args[2].cpu()
+        return obs
+    return run
+
+
+def _matches(obs, expected, dtype) -> bool:
+    return compare(obs["out"], expected, dtype=dtype) is None
+
+
+def _norm_judge(op):
+    def judge(case, obs):
+        inp = case.inputs
+        x, w, eps = inp["x"], inp["weight"], inp["eps"]
+        if op == "rmsnorm":
+            expected = rmsnorm_reference(x, w, eps)
+            wrong = [(rmsnorm_reference(x, w, eps, eps_inside=False),
+                      "x / (sqrt(mean(x^2)) + eps): eps goes inside the square root, rsqrt(mean(x^2) + eps)")]
+        else:
+            b = inp["bias"]
+            expected = layernorm_reference(x, w, b, eps)
+            wrong = [(layernorm_reference(x, w, b, eps, unbiased=True),
+                      "the unbiased variance (sum / (N - 1)): LayerNorm normalises by the biased variance, "
+                      "sum((x - mean)^2) / N"),
+                     (layernorm_reference(x, w, b, eps, eps_inside=False),
+                      "(x - mean) / (sqrt(var) + eps): eps goes inside the square root, rsqrt(var + eps)")]
+        message = _judge_kernel(case, obs, expected, x.dtype, op)
+        if not message or not obs["launches"] or obs["guard"] or not obs["returned_out"]:
+            return message
+        for alt, what in wrong:
+            if _matches(obs, alt, x.dtype):
+                return message + f"\n  Your output matches {what}."
+        if inp["kind"] == "fp16_long":
+            what = "sum of squares" if op == "rmsnorm" else "row sum"
+            message += (f"\n  These float16 rows have a {what} far above float16's maximum (65504): a sum kept in "
+                        "float16 overflows to inf.")
+        if inp["kind"] == "eps" and torch.isnan(obs["out"]).any():
+            message += "\n  A constant row has zero variance: eps inside the square root keeps it finite."
+        if inp["kind"] == "wide":
+            message += _wide_note(case)
+        if x.dtype == torch.float16:
+            message += _FP16_NOTE
+        return message
+    return judge
+
+
+# --- 5. stretch: RMSNorm backward ------------------------------------------------------------------
+
+def rmsnorm_backward_reference(x, weight, dy, eps):
+    """(dx, dweight) of y = rmsnorm(x, weight, eps) for the upstream gradient dy, by float64 autograd."""
+    x64 = x.double().requires_grad_(True)
+    w64 = weight.double().requires_grad_(True)
+    y = x64 / torch.sqrt((x64 * x64).mean(dim=1, keepdim=True) + eps) * w64
+    dx, dw = torch.autograd.grad(y, (x64, w64), dy.double())
+    return dx, dw
+
+
+def _rms_bwd_cases(gen, public):
+    if public:
+        specs = [(1, 1, None, "float32", "tiny"), (6, 7, None, "float32", "tiny"),
+                 (5, 1500, 256, "float32", "wide"), (40, 256, None, "float32", "normal"),
+                 (3, 3000, 1024, "float16", "fp16_long"), (4, 200, 64, "float32", "eps")]
+    else:
+        specs = [(_int(gen, 1, 8), _int(gen, 1, 9), None, "float32", "tiny"),
+                 (_int(gen, 20, 50), _int(gen, 10, 300), None, "float32", "normal"),
+                 (_int(gen, 1, 6), _int(gen, 600, 2500), [128, 256][_int(gen, 0, 1)], "float32", "wide"),
+                 (_int(gen, 2, 3), _int(gen, 1500, 3000), 1024, "float16", "fp16_long")]
+    cases = []
+    for M, N, block_n, dtype, kind in specs:
+        dt = getattr(torch, dtype)
+        x = _norm_x(gen, M, N, dt, kind, "rmsnorm")
+        eps = 0.1 if kind == "eps" else 1e-6
+        w = (1 + 0.5 * torch.randn(N, generator=gen)).to(dt)
+        dy = torch.randn(M, N, generator=gen).to(dt)
+        blk = "" if block_n is None else f", BLOCK_N={block_n}"
+        what = "" if kind == "normal" else _NORM_KINDS[kind]
+        cases.append(Case(f"({M}, {N}) {dtype}, eps={eps:g}{blk}{what or ': many rows for dweight'}",
+                          dict(x=x, weight=w, dy=dy, eps=eps, block_n=block_n, kind=kind)))
+    return cases
+
+
+def _rms_bwd_run(ns, case, device):
+    inp = case.inputs
+    x, dy = _padded(inp["x"], device), _padded(inp["dy"], device)
+    w = inp["weight"].to(device)
+    M, N = x.shape
+    (dx, dx_store), (dw, dw_store) = poisoned((M, N), x.dtype, device), poisoned((N,), w.dtype, device)
+    with record_launches() as launched:
+        ret = entry(ns, "rmsnorm_backward")(x, w, dy, eps=inp["eps"], out=(dx, dw), **_block_kwargs(inp["block_n"]))
+    synchronize(device)
+    same = (isinstance(ret, (tuple, list)) and len(ret) == 2 and all(isinstance(r, torch.Tensor) for r in ret)
+            and ret[0].data_ptr() == dx.data_ptr() and ret[1].data_ptr() == dw.data_ptr())
+    return {"dx": dx.cpu(), "dweight": dw.cpu(), "returned_out": same, "launches": list(launched),
+            "guard": guard_report(dx_store, dx.numel(), "dx") or guard_report(dw_store, dw.numel(), "dweight"),
+            "inputs_after": {"x": x.cpu(), "weight": w.cpu(), "dy": dy.cpu()}}
+
+
+def _rms_bwd_judge(case, obs):
+    inp = case.inputs
+    x, w, dy, eps = inp["x"], inp["weight"], inp["dy"], inp["eps"]
+    if not obs["launches"]:
+        return ("no Triton kernel was launched: rmsnorm_backward must compute dx and dweight with your "
+                "@triton.jit kernels, not with PyTorch autograd or operations.")
+    if obs["guard"]:
+        return obs["guard"]
+    if not obs["returned_out"]:
+        return ("rmsnorm_backward must write into `out = (dx, dweight)` when it is given and return that pair "
+                "(the check passes buffers pre-filled with NaN).")
+    dx_ref, dw_ref = rmsnorm_backward_reference(x, w, dy, eps)
+    x64, dy64, w64 = x.double(), dy.double(), w.double()
+    rstd = 1 / torch.sqrt((x64 * x64).mean(dim=1, keepdim=True) + eps)  # (M, 1)
+    report = compare(obs["dx"], dx_ref, dtype=x.dtype, name="dx")
+    if report:
+        if compare(obs["dx"], rstd * w64 * dy64, dtype=x.dtype) is None:
+            report += ("\n  Your dx matches rstd * weight * dy: the gradient through rstd is missing. rstd depends on "
+                       "every x of the row: dx = rstd * (w*dy - x * rstd^2 * mean(w*dy*x)).")
+        elif inp["kind"] == "fp16_long":
+            report += ("\n  These float16 rows have a sum of squares far above float16's maximum (65504): "
+                       "accumulate in float32.")
+        elif inp["kind"] == "wide":
+            report += _wide_note(case)
+        return report
+    report = compare(obs["dweight"], dw_ref, dtype=w.dtype, name="dweight")
+    if report:
+        if compare(obs["dweight"], (dy64 * x64).sum(dim=0), dtype=w.dtype) is None:
+            report += "\n  Your dweight matches sum(dy * x): each row's term needs its rstd, sum(dy * x * rstd)."
+        elif compare(obs["dweight"], (dy64 * x64 * rstd)[0], dtype=w.dtype) is None and x.shape[0] > 1:
+            report += "\n  Your dweight is the first row's term only: dweight sums dy * x * rstd over all M rows."
+        else:
+            report += "\n  dweight[j] = sum over rows r of dy[r, j] * x[r, j] * rstd[r] (a reduction down each column)."
+        return report
+    return changed_inputs(case, obs["inputs_after"])
+
+
+EXERCISES = [
+    Exercise("softmax_rows", 3, ("softmax",), _softmax_cases, _softmax_run, _softmax_judge,
+             title="Row softmax: one program per row, rows of any width",
+             hint="One program per row; loop over the row in blocks of BLOCK_N columns with `cols < N` masks and "
+                  "other=-inf. Pass 1: running max and a running sum rescaled by exp(m_old - m_new) when the max "
+                  "grows. Pass 2: store exp(x - m) / l. Compute in float32; use 0 in place of a -inf max and "
+                  "divide only where l > 0."),
+    Exercise("softmax_online_state", 3, ("softmax_stats", "combine_stats"), _stats_cases, _stats_run, _stats_judge,
+             title="Online softmax: combinable (max, sum) states",
+             hint="softmax_stats: pass 1 of your softmax, storing (m, l) per row in float32. combine_stats: "
+                  "m = max(m_a, m_b), l = l_a * exp(m_a - m) + l_b * exp(m_b - m), with 0 in place of a -inf m."),
+    Exercise("rmsnorm_forward", 2, ("rmsnorm",), _norm_cases("rmsnorm"), _norm_run("rmsnorm"), _norm_judge("rmsnorm"),
+             title="RMSNorm forward",
+             hint="Pass 1: sum of x*x in float32 over the row's blocks; rstd = 1 / sqrt(sum / N + eps). "
+                  "Pass 2: store x * rstd * weight in x's dtype."),
+    Exercise("layernorm_forward", 3, ("layernorm",), _norm_cases("layernorm"), _norm_run("layernorm"),
+             _norm_judge("layernorm"),
+             title="LayerNorm forward",
+             hint="Accumulate in float32. mean = sum(x) / N; var = sum((x - mean)^2) / N (biased, as F.layer_norm); "
+                  "rstd = 1 / sqrt(var + eps); y = (x - mean) * rstd * weight + bias."),
+    Exercise("rmsnorm_backward", 2, ("rmsnorm_backward",), _rms_bwd_cases, _rms_bwd_run, _rms_bwd_judge,
+             title="Stretch: RMSNorm backward (dx and dweight)",
+             hint="Kernel 1, one program per row: sum(x*x) and sum(w*dy*x) in one pass, store rstd per row, then "
+                  "dx = rstd * (w*dy - x * rstd^2 * sum(w*dy*x) / N). Kernel 2, one program per block of columns: "
+                  "loop over the rows, accumulating dy * x * rstd[row]; sum over rows at the end."),
+]
+
+
+# --- benchmarks (python -m grader bench) -----------------------------------------------------------
+
+# FLOPs per element, counted as the lesson does: softmax max, subtract, exp, add, multiply;
+# RMSNorm square-add, multiply by rstd, by weight; LayerNorm add, subtract, square-add, rstd, weight, bias.
+FLOPS_PER_ELEMENT = {"softmax": 5, "rmsnorm": 4, "layernorm": 7}
+
+
+def reduction_bytes(op: str, M: int, N: int, dtype_bytes: int) -> int:
+    """Minimum bytes moved by one pass of ``op`` over an (M, N) input: read x once, write y once,
+    plus the weight (and bias) vectors."""
+    vectors = {"softmax": 0, "rmsnorm": 1, "layernorm": 2}[op]
+    return (2 * M * N + vectors * N) * dtype_bytes
+
+
+def _bench_make(op, full_shape):
+    def make(device, tiny):
+        M, N = (16, 256) if tiny else full_shape
+        dtype = torch.float32 if device == "cpu" else torch.float16
+        x = torch.randn(M, N, device=device, dtype=dtype)
+        d = {"x": x, "out": torch.empty_like(x), "bytes": reduction_bytes(op, M, N, x.element_size()),
+             "flops": FLOPS_PER_ELEMENT[op] * M * N}
+        if op != "softmax":
+            d["weight"] = torch.randn(N, device=device, dtype=dtype)
+            d["bias"] = torch.randn(N, device=device, dtype=dtype)
+        return d
+    return make
+
+
+def _eager_rmsnorm(d, eps=1e-6):
+    x = d["x"]
+    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype) * d["weight"]
+
+
+from grader.bench import Benchmark  # noqa: E402 - kept next to its only use
+
+BENCHMARKS = [
+    Benchmark("softmax 4096x4096 fp16 vs torch", "softmax", _bench_make("softmax", (4096, 4096)),
+              lambda fn, d: fn(d["x"], out=d["out"]), lambda d: torch.softmax(d["x"], dim=-1)),
+    Benchmark("softmax 16384x2048 fp16 vs torch", "softmax", _bench_make("softmax", (16384, 2048)),
+              lambda fn, d: fn(d["x"], out=d["out"]), lambda d: torch.softmax(d["x"], dim=-1)),
+    Benchmark("rmsnorm 16384x4096 fp16 vs eager", "rmsnorm", _bench_make("rmsnorm", (16384, 4096)),
+              lambda fn, d: fn(d["x"], d["weight"], eps=1e-6, out=d["out"]), _eager_rmsnorm),
+    Benchmark("layernorm 16384x4096 fp16 vs F", "layernorm", _bench_make("layernorm", (16384, 4096)),
+              lambda fn, d: fn(d["x"], d["weight"], d["bias"], eps=1e-5, out=d["out"]),
+              lambda d: F.layer_norm(d["x"], (d["x"].shape[1],), d["weight"], d["bias"], 1e-5)),
+]
