@@ -70,14 +70,15 @@ def compare(actual, expected: torch.Tensor, *, atol: float | None = None, rtol: 
     n_bad = int(bad.sum())
     if n_bad == 0:
         return None
-    finite = err[torch.isfinite(err)]
+    finite = err[bad & torch.isfinite(err)]  # errors of the differing elements that are numbers
     lines = [f"{name}: {n_bad} of {a.numel()} elements differ for shape {tuple(a.shape)} {dtype} "
              f"(atol={atol:g}, rtol={rtol:g})."]
     n_nan = int(torch.isnan(a).sum())
     if n_nan:
         lines.append(f"  {n_nan} elements are NaN: never written (poisoned buffer) or a NaN computed.")
     if finite.numel():
-        lines.append(f"  max abs error {float(finite.max()):.4g}, mean abs error {float(finite.mean()):.4g}")
+        lines.append(f"  max abs error {float(finite.max()):.4g}, mean abs error {float(finite.mean()):.4g} "
+                     "(over the differing, finite elements)")
     flat_bad = bad.flatten().nonzero().flatten()[:max_report].tolist()
     af, ef = a.flatten(), e.flatten()
     for i in flat_bad:
