@@ -1,0 +1,437 @@
+"""Lab 05's checks: the solution passes; the classic FlashAttention bugs are rejected with a message
+that names them: a causal mask off by one, a forgotten online-softmax rescale, no max subtraction,
+lse in log2 or without the max, padded keys attended, no early exit, unwritten or overflowing
+outputs, fp16 score accumulation, PyTorch's SDPA instead of a kernel, mutated inputs."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from grader.checks import exercises
+from grader.exercise import evaluate
+from tests.conftest import grade, solution_namespace, with_answer
+
+STEM = "05_flash_attention"
+
+
+@pytest.fixture(scope="module")
+def sol05():
+    return solution_namespace(STEM)
+
+
+@pytest.mark.parametrize("eid", ["attention_reference", "attention_memory", "flash_forward", "flash_causal",
+                                 "flash_backward"])
+def test_solution_passes_public_and_hidden_cases(sol05, eid):
+    result = grade(STEM, eid, sol05)
+    assert result.status == "passed", result.message
+    assert result.score == result.points
+
+
+def test_flash_attention_dispatches_causal_and_counts_blocks(sol05):
+    q = torch.randn(1, 1, 100, 32)
+    out, lse, stats = sol05["flash_attention"](q, q, q, causal=True, return_stats=True, BLOCK_M=32, BLOCK_N=32)
+    ref_out, ref_lse = sol05["attention_reference"](q, q, q, causal=True)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+    assert stats["key_blocks"].flatten().tolist() == [1, 2, 3, 4]
+
+
+# --- one configurable buggy kernel: each constexpr flag is one classic mistake --------------------
+
+@triton.jit
+def _buggy_kernel(Q, K, V, Out, Lse, Stats,
+                  stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+                  stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od,
+                  H, seq_q, seq_k, qk_scale,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  CAUSAL: tl.constexpr, STRICT: tl.constexpr, NO_RESCALE: tl.constexpr, NO_MAX: tl.constexpr,
+                  LSE_MODE: tl.constexpr, NO_KEY_MASK: tl.constexpr, NO_EARLY_EXIT: tl.constexpr,
+                  FP16_SCORES: tl.constexpr, LSE_UNMASKED: tl.constexpr):
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b, h = bh // H, bh % H
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=offs_m[:, None] < seq_q, other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    if NO_MAX:
+        m_i = tl.zeros([BLOCK_M], tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    n_blocks = tl.full((), 0, tl.int32)
+    hi = seq_k
+    if CAUSAL and not NO_EARLY_EXIT:
+        hi = tl.minimum((start_m + 1) * BLOCK_M, seq_k)
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n
+        kmask = cols[:, None] < seq_k
+        k = tl.load(K + b * stride_kb + h * stride_kh + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                    mask=kmask, other=0.0)
+        v = tl.load(V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                    mask=kmask, other=0.0)
+        if FP16_SCORES:
+            s = tl.dot(q, tl.trans(k), out_dtype=tl.float16).to(tl.float32) * qk_scale
+        else:
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+        if not NO_KEY_MASK:
+            s = tl.where(cols[None, :] < seq_k, s, float("-inf"))
+        if CAUSAL:
+            if STRICT:
+                s = tl.where(offs_m[:, None] > cols[None, :], s, float("-inf"))
+            else:
+                s = tl.where(offs_m[:, None] >= cols[None, :], s, float("-inf"))
+        if NO_MAX:
+            m_new = m_i
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if not NO_RESCALE:
+            acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+        n_blocks += 1
+    out = acc / l_i[:, None]
+    if LSE_MODE == 0:
+        lse = (m_i + tl.log2(l_i)) * 0.6931471805599453
+    elif LSE_MODE == 1:
+        lse = m_i + tl.log2(l_i)  # log2 units
+    else:
+        lse = tl.log2(l_i) * 0.6931471805599453  # the max left out
+    tl.store(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+             out.to(Out.dtype.element_ty), mask=offs_m[:, None] < seq_q)
+    if LSE_UNMASKED:
+        tl.store(Lse + bh * seq_q + offs_m, lse)  # the last tile overhangs into the guard region
+    else:
+        tl.store(Lse + bh * seq_q + offs_m, lse, mask=offs_m < seq_q)
+    tl.store(Stats + bh * tl.num_programs(0) + start_m, n_blocks)
+
+
+_FLAGS = dict(CAUSAL=False, STRICT=False, NO_RESCALE=False, NO_MAX=False, LSE_MODE=0, NO_KEY_MASK=False,
+              NO_EARLY_EXIT=False, FP16_SCORES=False, LSE_UNMASKED=False)
+
+
+def _buggy(causal: bool, grid_m=triton.cdiv, **bugs):
+    """A flash_attention (causal=False) or flash_attention_causal (causal=True) built on _buggy_kernel."""
+    flags = dict(_FLAGS, CAUSAL=causal, **bugs)
+
+    def run(q, k, v, scale=None, out=None, lse=None, return_stats=False, BLOCK_M=32, BLOCK_N=32, causal=causal):
+        B, H, Sq, D = q.shape
+        Sk = k.shape[2]
+        scale = 1 / math.sqrt(D) if scale is None else scale
+        out = torch.empty_like(q) if out is None else out
+        lse = torch.empty(B, H, Sq) if lse is None else lse
+        n_m = grid_m(Sq, BLOCK_M)
+        stats = torch.zeros(B, H, triton.cdiv(Sq, BLOCK_M), dtype=torch.int32)
+        _buggy_kernel[(max(n_m, 1), B * H)](
+            q, k, v, out, lse, stats, *q.stride(), *k.stride(), *v.stride(), *out.stride(), H, Sq, Sk,
+            scale * 1.4426950408889634, HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, **flags)
+        if return_stats:
+            return out, lse, {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "key_blocks": stats}
+        return out, lse
+    return run
+
+
+def _public(eid, ns, pick=None):
+    """Grade exercise ``eid`` on its public cases, or on the ones ``pick(names)`` selects (faster)."""
+    ex = exercises(STEM)[eid]
+    cases = ex.cases()
+    if pick is not None:
+        cases = [c for c in cases if pick(c.name, cases.index(c))]
+    return evaluate(ex, ns, "cpu", cases)
+
+
+def _forward(sol05, pick=None, **bugs):
+    return _public("flash_forward", with_answer(sol05, flash_attention=_buggy(False, **bugs)), pick)
+
+
+def _causal(sol05, pick=None, **bugs):
+    return _public("flash_causal", with_answer(sol05, flash_attention_causal=_buggy(True, **bugs)), pick)
+
+
+FIRST = lambda name, i: i == 0  # noqa: E731 - B=1 H=2 128 x 128 fp32: several key blocks
+FIRST_TWO = lambda name, i: i < 2  # noqa: E731 - adds 100 x 77: seq_k not a multiple of the tile
+
+
+def test_the_buggy_kernel_without_bugs_passes(sol05):
+    assert _forward(sol05).status == "passed"
+    assert _causal(sol05).status == "passed"
+
+
+def test_causal_mask_off_by_one_fails(sol05):
+    r = _causal(sol05, FIRST, STRICT=True)
+    assert r.status == "failed" and "strict causal mask" in r.message
+
+
+def test_forgotten_rescale_fails(sol05):
+    r = _forward(sol05, FIRST, NO_RESCALE=True)
+    assert r.status == "failed" and "exp(m_old - m_new)" in r.message
+
+
+def test_missing_max_subtraction_fails_on_large_scores(sol05):
+    r = _forward(sol05, lambda name, i: i == 0 or "large" in name, NO_MAX=True)
+    assert r.status == "failed" and "large scores" in r.message
+    assert any(c.status == "failed" and "overflow" in c.message for c in r.cases)
+
+
+def test_lse_in_log2_fails(sol05):
+    r = _forward(sol05, FIRST, LSE_MODE=1)
+    assert r.status == "failed" and "log2 units" in r.message
+
+
+def test_lse_without_the_max_fails(sol05):
+    r = _forward(sol05, FIRST, LSE_MODE=2)
+    assert r.status == "failed" and "lacks the running max" in r.message
+
+
+def test_padded_keys_attended_fails(sol05):
+    r = _forward(sol05, FIRST_TWO, NO_KEY_MASK=True)
+    assert r.status == "failed" and "padded to a multiple of BLOCK_N" in r.message
+    assert r.cases[0].status == "passed"  # seq_k a multiple of the tile: no padding, no harm
+
+
+def test_no_early_exit_fails(sol05):
+    r = _causal(sol05, FIRST, NO_EARLY_EXIT=True)
+    assert r.status == "failed" and "early exit" in r.message
+
+
+def test_no_early_exit_with_honest_looking_stats_still_fails_on_unseen_nan_keys(sol05):
+    real = _buggy(True, NO_EARLY_EXIT=True)
+
+    def lying(q, k, v, **kw):  # reports the counts an early exit would give, but loads every key
+        out, lse, stats = real(q, k, v, **kw)
+        bm, bn = stats["BLOCK_M"], stats["BLOCK_N"]
+        counts = [-(-min((m + 1) * bm, k.shape[2]) // bn) for m in range(stats["key_blocks"].shape[-1])]
+        stats["key_blocks"][:] = torch.tensor(counts, dtype=torch.int32)
+        return out, lse, stats
+    r = grade(STEM, "flash_causal", with_answer(sol05, flash_attention_causal=lying), hidden=False)
+    assert r.status == "failed"
+    bad = [c for c in r.cases if c.status != "passed"]
+    assert [c.name for c in bad] == [r.cases[-1].name] and "hold NaN" in bad[0].name
+    assert "NaN" in bad[0].message
+
+
+def test_fp16_score_accumulation_fails(sol05):
+    r = _forward(sol05, lambda name, i: i < 3, FP16_SCORES=True)
+    assert r.status == "failed" and "accumulate q·kᵀ in float32" in r.message
+    assert all(c.status == "passed" for c in r.cases if "float32" in c.name)
+
+
+def test_grid_rounded_down_leaves_rows_unwritten(sol05):
+    r = _forward(sol05, FIRST_TWO, grid_m=lambda n, b: n // b)
+    assert r.status == "failed" and "NaN" in r.message
+
+
+def test_unmasked_lse_store_hits_the_guard_region(sol05):
+    r = _forward(sol05, FIRST_TWO, LSE_UNMASKED=True)
+    assert r.status == "failed" and "past the end" in r.message and "lse" in r.message
+
+
+def test_sdpa_instead_of_a_kernel_earns_nothing(sol05):
+    def flash_attention(q, k, v, causal=False, scale=None, out=None, lse=None, **kw):
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        s = (scale or q.shape[-1] ** -0.5) * q.float() @ k.float().transpose(-1, -2)
+        out.copy_(o)
+        lse.copy_(torch.logsumexp(s, -1))
+        return out, lse
+    r = _forward_with(sol05, flash_attention)
+    assert r.status == "failed" and r.score == 0 and "no Triton kernel" in r.message
+
+
+def _forward_with(sol05, fn):
+    return grade(STEM, "flash_forward", with_answer(sol05, flash_attention=fn), hidden=False)
+
+
+def test_returning_fresh_tensors_instead_of_out_fails(sol05):
+    real = sol05["flash_attention"]
+    r = _forward_with(sol05, lambda q, k, v, out=None, lse=None, **kw: real(q, k, v, **kw))
+    assert r.status == "failed" and "`out`" in r.message
+
+
+def test_mutating_an_input_is_caught(sol05):
+    real = sol05["flash_attention"]
+
+    def flash_attention(q, k, v, **kw):
+        res = real(q, k, v, **kw)
+        k.mul_(2.0)  # e.g. scaling k in place to save a multiply
+        return res
+    r = _forward_with(sol05, flash_attention)
+    assert r.status == "failed" and "was modified" in r.message
+
+
+def test_ignoring_strides_fails_on_transposed_inputs(sol05):
+    real = sol05["flash_attention"]
+
+    def flash_attention(q, k, v, **kw):  # views the storage as if it were (B, H, S, D)
+        fix = [t if t.is_contiguous() else t.as_strided(t.shape, torch.empty(t.shape).stride()) for t in (q, k, v)]
+        return real(*fix, **kw)
+    r = _forward_with(sol05, flash_attention)
+    assert r.status == "failed" and "(B, S, H, D)" in r.message
+
+
+def test_ignoring_the_tile_sizes_given_is_reported(sol05):
+    real = _buggy(True)
+    r = grade(STEM, "flash_causal", with_answer(
+        sol05, flash_attention_causal=lambda q, k, v, BLOCK_M=None, BLOCK_N=None, **kw: real(
+            q, k, v, BLOCK_M=64, BLOCK_N=64, **kw)), hidden=False)
+    assert r.status == "failed" and "use the tile sizes you are given" in r.message
+
+
+# --- exercise 1: the PyTorch reference ------------------------------------------------------------
+
+def _reference(causal_diag=0, max_sub=True, lse_log2=False):
+    def attention_reference(q, k, v, causal=False, scale=None):
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        s = scale * q.float() @ k.float().transpose(-1, -2)
+        if causal:
+            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(causal_diag), float("-inf"))
+        m = s.amax(-1, keepdim=True) if max_sub else torch.zeros_like(s[..., :1])
+        e = torch.exp(s - m)
+        lse = (m[..., 0] + e.sum(-1).log())
+        out = (e / e.sum(-1, keepdim=True)) @ v.float()
+        return out.to(q.dtype), lse / math.log(2) if lse_log2 else lse
+    return attention_reference
+
+
+def test_reference_helper_without_bugs_passes(sol05):
+    assert grade(STEM, "attention_reference", with_answer(sol05, attention_reference=_reference())).status == "passed"
+
+
+def test_reference_without_max_subtraction_fails(sol05):
+    r = grade(STEM, "attention_reference", with_answer(sol05, attention_reference=_reference(max_sub=False)),
+              hidden=False)
+    assert r.status == "failed" and "subtract each row's max" in r.message
+
+
+def test_reference_causal_off_by_one_fails(sol05):
+    r = grade(STEM, "attention_reference", with_answer(sol05, attention_reference=_reference(causal_diag=-1)),
+              hidden=False)
+    assert r.status == "failed" and "strict mask" in r.message
+
+
+def test_reference_lse_in_log2_fails(sol05):
+    r = grade(STEM, "attention_reference", with_answer(sol05, attention_reference=_reference(lse_log2=True)),
+              hidden=False)
+    assert r.status == "failed" and "log2 units" in r.message
+
+
+def test_reference_returning_only_out_fails(sol05):
+    real = sol05["attention_reference"]
+    r = grade(STEM, "attention_reference", with_answer(
+        sol05, attention_reference=lambda *a, **kw: real(*a, **kw)[0]), hidden=False)
+    assert r.status == "failed" and "pair (out, lse)" in r.message
+
+
+def test_reference_in_fp16_fails(sol05):
+    def attention_reference(q, k, v, causal=False, scale=None):  # no upcast: fp16 scores and sums
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        s = (q * scale) @ k.transpose(-1, -2)
+        if causal:
+            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+        return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+    r = grade(STEM, "attention_reference", with_answer(sol05, attention_reference=attention_reference), hidden=False)
+    assert r.status == "failed" and "float16" in r.message
+
+
+# --- exercise 2: memory ----------------------------------------------------------------------------
+
+def test_memory_counting_only_s_fails(sol05):
+    def only_s(b, h, sq, sk, nb, flash=False):
+        return 4 * b * h * sq if flash else b * h * sq * sk * nb
+    r = grade(STEM, "attention_memory", with_answer(sol05, attention_memory_bytes=only_s))
+    assert r.status == "failed" and "S and P" in r.message
+
+
+def test_memory_flash_lse_in_the_input_dtype_fails(sol05):
+    real = sol05["attention_memory_bytes"]
+    def lse_in_input_dtype(b, h, sq, sk, nb, flash=False):
+        return b * h * sq * nb if flash else real(b, h, sq, sk, nb)
+    r = grade(STEM, "attention_memory", with_answer(sol05, attention_memory_bytes=lse_in_input_dtype))
+    assert r.status == "failed" and "float32" in r.message
+
+
+# --- exercise 5 (stretch): backward ----------------------------------------------------------------
+
+def test_naive_autograd_instead_of_backward_kernels_fails(sol05):
+    def flash_attention_autograd(q, k, v, causal=False, scale=None):  # autograd through PyTorch ops
+        s = (scale or q.shape[-1] ** -0.5) * q.float() @ k.float().transpose(-1, -2)
+        if causal:
+            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+        return (torch.softmax(s, -1) @ v.float()).to(q.dtype)
+    r = grade(STEM, "flash_backward", with_answer(sol05, flash_attention_autograd=flash_attention_autograd),
+              hidden=False)
+    assert r.status == "failed" and r.score == 0 and "during backward" in r.message
+
+
+def _function(sol05, save_p=False, zero_delta=False, causal_in_backward=True):
+    """An autograd.Function on the solution's kernels, with one mistake switched on."""
+    fwd, dkdv, dq_kernel = sol05["flash_attention"], sol05["flash_bwd_dkdv_kernel"], sol05["flash_bwd_dq_kernel"]
+
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale):
+            scale = q.shape[-1] ** -0.5 if scale is None else scale
+            out, lse = fwd(q, k, v, causal=causal, scale=scale)
+            extra = [torch.zeros(*q.shape[:3], k.shape[2], dtype=q.dtype)] if save_p else []  # "keeps P"
+            ctx.save_for_backward(q, k, v, out, lse, *extra)
+            ctx.causal, ctx.scale = causal, scale
+            return out
+
+        @staticmethod
+        def backward(ctx, dout):
+            q, k, v, out, lse = ctx.saved_tensors[:5]
+            dout = dout.contiguous()
+            B, H, Sq, D = q.shape
+            Sk = k.shape[2]
+            delta = (out.float() * dout.float()).sum(-1)
+            if zero_delta:
+                delta = torch.zeros_like(delta)  # dS = P * dP: the softmax Jacobian's second term forgotten
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            strides = (*q.stride(), *k.stride(), *v.stride(), *dout.stride())
+            kw = dict(CAUSAL=ctx.causal and causal_in_backward, HEAD_DIM=D, BLOCK_M=32, BLOCK_N=32)
+            dkdv[(triton.cdiv(Sk, 32), B * H)](q, k, v, dout, lse, delta, dk, dv, *strides, H, Sq, Sk,
+                                               ctx.scale * 1.4426950408889634, **kw)
+            dq_kernel[(triton.cdiv(Sq, 32), B * H)](q, k, v, dout, lse, delta, dq, *strides, H, Sq, Sk,
+                                                    ctx.scale * 1.4426950408889634, **kw)
+            return dq, dk, dv, None, None
+
+    return lambda q, k, v, causal=False, scale=None: Fn.apply(q, k, v, causal, scale)
+
+
+def _backward(sol05, **mistake):
+    return grade(STEM, "flash_backward", with_answer(sol05, flash_attention_autograd=_function(sol05, **mistake)),
+                 hidden=False)
+
+
+def test_the_test_function_without_mistakes_passes(sol05):
+    assert _backward(sol05).status == "passed"
+
+
+def test_saving_p_for_backward_fails(sol05):
+    r = _backward(sol05, save_p=True)
+    assert r.status == "failed" and "recompute P" in r.message
+
+
+def test_forgetting_delta_fails(sol05):
+    r = _backward(sol05, zero_delta=True)
+    assert r.status == "failed" and "δ = rowsum(dO ∘ O)" in r.message
+
+
+def test_backward_without_the_causal_mask_fails_on_causal_cases(sol05):
+    r = _backward(sol05, causal_in_backward=False)
+    assert r.status == "failed"
+    assert all(c.status == "passed" for c in r.cases if "causal=False" in c.name)
+
+
+def test_output_detached_from_the_graph_fails(sol05):
+    real = sol05["flash_attention"]
+    r = grade(STEM, "flash_backward", with_answer(
+        sol05, flash_attention_autograd=lambda q, k, v, causal=False, scale=None: real(q, k, v, causal, scale)[0]),
+        hidden=False)
+    assert r.status == "failed" and "attached to the graph" in r.message
