@@ -1,0 +1,766 @@
+"""Checks of lab 10, where memory goes: saved-tensor accounting, activation checkpointing as a
+``torch.autograd.Function``, selective recomputation, ZeRO/FSDP memory and the offload cost model.
+
+The block under test is :class:`gpulab.models.TransformerBlock` (its docstring lists every tensor
+autograd saves). Memory is measured as the bytes of distinct storages packed by
+``torch.autograd.graph.saved_tensors_hooks`` during the forward pass, parameters excluded; FLOPs
+with ``torch.utils.flop_counter.FlopCounterMode`` (matmuls only, which is all the block's FLOPs).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from gpulab.compare import compare
+from gpulab.models import RECOMPUTE_CANDIDATES as CANDIDATES
+from gpulab.models import make_block
+from grader.exercise import Case, Exercise, entry
+
+LAB = "10_memory_checkpointing"
+TITLE = "Where memory goes: activations, checkpointing, ZeRO and offload"
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def _randint(gen, lo, hi) -> int:
+    return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+
+def _choice(gen, options):
+    return options[_randint(gen, 0, len(options) - 1)]
+
+
+def _close(got, want, rel=1e-9) -> bool:
+    try:
+        return math.isclose(float(got), float(want), rel_tol=rel, abs_tol=1e-9)
+    except (TypeError, ValueError):
+        return False
+
+
+# --- references ------------------------------------------------------------------------------------
+
+def ref_saved_bytes(fn, *args, exclude=()) -> int:
+    """Bytes of the distinct storages autograd saves while ``fn(*args)`` runs (storages of
+    ``exclude``, the parameters, left out). Each packed tensor is kept alive until the count is
+    done, so no address is reused by a later tensor."""
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*args)
+    total = sum(seen.values())
+    del out
+    return total
+
+
+def _parts(batch, seq, d_model, n_heads, d_ff, dropout, dtype_bytes, stats_bytes=None) -> dict:
+    """The saved bytes of each piece of :class:`gpulab.models.TransformerBlock` (see its docstring)."""
+    e = dtype_bytes
+    st = dtype_bytes if stats_bytes is None else stats_bytes
+    t, h, f = batch * seq, d_model, d_ff
+    P = batch * n_heads * seq * seq                      # elements of one (b, a, s, s) tensor
+    drop = dropout > 0
+    core = P * e + (P * (e + 1) if drop else 0)          # softmax out [+ dropout mask + dropout out]
+    return {
+        "x": t * h * e,                                                        # block input (LN1)
+        "attn_core": core,
+        "attn": 2 * t * st + t * h * e + 3 * t * h * e + core + t * h * e + (t * h if drop else 0),
+        "x1": t * h * e,                                                       # LN2's input
+        "mlp": 2 * t * st + t * h * e + 2 * t * f * e + (t * h if drop else 0),
+    }
+
+
+def ref_block_activation_bytes(batch, seq, d_model, n_heads, d_ff, dropout, dtype_bytes, stats_bytes=None) -> int:
+    p = _parts(batch, seq, d_model, n_heads, d_ff, dropout, dtype_bytes, stats_bytes)
+    return p["x"] + p["attn"] + p["x1"] + p["mlp"]
+
+
+def ref_forward_flops(batch, seq, d_model, n_heads, d_ff) -> dict:
+    """Matmul FLOPs of one forward pass of each piece (2 per multiply-add)."""
+    t, h, f = batch * seq, d_model, d_ff
+    core = 4 * batch * seq * seq * h                     # q kᵀ and P v
+    attn = 2 * t * h * 3 * h + core + 2 * t * h * h       # QKV, core, output projection
+    mlp = 4 * t * h * f                                   # FC1 and FC2
+    return {"attn_core": core, "attn": attn, "mlp": mlp, "block": attn + mlp}
+
+
+def _normalize(recompute) -> frozenset:
+    rec = frozenset(recompute)
+    if "block" in rec:
+        return frozenset({"block"})
+    if "attn" in rec:
+        rec = rec - {"attn_core"}
+    return rec
+
+
+def ref_recompute_cost(batch, seq, d_model, n_heads, d_ff, dropout, dtype_bytes, recompute, stats_bytes=None):
+    """(saved bytes, extra forward FLOPs in backward) of a block whose ``recompute`` pieces are checkpointed."""
+    rec = _normalize(recompute)
+    parts = _parts(batch, seq, d_model, n_heads, d_ff, dropout, dtype_bytes, stats_bytes)
+    flops = ref_forward_flops(batch, seq, d_model, n_heads, d_ff)
+    if rec == {"block"}:
+        return parts["x"], flops["block"]
+    saved = parts["x"] + parts["attn"] + parts["x1"] + parts["mlp"]
+    return saved - sum(parts[r] for r in rec), sum(flops[r] for r in rec)
+
+
+def ref_plan_recompute(batch, seq, d_model, n_heads, d_ff, dropout, dtype_bytes, budget_bytes, stats_bytes=None):
+    """The candidate with the fewest extra FLOPs whose saved bytes fit the budget (ties: fewer bytes)."""
+    best = None
+    for cand in CANDIDATES:
+        saved, extra = ref_recompute_cost(batch, seq, d_model, n_heads, d_ff, dropout, dtype_bytes, cand, stats_bytes)
+        if saved <= budget_bytes and (best is None or (extra, saved) < best[0]):
+            best = ((extra, saved), frozenset(cand))
+    return None if best is None else best[1]
+
+
+def _dtype_bytes(dtype) -> int:
+    if isinstance(dtype, str):
+        dtype = _DTYPES[dtype]
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def ref_zero_memory(n_params, world_size, stage, param_dtype="bfloat16", grad_dtype="bfloat16",
+                    optimizer="adam", master_weights=True) -> dict:
+    p, g = _dtype_bytes(param_dtype), _dtype_bytes(grad_dtype)
+    states = {"adam": 2, "adamw": 2, "momentum": 1, "sgd": 0}[optimizer]
+    master = 4 if master_weights and p != 4 else 0
+    k = master + 4 * states
+    n, N = n_params, world_size
+    params = p * n / N if stage >= 3 else p * n
+    grads = g * n / N if stage >= 2 else g * n
+    opt = k * n / N if stage >= 1 else k * n
+    return {"params": params, "grads": grads, "optimizer": opt, "total": params + grads + opt}
+
+
+def ref_fsdp_memory(n_params, world_size, unit_params, param_dtype="bfloat16", grad_dtype="bfloat16",
+                    optimizer="adam", master_weights=True) -> dict:
+    out = ref_zero_memory(n_params, world_size, 3, param_dtype, grad_dtype, optimizer, master_weights)
+    gathered = unit_params * (_dtype_bytes(param_dtype) + _dtype_bytes(grad_dtype))
+    out = dict(out, gathered=gathered)
+    out["total"] += gathered
+    return out
+
+
+def ref_offload_bytes(n_params, world_size, what, param_dtype="bfloat16", grad_dtype="bfloat16"):
+    p, g = _dtype_bytes(param_dtype), _dtype_bytes(grad_dtype)
+    shard = n_params / world_size
+    return (g + p) * shard if what == "optimizer" else (2 * p + g) * shard
+
+
+def ref_offload_step_time(compute_s, nbytes, pcie_gbps, overlap=True) -> dict:
+    transfer = nbytes / (pcie_gbps * 1e9)
+    step = max(compute_s, transfer) if overlap else compute_s + transfer
+    return {"transfer_s": transfer, "step_s": step, "hidden": bool(overlap and transfer <= compute_s)}
+
+
+# --- 1. saved bytes, measured ----------------------------------------------------------------------
+
+def _scenario(name: str, inputs: dict):
+    """Rebuild a scenario (function, arguments, tensors to exclude) from plain case inputs (CPU)."""
+    gen = torch.Generator().manual_seed(inputs["seed"])
+    n, m = inputs["n"], inputs["m"]
+    if name == "square":      # one tensor saved twice by the same op
+        x = torch.randn(n, m, generator=gen).requires_grad_()
+        return (lambda x: x * x), (x,), ()
+    if name == "views":       # two overlapping views of one storage
+        x = torch.randn(n, 3 * m, generator=gen).requires_grad_()
+        return (lambda x: x[:, :2 * m] @ x[:, m:].t()), (x,), ()
+    if name == "linear":      # the weight is saved too, but it is a parameter
+        x = torch.randn(n, m, generator=gen).requires_grad_()
+        w = torch.nn.Parameter(torch.randn(2 * m, m, generator=gen))
+        return (lambda x: torch.relu(torch.nn.functional.linear(x, w)).exp()), (x,), (w,)
+    if name == "block":
+        block = make_block(inputs["d_model"], inputs["n_heads"], None, inputs["dropout"], seed=inputs["seed"])
+        x = torch.randn(n, m, inputs["d_model"], generator=gen).requires_grad_()
+        return block, (x,), tuple(block.parameters())
+    raise ValueError(name)
+
+
+def _saved_cases(gen, public):
+    cases = [Case("x * x saves x twice: count it once", dict(kind="square", n=16, m=8, seed=1)),
+             Case("a matmul of two overlapping views of one matrix", dict(kind="views", n=8, m=4, seed=2)),
+             Case("relu(linear(x, w)).exp(), w excluded", dict(kind="linear", n=8, m=16, seed=3)),
+             Case("the lesson's block (b=2, s=16, h=32, dropout 0.1)",
+                  dict(kind="block", n=2, m=16, d_model=32, n_heads=2, dropout=0.1, seed=4))]
+    if not public:
+        cases = []
+        for kind in ("square", "views", "linear", "block"):
+            spec = dict(kind=kind, n=_randint(gen, 1, 12), m=_randint(gen, 2, 24), seed=_randint(gen, 0, 999))
+            if kind == "block":
+                spec.update(d_model=_choice(gen, (16, 32, 48)), n_heads=_choice(gen, (1, 2, 4)),
+                            dropout=_choice(gen, (0.0, 0.1)), m=_randint(gen, 4, 24))
+            cases.append(Case(f"{kind} with random sizes", spec))
+    return cases
+
+
+def _number(x):
+    """A plain number for the judge (numpy and 0-dim tensor scalars included), else its repr."""
+    if isinstance(x, torch.Tensor) and x.numel() == 1:
+        x = x.item()
+    if isinstance(x, numbers.Real) and not isinstance(x, bool):
+        return int(x) if float(x).is_integer() else float(x)
+    return repr(x)
+
+
+def _saved_run(ns, case, device):
+    fn, args, exclude = _scenario(case.inputs["kind"], case.inputs)
+    got = entry(ns, "saved_tensor_bytes")(fn, *args, exclude=exclude)
+    return {"bytes": _number(got)}
+
+
+def _saved_judge(case, obs):
+    fn, args, exclude = _scenario(case.inputs["kind"], case.inputs)
+    want = ref_saved_bytes(fn, *args, exclude=exclude)
+    got = obs["bytes"]
+    if not isinstance(got, (int, float)):
+        return f"saved_tensor_bytes must return a number of bytes, got {got}."
+    if got == want:
+        return None
+    hint = ""
+    if got > want:
+        hint = (" You count more than autograd keeps: count each *storage* once (several saved tensors can "
+                "be views of one buffer, or the same tensor), and skip the storages of `exclude`.")
+    elif got == 0:
+        hint = " Nothing was counted: is your pack hook installed while fn runs (a `with` block around the call)?"
+    else:
+        hint = (" You count less than autograd keeps: count each storage at its full size, "
+                "`t.untyped_storage().nbytes()`, not only the view's `t.nbytes`.")
+    return f"saved_tensor_bytes = {got} bytes, expected {want} for {case.name}.{hint}"
+
+
+# --- 2. the activation formula -----------------------------------------------------------------------
+
+def _formula_cases(gen, public):
+    cases = [Case("b=2 s=16 h=32 a=2 f=128 dropout=0.1 float32",
+                  dict(batch=2, seq=16, d_model=32, n_heads=2, d_ff=128, dropout=0.1, dtype="float32", measure=True)),
+             Case("b=1 s=16 h=32 a=2 f=128 no dropout float32",
+                  dict(batch=1, seq=16, d_model=32, n_heads=2, d_ff=128, dropout=0.0, dtype="float32", measure=True)),
+             Case("b=3 s=8 h=48 a=4 f=100 dropout=0.2 bfloat16 (CPU: LayerNorm statistics in bfloat16)",
+                  dict(batch=3, seq=8, d_model=48, n_heads=4, d_ff=100, dropout=0.2, dtype="bfloat16",
+                       stats_bytes=2, measure=True)),
+             Case("GPT-3 175B layer: b=1 s=2048 h=12288 a=96 f=49152 dropout=0.1 bf16 on a GPU (stats fp32)",
+                  dict(batch=1, seq=2048, d_model=12288, n_heads=96, d_ff=49152, dropout=0.1, dtype="bfloat16",
+                       stats_bytes=4, measure=False))]
+    if not public:
+        cases = []
+        for i in range(4):
+            a = _choice(gen, (1, 2, 4))
+            dtype = _choice(gen, ("float32", "bfloat16", "float64"))
+            cases.append(Case(f"random block #{i} ({dtype})", dict(
+                batch=_randint(gen, 1, 3), seq=_randint(gen, 2, 24), d_model=a * _choice(gen, (8, 12, 16)),
+                n_heads=a, d_ff=_randint(gen, 8, 96), dropout=_choice(gen, (0.0, 0.1, 0.5)), dtype=dtype,
+                stats_bytes=_dtype_bytes(dtype), measure=True)))
+        cases.append(Case("Llama-style layer on a GPU: b=4 s=4096 h=4096 a=32 f=11008 no dropout, bf16", dict(
+            batch=4, seq=4096, d_model=4096, n_heads=32, d_ff=11008, dropout=0.0, dtype="bfloat16",
+            stats_bytes=4, measure=False)))
+    return cases
+
+
+def _formula_args(x: dict) -> tuple:
+    return (x["batch"], x["seq"], x["d_model"], x["n_heads"], x["d_ff"], x["dropout"], _dtype_bytes(x["dtype"]))
+
+
+def _formula_run(ns, case, device):
+    x = case.inputs
+    got = entry(ns, "block_activation_bytes")(*_formula_args(x), stats_bytes=x.get("stats_bytes"))
+    return {"bytes": _number(got)}
+
+
+def _measured_block_bytes(x: dict) -> int:
+    block = make_block(x["d_model"], x["n_heads"], x["d_ff"], x["dropout"], dtype=_DTYPES[x["dtype"]])
+    inp = torch.randn(x["batch"], x["seq"], x["d_model"], dtype=_DTYPES[x["dtype"]], requires_grad=True)
+    return ref_saved_bytes(block, inp, exclude=tuple(block.parameters()))
+
+
+def _formula_judge(case, obs):
+    x = case.inputs
+    got = obs["bytes"]
+    if not isinstance(got, (int, float)):
+        return f"block_activation_bytes must return a number of bytes, got {got}."
+    want = _measured_block_bytes(x) if x["measure"] else ref_block_activation_bytes(
+        *_formula_args(x), stats_bytes=x.get("stats_bytes"))
+    if got == want:
+        return None
+    how = "measured with saved_tensors_hooks" if x["measure"] else "from the exact count"
+    b, s, h, a, f, p, e = _formula_args(x)
+    t, P = b * s, b * a * s * s
+    st = x.get("stats_bytes") or e
+    hints = {
+        want - 4 * t * st: "You left out LayerNorm's saved mean and rstd (2 per token per LayerNorm).",
+        34 * s * b * h + 5 * a * s * s * b: "That is Korthikanti's 34sbh + 5as²b (2-byte activations, f = 4h, "
+        "no LayerNorm statistics): count this block's tensors (its d_ff, its dtype, its dropout) from the "
+        "table in the docstring.",
+    }
+    if p > 0:
+        hints[want + P * (e - 1) + 2 * t * h * (e - 1)] = \
+            "Dropout masks are torch.bool: 1 byte per element, not the activation dtype."
+        hints[want - P * (e + 1) - 2 * t * h] = "With dropout > 0, count the masks and dropout(P) as well."
+    else:
+        hints[want + P * e] = ("Without dropout, dropout(P) is P itself: one tensor saved by two ops, "
+                               "counted once.")
+    hint = hints.get(got, "Go through the docstring's table op by op: which tensors, how many elements, "
+                          "which dtype.")
+    return f"block_activation_bytes = {got}, expected {want} ({how}). {hint}"
+
+
+# --- 3. checkpointing as an autograd.Function ------------------------------------------------------
+
+def _build_fn(x: dict, device):
+    block = make_block(x["d_model"], x["n_heads"], None, x["dropout"], seed=x["seed"], device=device)
+    gen = torch.Generator().manual_seed(x["seed"] + 1)
+    xs = [torch.randn(x["batch"], x["seq"], x["d_model"], generator=gen)]
+    if x["kind"] == "two_inputs":
+        xs.append(torch.randn(x["batch"], x["seq"], x["d_model"], generator=gen))
+        fn = lambda a, b: block.mlp(a) * b  # noqa: E731 - two inputs, both need gradients
+    else:
+        fn = block
+    weight = torch.randn(x["batch"], x["seq"], x["d_model"], generator=gen).to(device)  # loss = (y * weight).sum()
+    return block, fn, [t.to(device).requires_grad_() for t in xs], weight
+
+
+class _NoModuleTracking:
+    """Stands in for FlopCounterMode's module tracker. The tracker's per-module breakdown puts
+    gradient hooks on module inputs, and those make ``torch.autograd.grad`` inside a backward (a
+    correct way to write a checkpoint) raise; the checks only need the total."""
+
+    parents = ("Global",)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def flop_counter():
+    """A ``FlopCounterMode`` (display off) that counts totals only (see :class:`_NoModuleTracking`)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    if hasattr(counter, "mod_tracker"):
+        counter.mod_tracker = _NoModuleTracking()
+    return counter
+
+
+def _fwd_bwd(block, f, xs, weight, seed):
+    block.zero_grad(set_to_none=True)
+    for t in xs:
+        t.grad = None
+    torch.manual_seed(seed)  # seeds the CPU and every GPU generator: the same dropout masks
+    with flop_counter() as counter:
+        y = f(*xs)
+        if not isinstance(y, torch.Tensor):
+            raise TypeError(f"the checkpointed function must return the tensor fn returns, got {type(y).__name__}.")
+        (y * weight).sum().backward()
+    grads = {f"param {n}": (p.grad.detach().cpu() if p.grad is not None else None) for n, p in block.named_parameters()}
+    for i, t in enumerate(xs):
+        grads[f"input {i}"] = t.grad.detach().cpu() if t.grad is not None else None
+    return y.detach().cpu(), grads, counter.get_total_flops()
+
+
+class _OneThread:
+    """Run a case on one intra-op thread: the tensors are tiny, and on a busy CPU OpenMP's
+    synchronisation between threads costs far more than the work (restored afterwards)."""
+
+    def __enter__(self):
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.threads)
+
+
+def _ckpt_observe(fn_plain, fn_ckpt, block, xs, weight, seed):
+    with _OneThread():
+        return _ckpt_observe_inner(fn_plain, fn_ckpt, block, xs, weight, seed)
+
+
+def _ckpt_observe_inner(fn_plain, fn_ckpt, block, xs, weight, seed):
+    out_p, grads_p, flops_p = _fwd_bwd(block, fn_plain, xs, weight, seed)
+    out_c, grads_c, flops_c = _fwd_bwd(block, fn_ckpt, xs, weight, seed)
+    with flop_counter() as counter, torch.no_grad():
+        fn_plain(*xs)
+    params = tuple(block.parameters())
+    torch.manual_seed(seed)
+    saved_p = ref_saved_bytes(fn_plain, *xs, exclude=params)
+    torch.manual_seed(seed)
+    saved_c = ref_saved_bytes(fn_ckpt, *xs, exclude=params)
+    return {"out_plain": out_p, "out_ckpt": out_c, "grads_plain": grads_p, "grads_ckpt": grads_c,
+            "flops_plain": flops_p, "flops_ckpt": flops_c, "flops_forward": counter.get_total_flops(),
+            "saved_plain": saved_p, "saved_ckpt": saved_c, "input_bytes": sum(t.nbytes for t in xs)}
+
+
+def _ckpt_cases(gen, public):
+    base = dict(batch=2, seq=16, d_model=32, n_heads=2, kind="block", seed=7)
+    cases = [Case("block, no dropout", dict(base, dropout=0.0)),
+             Case("block, dropout 0.2 (the masks must be reproduced)", dict(base, dropout=0.2, seed=8)),
+             Case("fn(x, y) = block.mlp(x) * y, dropout 0.1: two inputs, both need gradients",
+                  dict(base, dropout=0.1, kind="two_inputs", seed=9))]
+    if not public:
+        cases = []
+        for i, kind in enumerate(("block", "block", "two_inputs")):
+            a = _choice(gen, (1, 2, 4))
+            cases.append(Case(f"random {kind} #{i}", dict(
+                batch=_randint(gen, 1, 3), seq=_randint(gen, 8, 24), d_model=a * _choice(gen, (8, 16)), n_heads=a,
+                dropout=_choice(gen, (0.1, 0.3)) if i else 0.0, kind=kind, seed=_randint(gen, 0, 999))))
+    return cases
+
+
+def _ckpt_run(ns, case, device):
+    ck = entry(ns, "checkpoint")
+    block, fn, xs, weight = _build_fn(case.inputs, device)
+    return _ckpt_observe(fn, lambda *a: ck(fn, *a), block, xs, weight, case.inputs["seed"])
+
+
+_EARLY_STOP = (" Less than one: torch.utils.checkpoint's non-reentrant variant stops recomputing as soon as it has "
+               "what backward needs; this lab asks for your own autograd.Function that reruns fn completely.")
+_RNG_HINT = ("With dropout, the recomputation must draw the same masks as the forward pass: save the RNG "
+             "state in forward (torch.get_rng_state(), and torch.cuda.get_rng_state() for CUDA inputs) and "
+             "restore it before recomputing, inside torch.random.fork_rng() so the caller's RNG is untouched.")
+
+
+def _judge_grads(case, obs, what: str) -> str | None:
+    for name, want in obs["grads_plain"].items():
+        got = obs["grads_ckpt"].get(name)
+        if want is None:
+            continue
+        if got is None:
+            where = "input" if name.startswith("input") else "parameter"
+            fix = ("return the inputs' gradients from backward (one per input of forward, None for fn)"
+                   if where == "input" else
+                   "recompute with gradients enabled (torch.enable_grad()) and call torch.autograd.backward "
+                   "on the recomputed output, so the parameters' .grad fill in")
+            return f"{what}: the {where} gradient `{name}` is missing: {fix}."
+        report = compare(got, want, dtype=want.dtype, name=f"gradient of {name}")
+        if report:
+            hint = _RNG_HINT if case.inputs.get("dropout", 0) > 0 else ""
+            return f"{what}: gradients differ from the un-checkpointed block. {report}\n  {hint}".rstrip()
+    return None
+
+
+def _ckpt_judge(case, obs):
+    report = compare(obs["out_ckpt"], obs["out_plain"], dtype=obs["out_plain"].dtype, name="checkpointed output")
+    if report:
+        return f"the forward output differs from fn's own: {report}"
+    message = _judge_grads(case, obs, "checkpoint")
+    if message:
+        return message
+    allowed = obs["input_bytes"] + 16 * 1024  # the inputs, plus room for an RNG state saved as a tensor
+    if obs["saved_ckpt"] > allowed:
+        return (f"the checkpointed call kept {obs['saved_ckpt']} bytes for backward; the plain block keeps "
+                f"{obs['saved_plain']} and a checkpoint should keep only its inputs ({obs['input_bytes']} bytes, "
+                f"a {obs['saved_plain'] / obs['input_bytes']:.1f}x drop). Run fn under torch.no_grad() in "
+                "forward and save only the inputs (ctx.save_for_backward).")
+    extra, fwd = obs["flops_ckpt"] - obs["flops_plain"], obs["flops_forward"]
+    if abs(extra - fwd) > 0.02 * fwd:
+        return (f"forward + backward with your checkpoint took {obs['flops_ckpt']:.4g} FLOPs, the plain block "
+                f"{obs['flops_plain']:.4g}: {extra / fwd:.2f} forward passes extra, expected exactly one "
+                f"(the recomputation in backward).{_EARLY_STOP if extra < fwd else ''}")
+    return None
+
+
+# --- 4. selective checkpointing ---------------------------------------------------------------------
+
+def _selective_cases(gen, public):
+    base = dict(batch=2, seq=16, d_model=32, n_heads=2, dropout=0.1, kind="block", seed=11)
+    sets = [(), ("attn_core",), ("mlp",), ("attn",), ("attn_core", "mlp"), ("attn", "mlp"), ("block",)]
+    if public:
+        return [Case(f"recompute={set(r) or '{}'} (b=2, s=16, h=32, dropout 0.1)", dict(base, recompute=r))
+                for r in sets]
+    cases = []
+    for r in (("attn_core",), ("mlp",), ("attn", "attn_core"), ("attn_core", "mlp")):
+        a = _choice(gen, (1, 2, 4))
+        cases.append(Case(f"recompute={set(r)}, random block", dict(
+            batch=_randint(gen, 1, 3), seq=_randint(gen, 8, 24), d_model=a * _choice(gen, (8, 16)), n_heads=a,
+            dropout=_choice(gen, (0.0, 0.2)), kind="block", seed=_randint(gen, 0, 999), recompute=r)))
+    return cases
+
+
+def _selective_run(ns, case, device):
+    sel = entry(ns, "selective_forward")
+    block, _, xs, weight = _build_fn(case.inputs, device)
+    rec = frozenset(case.inputs["recompute"])
+    return _ckpt_observe(block, lambda x: sel(block, x, rec), block, xs, weight, case.inputs["seed"])
+
+
+def _selective_judge(case, obs):
+    x = case.inputs
+    report = compare(obs["out_ckpt"], obs["out_plain"], dtype=obs["out_plain"].dtype, name="selective_forward output")
+    if report:
+        return f"the output differs from block(x): {report}"
+    message = _judge_grads(case, obs, "selective_forward")
+    if message:
+        return message
+    args = (x["batch"], x["seq"], x["d_model"], x["n_heads"], 4 * x["d_model"], x["dropout"], 4)
+    want_saved, want_extra = ref_recompute_cost(*args, x["recompute"], stats_bytes=4)
+    full, _ = ref_recompute_cost(*args, (), stats_bytes=4)
+    if obs["saved_ckpt"] != want_saved:
+        return (f"recompute={set(x['recompute'])}: {obs['saved_ckpt']} bytes saved for backward, expected "
+                f"{want_saved} (the plain block keeps {full}). Checkpoint exactly the named pieces with your "
+                "`checkpoint`: 'attn_core' wraps block.attn_core(q, k, v), 'attn' block.attention(x), 'mlp' "
+                "block.mlp(x1), 'block' the whole block; the residual additions stay outside.")
+    extra = obs["flops_ckpt"] - obs["flops_plain"]
+    if abs(extra - want_extra) > 0.02 * obs["flops_forward"]:
+        return (f"recompute={set(x['recompute'])}: {extra:.4g} extra FLOPs in backward, expected {want_extra:.4g} "
+                "(one forward pass of the recomputed pieces only)." + (_EARLY_STOP if extra < want_extra else ""))
+    return None
+
+
+# --- 5. choosing what to recompute ------------------------------------------------------------------
+
+def _plan_cases(gen, public):
+    gpt3 = dict(batch=1, seq=2048, d_model=12288, n_heads=96, d_ff=49152, dropout=0.1, dtype_bytes=2, stats_bytes=4)
+    full, _ = ref_recompute_cost(*_plan_args(gpt3), (), stats_bytes=4)
+    core_only, _ = ref_recompute_cost(*_plan_args(gpt3), ("attn_core",), stats_bytes=4)
+    cases = [Case("GPT-3 layer, budget = everything", dict(gpt3, budget_bytes=full)),
+             Case("GPT-3 layer, budget = without the attention core", dict(gpt3, budget_bytes=core_only)),
+             Case("GPT-3 layer, budget = 60% of everything", dict(gpt3, budget_bytes=int(0.6 * full))),
+             Case("GPT-3 layer, budget = the input only", dict(gpt3, budget_bytes=12288 * 2048 * 2)),
+             Case("GPT-3 layer, budget below the input: nothing fits", dict(gpt3, budget_bytes=1000))]
+    if not public:
+        cases = []
+        for i in range(6):
+            a = _choice(gen, (8, 16, 32, 64))
+            cfg = dict(batch=_randint(gen, 1, 16), seq=_choice(gen, (512, 1024, 2048, 4096, 8192)),
+                       d_model=a * _choice(gen, (64, 128)), n_heads=a, d_ff=0, dropout=_choice(gen, (0.0, 0.1)),
+                       dtype_bytes=2, stats_bytes=4)
+            cfg["d_ff"] = 4 * cfg["d_model"]
+            full, _ = ref_recompute_cost(*_plan_args(cfg), (), stats_bytes=4)
+            cfg["budget_bytes"] = int(full * float(torch.rand(1, generator=gen)) * 1.05)
+            cases.append(Case(f"random layer #{i}", cfg))
+    return cases
+
+
+def _plan_args(x):
+    return (x["batch"], x["seq"], x["d_model"], x["n_heads"], x["d_ff"], x["dropout"], x["dtype_bytes"])
+
+
+def _plan_run(ns, case, device):
+    x = case.inputs
+    costs = {}
+    for cand in CANDIDATES:
+        got = entry(ns, "recompute_cost")(*_plan_args(x), frozenset(cand), stats_bytes=x["stats_bytes"])
+        costs[",".join(cand)] = [float(v) for v in got] if isinstance(got, (tuple, list)) else repr(got)
+    plan = entry(ns, "plan_recompute")(*_plan_args(x), x["budget_bytes"], stats_bytes=x["stats_bytes"])
+    return {"costs": costs, "plan": None if plan is None else sorted(str(p) for p in plan)}
+
+
+def _plan_judge(case, obs):
+    x = case.inputs
+    for cand in CANDIDATES:
+        want = ref_recompute_cost(*_plan_args(x), cand, stats_bytes=x["stats_bytes"])
+        got = obs["costs"][",".join(cand)]
+        if not isinstance(got, list) or len(got) != 2:
+            return f"recompute_cost must return (saved_bytes, extra_flops), got {got}."
+        if not _close(got[0], want[0]):
+            return (f"recompute_cost(..., recompute={set(cand) or '{}'}) saved bytes = {got[0]:.6g}, expected "
+                    f"{want[0]}: start from block_activation_bytes and remove what the checkpointed pieces no "
+                    "longer keep (their inputs stay: the checkpoint saves them).")
+        if not _close(got[1], want[1]):
+            return (f"recompute_cost(..., recompute={set(cand) or '{}'}) extra FLOPs = {got[1]:.6g}, expected "
+                    f"{want[1]}: one forward pass of the recomputed pieces (matmuls, 2 FLOPs per multiply-add).")
+    want = ref_plan_recompute(*_plan_args(x), x["budget_bytes"], stats_bytes=x["stats_bytes"])
+    got = obs["plan"]
+    if (got is None) != (want is None) or (got is not None and set(got) != set(want)):
+        return (f"plan_recompute with a budget of {x['budget_bytes']:.4g} bytes returned "
+                f"{None if got is None else set(got)}, expected {None if want is None else set(want)}: among the "
+                "candidates that fit, take the one with the fewest extra FLOPs (ties: fewer bytes); None if none fits.")
+    return None
+
+
+# --- 6. ZeRO and FSDP --------------------------------------------------------------------------------
+
+def _zero_cases(gen, public):
+    paper = dict(n_params=7.5e9, world_size=64, param_dtype="bfloat16", grad_dtype="bfloat16", optimizer="adam",
+                 master_weights=True, unit_params=0)
+    cases = [Case(f"ZeRO paper: 7.5B params, 64 GPUs, mixed-precision Adam, stage {s}", dict(paper, stage=s))
+             for s in (0, 1, 2, 3)]
+    cases.append(Case("fp32 params with momentum SGD (no separate master copy), 8 GPUs, stage 2", dict(
+        n_params=1.3e9, world_size=8, param_dtype="float32", grad_dtype="float32", optimizer="momentum",
+        master_weights=True, stage=2, unit_params=0)))
+    cases.append(Case("FSDP full shard: 70B over 64 GPUs, largest unit 0.86B params", dict(
+        paper, n_params=70e9, stage="fsdp", unit_params=0.86e9)))
+    if not public:
+        cases = []
+        for stage in (0, 1, 2, 3, "fsdp", 2):
+            dtype = _choice(gen, ("bfloat16", "float16", "float32"))
+            n = float(_randint(gen, 1, 400)) * 1e9
+            cases.append(Case(f"random stage {stage}", dict(
+                n_params=n, world_size=_choice(gen, (2, 8, 16, 64, 256, 1024)), param_dtype=dtype,
+                grad_dtype=_choice(gen, (dtype, "float32")),
+                optimizer=_choice(gen, ("adam", "adamw", "momentum", "sgd")),
+                master_weights=bool(_randint(gen, 0, 1)) or dtype != "float32", stage=stage,
+                unit_params=n / _randint(gen, 8, 100))))
+    return cases
+
+
+def _zero_kwargs(x):
+    return dict(param_dtype=_DTYPES[x["param_dtype"]], grad_dtype=_DTYPES[x["grad_dtype"]], optimizer=x["optimizer"],
+                master_weights=x["master_weights"])
+
+
+def _zero_run(ns, case, device):
+    x = case.inputs
+    if x["stage"] == "fsdp":
+        got = entry(ns, "fsdp_memory")(x["n_params"], x["world_size"], x["unit_params"], **_zero_kwargs(x))
+    else:
+        got = entry(ns, "zero_memory")(x["n_params"], x["world_size"], x["stage"], **_zero_kwargs(x))
+    return {"mem": {k: float(v) for k, v in got.items()} if isinstance(got, dict) else repr(got)}
+
+
+def _zero_judge(case, obs):
+    x = case.inputs
+    kw = dict(param_dtype=x["param_dtype"], grad_dtype=x["grad_dtype"], optimizer=x["optimizer"],
+              master_weights=x["master_weights"])
+    if x["stage"] == "fsdp":
+        want, fn = ref_fsdp_memory(x["n_params"], x["world_size"], x["unit_params"], **kw), "fsdp_memory"
+    else:
+        want, fn = ref_zero_memory(x["n_params"], x["world_size"], x["stage"], **kw), "zero_memory"
+    got = obs["mem"]
+    if not isinstance(got, dict):
+        return f"{fn} must return a dict of bytes per GPU, got {got}."
+    hints = {
+        "params": "Parameters are sharded only at stage 3 (and in FSDP's full shard).",
+        "grads": "Gradients are sharded from stage 2 on (reduce-scatter instead of all-reduce): each GPU keeps "
+                 "1/N of them.",
+        "optimizer": "Optimizer state per parameter: the fp32 master copy (4 bytes, when the parameters are not "
+                     "fp32 already) plus 4 bytes per Adam moment (2) or momentum buffer (1); sharded from stage 1 on.",
+        "gathered": "FSDP also holds one unit's full parameters and full gradients while that unit computes.",
+        "total": "total is the sum of the other entries.",
+    }
+    for key in sorted(want, key=lambda k: k == "total"):  # the parts first, their sum last
+        value = want[key]
+        if key not in got:
+            return f"{fn} must return the keys {sorted(want)}; `{key}` is missing."
+        if not _close(got[key], value, 1e-6):
+            return (f"{fn}: {key} = {got[key]:.6g} bytes per GPU, expected {value:.6g} "
+                    f"({value / 1e9:.3g} GB) for {case.name}. {hints[key]}")
+    return None
+
+
+# --- 7. offload cost model -------------------------------------------------------------------------------
+
+def _offload_cases(gen, public):
+    # transfer_bytes feeds offload_step_time on its own, so one mistake is not counted twice
+    cases = [Case("7B, 8 GPUs, optimizer offload, PCIe 25 GB/s, 0.5 s of compute", dict(
+        n_params=7e9, world_size=8, what="optimizer", param_dtype="bfloat16", grad_dtype="bfloat16",
+        pcie_gbps=25.0, compute_s=0.5, overlap=True, transfer_bytes=3.5e9)),
+        Case("7B, 8 GPUs, optimizer offload, 0.05 s of compute: the transfer shows", dict(
+            n_params=7e9, world_size=8, what="optimizer", param_dtype="bfloat16", grad_dtype="bfloat16",
+            pcie_gbps=25.0, compute_s=0.05, overlap=True, transfer_bytes=3.5e9)),
+        Case("70B, 64 GPUs, parameter offload, PCIe 50 GB/s, no overlap", dict(
+            n_params=70e9, world_size=64, what="params", param_dtype="bfloat16", grad_dtype="float32",
+            pcie_gbps=50.0, compute_s=0.2, overlap=False, transfer_bytes=8.75e9))]
+    if not public:
+        cases = [Case(f"random #{i}", dict(
+            n_params=float(_randint(gen, 1, 200)) * 1e9, world_size=_choice(gen, (1, 8, 64, 512)),
+            what=_choice(gen, ("optimizer", "params")), param_dtype=_choice(gen, ("bfloat16", "float32")),
+            grad_dtype=_choice(gen, ("bfloat16", "float32")), pcie_gbps=_choice(gen, (12.0, 25.0, 50.0)),
+            compute_s=0.01 + 2 * float(torch.rand(1, generator=gen)), overlap=bool(_randint(gen, 0, 1)),
+            transfer_bytes=float(_randint(gen, 1, 100)) * 1e8))
+            for i in range(6)]
+    return cases
+
+
+def _offload_run(ns, case, device):
+    x = case.inputs
+    nbytes = entry(ns, "offload_bytes")(x["n_params"], x["world_size"], x["what"],
+                                         param_dtype=_DTYPES[x["param_dtype"]], grad_dtype=_DTYPES[x["grad_dtype"]])
+    t = entry(ns, "offload_step_time")(x["compute_s"], x["transfer_bytes"], x["pcie_gbps"], overlap=x["overlap"])
+    timing = {k: (bool(v) if k == "hidden" else float(v)) for k, v in t.items()} if isinstance(t, dict) else repr(t)
+    nbytes = _number(nbytes)
+    return {"bytes": float(nbytes) if not isinstance(nbytes, str) else nbytes, "time": timing}
+
+
+def _offload_judge(case, obs):
+    x = case.inputs
+    want = ref_offload_bytes(x["n_params"], x["world_size"], x["what"], x["param_dtype"], x["grad_dtype"])
+    if not isinstance(obs["bytes"], float) or not _close(obs["bytes"], want, 1e-6):
+        how = ("each step sends this GPU's gradient shard down and gets its updated parameter shard back"
+               if x["what"] == "optimizer" else
+               "the parameter shard comes up twice (forward and backward) and the gradient shard goes down once")
+        return f"offload_bytes = {obs['bytes']}, expected {want:.6g} bytes per GPU per step: {how}."
+    t = ref_offload_step_time(x["compute_s"], x["transfer_bytes"], x["pcie_gbps"], x["overlap"])
+    got = obs["time"]
+    if not isinstance(got, dict):
+        return f"offload_step_time must return a dict, got {got}."
+    for key in ("transfer_s", "step_s"):
+        if not _close(got.get(key), t[key], 1e-6):
+            return (f"offload_step_time: {key} = {got.get(key)}, expected {t[key]:.6g} s for {case.name} "
+                    "(bandwidth in GB/s = 1e9 bytes/s; overlapped, the step takes the longer of compute and "
+                    "transfer; not overlapped, their sum).")
+    if got.get("hidden") != t["hidden"]:
+        return f"offload_step_time: hidden = {got.get('hidden')}, expected {t['hidden']} for {case.name}."
+    return None
+
+
+EXERCISES = [
+    Exercise("saved_bytes", 2, ("saved_tensor_bytes",), _saved_cases, _saved_run, _saved_judge,
+             title="Measuring what autograd saves",
+             hint="Inside `with torch.autograd.graph.saved_tensors_hooks(pack, unpack):` every tensor saved for "
+                  "backward passes through pack. Key by t.untyped_storage().data_ptr(), count "
+                  "untyped_storage().nbytes() once per key, and return t from pack so it stays alive."),
+    Exercise("activation_formula", 3, ("block_activation_bytes",), _formula_cases, _formula_run, _formula_judge,
+             title="Activation bytes of a transformer block, by formula",
+             hint="Follow TransformerBlock's docstring table: t(8h + 2f)e for the (b, s, ·) tensors, b·a·s² "
+                  "elements per attention matrix, 1-byte masks, 2 statistics per token per LayerNorm."),
+    Exercise("checkpoint_function", 4, ("checkpoint",), _ckpt_cases, _ckpt_run, _ckpt_judge,
+             title="Activation checkpointing as a torch.autograd.Function",
+             hint="forward: save the inputs and the RNG state, run fn under no_grad. backward: restore the RNG "
+                  "state (in fork_rng), recompute fn on detached inputs with grad enabled, "
+                  "torch.autograd.backward(out, grads), return (None, *input grads)."),
+    Exercise("selective_checkpoint", 3, ("selective_forward",), _selective_cases, _selective_run, _selective_judge,
+             title="Selective checkpointing: recompute only some sublayers",
+             hint="Rebuild block.forward from its pieces (split_heads, attn_core, attn_out, attention, mlp) and "
+                  "wrap the chosen ones in checkpoint(...); the residual additions stay outside."),
+    Exercise("recompute_plan", 2, ("recompute_cost", "plan_recompute"), _plan_cases, _plan_run, _plan_judge,
+             title="Choosing what to recompute under a memory budget",
+             hint="A checkpointed piece keeps only its inputs: subtract its internal saved bytes and add one "
+                  "forward pass of its FLOPs."),
+    Exercise("zero_memory", 3, ("zero_memory", "fsdp_memory"), _zero_cases, _zero_run, _zero_judge,
+             title="ZeRO stages and FSDP: model-state memory per GPU",
+             hint="ZeRO paper: (2 + 2 + K)Ψ bytes with K = 12 for mixed-precision Adam; stage 1 divides the K "
+                  "part by N, stage 2 also the gradients, stage 3 also the parameters."),
+    Exercise("offload_model", 2, ("offload_bytes", "offload_step_time"), _offload_cases, _offload_run,
+             _offload_judge, title="CPU offload: PCIe traffic and when it hides",
+             hint="Transfer time = bytes / (GB/s * 1e9). Overlapped with compute, the step takes the longer of "
+                  "the two, and the transfer is hidden when it is not longer than the compute."),
+]
+
+
+# --- benchmarks (python -m grader bench) ---------------------------------------------------------------
+
+def _bench_make(device, tiny):
+    if tiny:
+        b, s, h, a = 2, 32, 64, 2
+    else:
+        b, s, h, a = 4, 2048, 2048, 16
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    block = make_block(h, a, None, 0.1, device=device, dtype=dtype)
+    x = torch.randn(b, s, h, device=device, dtype=dtype, requires_grad=True)
+    flops = 3 * ref_forward_flops(b, s, h, a, 4 * h)["block"]  # forward + backward of the plain block
+    return {"block": block, "x": x, "flops": flops}
+
+
+def _bench_step(out):
+    out.sum().backward()
+
+
+from grader.bench import Benchmark  # noqa: E402 - kept next to its only use
+
+BENCHMARKS = [
+    Benchmark("block, full checkpoint vs plain", "checkpoint", _bench_make,
+              lambda fn, d: _bench_step(fn(d["block"], d["x"])), lambda d: _bench_step(d["block"](d["x"]))),
+    Benchmark("block, attn_core recompute vs plain", "selective_forward", _bench_make,
+              lambda fn, d: _bench_step(fn(d["block"], d["x"], frozenset({"attn_core"}))),
+              lambda d: _bench_step(d["block"](d["x"]))),
+]
