@@ -16,12 +16,12 @@ def table(result: dict) -> str:
     if result["status"] != "graded":
         lines.append(f"  {result.get('message', '')}")
         return "\n".join(lines)
-    lines.append(f"  {'exercise':<16}{'points':>12}  status   message")
+    lines.append(f"  {'exercise':<22}{'points':>12}  status   message")
     for ex in result["exercises"]:
         msg = ex["message"].splitlines()[0] if ex["message"] else ""
-        lines.append(f"  {ex['id']:<16}{ex['score']:>6g}/{ex['points']:<5g}  {_MARK.get(ex['status'], '?'):<7}  "
+        lines.append(f"  {ex['id']:<22}{ex['score']:>6g}/{ex['points']:<5g}  {_MARK.get(ex['status'], '?'):<7}  "
                      f"{msg[:90]}")
-    lines.append(f"  {'total':<16}{result['score']:>6g}/{result['max_score']:<5g}  ({result['duration_s']} s on "
+    lines.append(f"  {'total':<22}{result['score']:>6g}/{result['max_score']:<5g}  ({result['duration_s']} s on "
                  f"{result['device']})")
     run = result.get("notebook_run")
     if run:
