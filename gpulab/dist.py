@@ -110,10 +110,11 @@ def _tail(path: Path, n: int = 3000) -> str:
 
 
 def _first_failure(procs, work: Path) -> tuple[int, str] | None:
-    """The rank that failed first (its error file is the oldest) and its report, if any rank failed.
+    """The rank whose failure explains the others, and its report, if any rank failed.
 
-    When one rank crashes, its peers fail moments later with "connection closed" errors; the
-    first failure is the cause worth showing.
+    When one rank crashes, its peers fail moments later with "connection closed" errors, and in a
+    deadlock every waiting rank times out at about the same moment: so a real error is shown first,
+    then a timeout, then the earliest "peer gone" echo.
     """
     failed = []
     for rank, p in enumerate(procs):
@@ -124,7 +125,16 @@ def _first_failure(procs, work: Path) -> tuple[int, str] | None:
         elif code not in (None, 0):
             failed.append((time.time_ns(), rank, _tail(work / f"rank{rank}.log") or
                            f"exit code {code} (killed by a signal, e.g. a segfault or out of memory)"))
-    return min(failed)[1:] if failed else None
+    if not failed:
+        return None
+
+    def cause_rank(item):  # a real error explains the rest; then a timeout; "peer gone" is an echo
+        text = item[2].lower()
+        if any(w in text for w in _PEER_GONE_WORDS):
+            return 2
+        return 1 if any(w in text for w in _TIMEOUT_WORDS) else 0
+
+    return min(failed, key=lambda item: (cause_rank(item), item[0]))[1:]
 
 
 _TIMEOUT_WORDS = ("timed out", "timeout", "deadline")
