@@ -1,0 +1,732 @@
+"""Checks of lab 13, pipeline parallelism: schedules as data (GPipe, 1F1B), a validator, bubble and
+activation-memory measures, and a real pipeline run across ranks with send/recv.
+
+A schedule is a list of time slots, each a list of steps ``(stage, microbatch, "F" | "B")``
+(:mod:`gpulab.schedules`). Observations travel as nested lists of ``[stage, mb, kind]``.
+
+The pipeline exercise is distributed: ``run`` (learner process) launches one rank per stage with
+:func:`gpulab.dist.launch` over gloo; each rank loads its stage's weights from the case, runs the
+learner's ``run_stage`` on a reference schedule and returns its losses, its parameters' gradients and
+the order in which its stage ran forwards and backwards (recorded with module and tensor hooks).
+``judge`` computes the single-process model on the same microbatches, here, and compares.
+"""
+from __future__ import annotations
+
+import math
+import random
+import weakref
+
+import torch
+
+from gpulab.compare import compare
+from gpulab.schedules import Step, as_text
+from grader.exercise import Case, Exercise, entry
+
+LAB = "13_pipeline_parallel"
+TITLE = "Pipeline parallelism: schedules as data"
+
+LAUNCH_TIMEOUT_S = 20.0  # per launch; a hung pipeline ends with RankTimeout after about this long
+
+
+def _randint(gen, lo, hi) -> int:
+    return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+
+def _close(got, want, rel=1e-9) -> bool:
+    try:
+        return math.isclose(float(got), float(want), rel_tol=rel, abs_tol=1e-12)
+    except (TypeError, ValueError):
+        return False
+
+
+# --- references: dependencies, placement, generators, measures ------------------------------------
+
+def deps(step, p: int) -> list:
+    """The steps that must finish in an earlier slot: F(s, i) needs F(s-1, i); B(s, i) needs F(s, i)
+    and B(s+1, i)."""
+    s, i, k = step
+    if k == "F":
+        return [(s - 1, i, "F")] if s > 0 else []
+    return [(s, i, "F")] + ([(s + 1, i, "B")] if s < p - 1 else [])
+
+
+def all_steps(p: int, m: int) -> list:
+    return [(s, i, k) for s in range(p) for i in range(m) for k in ("F", "B")]
+
+
+def place(orders: list, p: int) -> list:
+    """List-schedule per-stage op orders: each stage runs its next op in the first slot after its
+    dependencies finished."""
+    done: dict = {}
+    pos = [0] * p
+    schedule = []
+    while any(pos[s] < len(orders[s]) for s in range(p)):
+        t = len(schedule)
+        slot = [orders[s][pos[s]] for s in range(p) if pos[s] < len(orders[s])
+                and all(d in done and done[d] < t for d in deps(orders[s][pos[s]], p))]
+        if not slot:
+            raise RuntimeError("orders deadlock")  # never for the references below
+        for step in slot:
+            done[step] = t
+            pos[step[0]] += 1
+        schedule.append(slot)
+    return schedule
+
+
+def ref_gpipe(p: int, m: int) -> list:
+    """All forwards (F(s, i) in slot s + i), then all backwards (B(s, i) in slot (m+p-1) + (p-1-s) + i)."""
+    schedule = [[] for _ in range(2 * (m + p - 1))]
+    for s in range(p):
+        for i in range(m):
+            schedule[s + i].append((s, i, "F"))
+            schedule[m + p - 1 + (p - 1 - s) + i].append((s, i, "B"))
+    return schedule
+
+
+def ref_1f1b(p: int, m: int) -> list:
+    """1F1B (PipeDream-flush): stage s runs min(p-s-1, m) warm-up forwards, then alternates one
+    forward and one backward, then drains the remaining backwards."""
+    orders = []
+    for s in range(p):
+        w = min(p - 1 - s, m)
+        order = [(s, i, "F") for i in range(w)]
+        for j in range(m - w):
+            order += [(s, w + j, "F"), (s, j, "B")]
+        order += [(s, j, "B") for j in range(m - w, m)]
+        orders.append(order)
+    return place(orders, p)
+
+
+def ref_bubble(schedule, p: int) -> float:
+    """Idle stage-slots / total stage-slots (p x number of slots)."""
+    busy = len({(s, t) for t, slot in enumerate(schedule) for s, _, _ in slot})
+    total = p * len(schedule)
+    return (total - busy) / total if total else 0.0
+
+
+def bubble_formula(p: int, m: int) -> float:
+    return (p - 1) / (m + p - 1)
+
+
+def ref_peaks(schedule, p: int) -> list:
+    """Per stage: the most microbatches forwarded but not yet backwarded at any slot's end."""
+    count, peak = [0] * p, [0] * p
+    for slot in schedule:
+        for s, _, k in slot:
+            count[s] += 1 if k == "F" else -1
+            peak[s] = max(peak[s], count[s])
+    return peak
+
+
+def _name(step) -> str:
+    return str(Step(*step))
+
+
+def violations(schedule, p: int, m: int) -> list:
+    """Every rule a schedule breaks: ``[(message, {names of the steps involved})]`` in slot order."""
+    found = []
+    first: dict = {}
+    for t, slot in enumerate(schedule):
+        on_stage: dict = {}
+        for step in slot:
+            s, i, k = step
+            if k not in ("F", "B") or not (0 <= s < p) or not (0 <= i < m):
+                found.append((f"slot {t}: {k}({s}, {i}) is not a step of a {p}-stage pipeline with {m} "
+                              "microbatches", {f"{k}({s},{i})"}))
+                continue
+            if s in on_stage:
+                found.append((f"slot {t}: stage {s} runs two steps, {_name(on_stage[s])} and {_name(step)}",
+                              {_name(on_stage[s]), _name(step)}))
+            on_stage.setdefault(s, step)
+            if step in first:
+                found.append((f"slot {t}: {_name(step)} runs a second time (first in slot {first[step]})",
+                              {_name(step)}))
+            else:
+                first[step] = t
+    for step in all_steps(p, m):
+        if step not in first:
+            later = [d for d in all_steps(p, m) if step in deps(d, p)]
+            found.append((f"{_name(step)} never runs", {_name(step)} | {_name(d) for d in later}))
+    for step, t in sorted(first.items(), key=lambda kv: kv[1]):
+        for d in deps(step, p):
+            if d in first and first[d] >= t:
+                found.append((f"slot {t}: {_name(step)} runs before {_name(d)} finished (slot {first[d]})",
+                              {_name(step), _name(d)}))
+    return found
+
+
+def random_valid(gen, p: int, m: int, idle: float = 0.25) -> list:
+    """A random valid schedule: each slot, every stage runs a random ready step or idles."""
+    rng = random.Random(_randint(gen, 0, 2**31 - 1))
+    left = {s: [(s, i, k) for i in range(m) for k in ("F", "B")] for s in range(p)}
+    done: dict = {}
+    schedule = []
+    while any(left.values()):
+        t = len(schedule)
+        slot = []
+        for s in range(p):
+            ready = [x for x in left[s] if all(d in done and done[d] < t for d in deps(x, p))]
+            if ready and rng.random() > idle:
+                slot.append(rng.choice(ready))
+        for x in slot:
+            done[x] = t
+            left[x[0]].remove(x)
+        schedule.append(slot)
+    if not schedule[-1]:
+        schedule.pop()
+    return schedule
+
+
+def _plain(schedule) -> list:
+    """The learner's schedule as plain nested lists ``[[[stage, mb, kind], ...], ...]``."""
+    return [[[int(s), int(i), str(k)] for s, i, k in slot] for slot in schedule]
+
+
+def _tuples(schedule) -> list:
+    return [[(int(s), int(i), str(k)) for s, i, k in slot] for slot in schedule]
+
+
+def _picture(schedule, p: int) -> str:
+    if len(schedule) > 40 or p > 6:
+        return ""
+    return "\n" + as_text(schedule, p)
+
+
+# --- GPipe --------------------------------------------------------------------------------------
+
+def _pm_cases(fixed, gen, public, n_hidden=6):
+    if public:
+        pms = fixed
+    else:
+        pms = [(_randint(gen, 1, 6), _randint(gen, 1, 12)) for _ in range(n_hidden)]
+    return [Case(f"p={p} stages, m={m} microbatches", dict(p=p, m=m)) for p, m in pms]
+
+
+def _gpipe_cases(gen, public):
+    return _pm_cases([(2, 4), (4, 8), (4, 2), (3, 1), (1, 3)], gen, public)
+
+
+def _gpipe_run(ns, case, device):
+    return {"schedule": _plain(entry(ns, "gpipe_schedule")(case.inputs["p"], case.inputs["m"]))}
+
+
+def _judge_generated(schedule, p, m, what):
+    """Shared part of the generator checks: valid, right length (so the bubble equals the formula)."""
+    bad = violations(schedule, p, m)
+    if bad:
+        return f"your {what} schedule is not valid: {bad[0][0]}.{_picture(schedule, p)}"
+    want = 2 * (m + p - 1)
+    if len(schedule) != want:
+        return (f"your {what} schedule takes {len(schedule)} slots; with one slot per forward and per backward it "
+                f"needs exactly 2(m + p - 1) = {want} (no empty slots before, between or after), so its bubble "
+                f"is {ref_bubble(schedule, p):.4f} instead of (p-1)/(m+p-1) = {bubble_formula(p, m):.4f}. "
+                f"An off-by-one in the slot formulas?{_picture(schedule, p)}")
+    return None
+
+
+def _gpipe_judge(case, obs):
+    p, m = case.inputs["p"], case.inputs["m"]
+    schedule = _tuples(obs["schedule"])
+    msg = _judge_generated(schedule, p, m, "GPipe")
+    if msg:
+        return msg
+    last_f, first_b = {}, {}
+    for t, slot in enumerate(schedule):
+        for s, i, k in slot:
+            if k == "F":
+                last_f[s] = (t, i)
+            elif s not in first_b:
+                first_b[s] = (t, i)
+    for s in range(p):
+        if first_b[s][0] < last_f[s][0]:
+            return (f"stage {s} runs B({s}, {first_b[s][1]}) in slot {first_b[s][0]} before its last forward "
+                    f"F({s}, {last_f[s][1]}) in slot {last_f[s][0]}: GPipe runs all forwards, then all "
+                    f"backwards.{_picture(schedule, p)}")
+    return None
+
+
+# --- 1F1B ---------------------------------------------------------------------------------------
+
+def _1f1b_cases(gen, public):
+    return _pm_cases([(2, 4), (4, 8), (4, 2), (3, 3), (1, 3)], gen, public)
+
+
+def _1f1b_run(ns, case, device):
+    return {"schedule": _plain(entry(ns, "one_f_one_b_schedule")(case.inputs["p"], case.inputs["m"]))}
+
+
+def _1f1b_judge(case, obs):
+    p, m = case.inputs["p"], case.inputs["m"]
+    schedule = _tuples(obs["schedule"])
+    msg = _judge_generated(schedule, p, m, "1F1B")
+    if msg:
+        return msg
+    peaks = ref_peaks(schedule, p)
+    for s in range(p):
+        bound = min(p - s, m)
+        if peaks[s] > bound:
+            return (f"stage {s} holds up to {peaks[s]} microbatches' activations at once; 1F1B holds at most "
+                    f"min(p - s, m) = {bound} on stage s (so p = {p} instead of m = {m} on stage 0): after "
+                    f"p - s - 1 warm-up forwards, every forward is followed by a backward.{_picture(schedule, p)}")
+    return None
+
+
+# --- validator ----------------------------------------------------------------------------------
+
+_MUTATIONS = ("backward before its forward", "two steps on one stage in one slot", "a missing step",
+              "a duplicated step", "a stage dependency violated", "a step outside the pipeline")
+
+
+def _where(schedule, step):
+    return next(t for t, slot in enumerate(schedule) for x in slot if tuple(x) == step)
+
+
+def _window(sched, step, p, m):
+    """The slots strictly between ``step``'s last dependency and its first dependent."""
+    after = max([_where(sched, d) for d in deps(step, p)], default=-1)
+    users = [x for x in all_steps(p, m) if step in deps(x, p)]
+    before = min([_where(sched, x) for x in users], default=len(sched))
+    return after, before
+
+
+def _mutate(schedule, p, m, kind, rng):
+    """A copy of a valid schedule that breaks exactly one rule, ``kind`` (one of :data:`_MUTATIONS`),
+    so that a validator missing that one check accepts it."""
+    sched = [list(slot) for slot in schedule]
+    ops = [x for slot in sched for x in slot]
+    if kind == "backward before its forward":
+        # swap F(p-1, i) and B(p-1, i): on the last stage nothing else depends on their order
+        i = rng.randrange(m)
+        s = p - 1
+        tf, tb = _where(sched, (s, i, "F")), _where(sched, (s, i, "B"))
+        sched[tf][sched[tf].index((s, i, "F"))] = (s, i, "B")
+        sched[tb][sched[tb].index((s, i, "B"))] = (s, i, "F")
+    elif kind == "two steps on one stage in one slot":
+        # move a step into a slot where its stage is busy, but where its dependencies still hold
+        moves = []
+        for x in ops:
+            lo, hi = _window(sched, x, p, m)
+            moves += [(x, t) for t in range(lo + 1, hi) if any(y[0] == x[0] and y != x for y in sched[t])]
+        if not moves:  # e.g. m = 1: no room, so add a second stage-0 step where stage 0 already runs one
+            tf, tb = _where(sched, (0, 0, "F")), _where(sched, (0, 0, "B"))
+            sched[tb].remove((0, 0, "B"))
+            sched[tf].append((0, 0, "B"))
+            return _mutate_finish(sched, rng)
+        x, t = rng.choice(moves)
+        sched[_where(sched, x)].remove(x)
+        sched[t].append(x)
+    elif kind == "a missing step":
+        x = (0, rng.randrange(m), "B")  # nothing depends on a backward of stage 0
+        sched[_where(sched, x)].remove(x)
+    elif kind == "a duplicated step":
+        x = rng.choice(ops)
+        sched.append([x])  # again, in a new last slot: every dependency still holds
+    elif kind == "a stage dependency violated":
+        if p == 1:
+            return _mutate(schedule, p, m, "backward before its forward", rng)
+        # move F(s, i) to or before the slot of F(s-1, i), or B(s, i) to or before that of B(s+1, i),
+        # into a slot where stage s is idle, keeping F(s, i) before B(s, i)
+        moves = []
+        for s in range(p):
+            for i in range(m):
+                for x, dep in [((s, i, "F"), (s - 1, i, "F")), ((s, i, "B"), (s + 1, i, "B"))]:
+                    if not (0 <= dep[0] < p):
+                        continue
+                    t_dep = _where(sched, dep)
+                    lo = _where(sched, (s, i, "F")) if x[2] == "B" else -1
+                    moves += [(x, t) for t in range(lo + 1, t_dep + 1) if all(y[0] != s for y in sched[t])]
+        x, t = rng.choice(moves)
+        sched[_where(sched, x)].remove(x)
+        sched[t].append(x)
+    elif kind == "a step outside the pipeline":
+        sched.append([(p, 0, "F")] if rng.random() < 0.5 else [(0, m, "B")])
+    else:
+        raise ValueError(kind)
+    return _mutate_finish(sched, rng)
+
+
+def _mutate_finish(sched, rng):
+    for slot in sched:
+        rng.shuffle(slot)
+    return sched
+
+
+def _validator_cases(gen, public):
+    rng = random.Random(_randint(gen, 0, 2**31 - 1))
+    cases = []
+    if public:
+        g = ref_gpipe(3, 4)
+        cases.append(Case("valid: GPipe p=3 m=4", dict(schedule=_plain(g), p=3, m=4, broken=None)))
+        cases.append(Case("valid: 1F1B p=4 m=6", dict(schedule=_plain(ref_1f1b(4, 6)), p=4, m=6, broken=None)))
+        r = random_valid(gen, 3, 3)
+        r.insert(2, [])
+        cases.append(Case("valid: a random schedule with idle slots (one slot empty)",
+                          dict(schedule=_plain(r), p=3, m=3, broken=None)))
+        bases = [(3, 4, g), (4, 6, ref_1f1b(4, 6)), (3, 4, random_valid(gen, 3, 4)), (2, 3, ref_gpipe(2, 3)),
+                 (4, 3, ref_1f1b(4, 3)), (3, 2, ref_gpipe(3, 2))]
+        for (p, m, base), kind in zip(bases, _MUTATIONS):
+            cases.append(Case(f"invalid: {kind} (p={p} m={m})",
+                              dict(schedule=_plain(_mutate(base, p, m, kind, rng)), p=p, m=m, broken=kind)))
+        return cases
+    for n in range(16):
+        p, m = _randint(gen, 1, 5), _randint(gen, 1, 6)
+        base = [ref_gpipe, ref_1f1b, lambda p, m: random_valid(gen, p, m)][n % 3](p, m)
+        if n % 4 == 3:
+            cases.append(Case(f"valid #{n} (p={p} m={m})", dict(schedule=_plain(base), p=p, m=m, broken=None)))
+            continue
+        kind = _MUTATIONS[_randint(gen, 0, len(_MUTATIONS) - 1)]
+        cases.append(Case(f"invalid #{n}: {kind} (p={p} m={m})",
+                          dict(schedule=_plain(_mutate(base, p, m, kind, rng)), p=p, m=m, broken=kind)))
+    return cases
+
+
+def _validator_run(ns, case, device):
+    x = case.inputs
+    schedule = [[tuple(step) for step in slot] for slot in x["schedule"]]
+    try:
+        ret = entry(ns, "validate_schedule")(schedule, x["p"], x["m"])
+    except ValueError as exc:
+        return {"verdict": "rejected", "message": str(exc)[:500]}
+    except NotImplementedError:
+        raise  # the stub: not attempted
+    except Exception as exc:  # noqa: BLE001 - any other exception is the learner's bug, reported
+        return {"verdict": "crashed", "message": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    return {"verdict": "accepted", "returned": repr(ret)[:100]}
+
+
+def _validator_judge(case, obs):
+    x = case.inputs
+    schedule = _tuples(x["schedule"])
+    bad = violations(schedule, x["p"], x["m"])
+    assert bool(bad) == (x["broken"] is not None), "internal: mutation did not break the schedule"
+    pic = _picture(schedule, x["p"])
+    if not bad:
+        if obs["verdict"] != "accepted":
+            return f"this schedule is valid, but your validator {obs['verdict']} it: {obs['message']}{pic}"
+        return None
+    if obs["verdict"] == "accepted":
+        return (f"your validator accepted an invalid schedule ({x['broken']}): {bad[0][0]}.{pic}")
+    if obs["verdict"] == "crashed":
+        return (f"invalid schedule ({x['broken']}): your validator should raise ValueError naming the problem, "
+                f"but raised {obs['message']}")
+    if x["broken"] == "a step outside the pipeline":
+        return None  # any ValueError will do
+    names = set().union(*(involved for _, involved in bad))
+    said = obs["message"].replace(" ", "")
+    if not any(n.replace(" ", "") in said for n in names):
+        return (f"your validator rejected the schedule, but its message does not name the offending step. "
+                f"Expected one of {', '.join(sorted(names))} in the message (written F(stage, microbatch) or "
+                f"B(stage, microbatch)), e.g. '{bad[0][0]}'; yours: {obs['message']!r}")
+    return None
+
+
+# --- bubble fraction ----------------------------------------------------------------------------
+
+def _measure_cases(gen, public):
+    cases = []
+    if public:
+        specs = [("GPipe", 4, 8, ref_gpipe(4, 8)), ("1F1B", 4, 8, ref_1f1b(4, 8)), ("GPipe", 3, 1, ref_gpipe(3, 1)),
+                 ("1F1B", 5, 3, ref_1f1b(5, 3)), ("random valid", 3, 4, random_valid(gen, 3, 4, idle=0.4)),
+                 ("GPipe", 1, 4, ref_gpipe(1, 4))]
+    else:
+        specs = []
+        for n in range(8):
+            p, m = _randint(gen, 1, 6), _randint(gen, 1, 10)
+            name, fn = [("GPipe", ref_gpipe), ("1F1B", ref_1f1b),
+                        ("random valid", lambda p, m: random_valid(gen, p, m, idle=0.4))][n % 3]
+            specs.append((name, p, m, fn(p, m)))
+    for name, p, m, sched in specs:
+        cases.append(Case(f"{name} p={p} m={m}", dict(schedule=_plain(sched), p=p, m=m)))
+    return cases
+
+
+def _bubble_run(ns, case, device):
+    x = case.inputs
+    schedule = [[tuple(step) for step in slot] for slot in x["schedule"]]
+    return {"measured": float(entry(ns, "bubble_fraction")(schedule, x["p"])),
+            "formula": float(entry(ns, "bubble_formula")(x["p"], x["m"]))}
+
+
+def _bubble_judge(case, obs):
+    x = case.inputs
+    p, m = x["p"], x["m"]
+    schedule = _tuples(x["schedule"])
+    want = ref_bubble(schedule, p)
+    if not _close(obs["measured"], want):
+        busy = len({(s, t) for t, slot in enumerate(schedule) for s, _, _ in slot})
+        return (f"bubble_fraction = {obs['measured']!r}, expected {want:.6g}: {p * len(schedule) - busy} idle "
+                f"stage-slots out of p x slots = {p} x {len(schedule)} = {p * len(schedule)}.{_picture(schedule, p)}")
+    if not _close(obs["formula"], bubble_formula(p, m)):
+        return (f"bubble_formula({p}, {m}) = {obs['formula']!r}, expected (p-1)/(m+p-1) = "
+                f"{bubble_formula(p, m):.6g}.")
+    return None
+
+
+# --- peak in-flight activations -------------------------------------------------------------------
+
+def _peaks_run(ns, case, device):
+    x = case.inputs
+    schedule = [[tuple(step) for step in slot] for slot in x["schedule"]]
+    return {"peaks": [int(v) for v in entry(ns, "peak_activations")(schedule, x["p"])]}
+
+
+def _peaks_judge(case, obs):
+    x = case.inputs
+    p, m = x["p"], x["m"]
+    schedule = _tuples(x["schedule"])
+    want = ref_peaks(schedule, p)
+    got = obs["peaks"]
+    if got == want:
+        return None
+    msg = f"peak_activations = {got}, expected {want} (one count per stage)."
+    if len(got) == p and got == [m] * p and want != got:
+        msg += (f" You counted every forward (m = {m}); a backward frees its microbatch's activations, so "
+                f"in 1F1B stage 0 holds at most p = {p}: count +1 at F, -1 at B, keep the maximum.")
+    return msg + _picture(schedule, p)
+
+
+# --- a real pipeline across ranks -----------------------------------------------------------------
+
+def build_stage(s: int, p: int, d_in: int, hidden: int, d_out: int):
+    """Stage ``s`` of the lab's MLP: Linear + Tanh, and a final Linear to ``d_out`` on the last stage."""
+    from torch import nn
+
+    layers = [nn.Linear(d_in if s == 0 else hidden, hidden), nn.Tanh()]
+    if s == p - 1:
+        layers.append(nn.Linear(hidden, d_out))
+    return nn.Sequential(*layers)
+
+
+def _pipeline_case(gen, name, p, runs, mb=None, d_in=None, hidden=None, d_out=None):
+    mb = mb or _randint(gen, 1, 4)
+    d_in, hidden, d_out = d_in or _randint(gen, 2, 6), hidden or _randint(gen, 3, 8), d_out or _randint(gen, 1, 3)
+    weights = []
+    for s in range(p):
+        fan = d_in if s == 0 else hidden
+        w = [torch.randn(hidden, fan, generator=gen) / fan ** 0.5, torch.randn(hidden, generator=gen) * 0.1]
+        if s == p - 1:
+            w += [torch.randn(d_out, hidden, generator=gen) / hidden ** 0.5, torch.randn(d_out, generator=gen) * 0.1]
+        weights.append(w)
+    spec = []
+    for kind, m in runs:
+        schedule = ref_gpipe(p, m) if kind == "GPipe" else ref_1f1b(p, m)
+        spec.append(dict(kind=kind, m=m, schedule=_plain(schedule),
+                         x=[torch.randn(mb, d_in, generator=gen) for _ in range(m)],
+                         y=[torch.randn(mb, d_out, generator=gen) for _ in range(m)]))
+    return Case(name, dict(p=p, d_in=d_in, hidden=hidden, d_out=d_out, weights=weights, runs=spec))
+
+
+def _pipeline_cases(gen, public):
+    if public:
+        return [_pipeline_case(gen, "2 ranks: GPipe m=3, then 1F1B m=4", 2, [("GPipe", 3), ("1F1B", 4)],
+                               mb=2, d_in=4, hidden=6, d_out=2),
+                _pipeline_case(gen, "4 ranks: 1F1B m=6, then GPipe m=2", 4, [("1F1B", 6), ("GPipe", 2)],
+                               mb=3, d_in=5, hidden=8, d_out=3)]
+    cases = []  # one launch per case (~3 s of process start-up each), so a single hidden case
+    for n in range(1):
+        p = _randint(gen, 2, 4)
+        runs = [("1F1B", _randint(gen, 1, 7)), ("GPipe", _randint(gen, 1, 5))]
+        if _randint(gen, 0, 1):
+            runs.reverse()
+        cases.append(_pipeline_case(gen, f"hidden #{n}: {p} ranks, " + ", ".join(f"{k} m={m}" for k, m in runs), p, runs))
+    return cases
+
+
+def _pipeline_rank(rank, world_size, run_stage, inputs):
+    """One rank of the check: its stage, the learner's ``run_stage`` on each run, what it observed."""
+    import torch
+
+    results = []
+    for run in inputs["runs"]:
+        stage = build_stage(rank, world_size, inputs["d_in"], inputs["hidden"], inputs["d_out"])
+        with torch.no_grad():
+            for prm, w in zip(stage.parameters(), inputs["weights"][rank]):
+                prm.copy_(w)
+        order, live = [], [0, 0]  # F/B in the order the stage ran them; in-flight now, peak
+
+        def on_backward(grad):
+            order.append("B")
+            live[0] -= 1
+
+        def on_forward(module, args, out):
+            order.append("F")
+            live[0] += 1
+            live[1] = max(live)
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                out.register_hook(on_backward)
+
+        stage.register_forward_hook(on_forward)
+        schedule = [[tuple(step) for step in slot] for slot in run["schedule"]]
+        losses = run_stage(stage, schedule, [x.clone() for x in run["x"]], [y.clone() for y in run["y"]],
+                           inputs["hidden"])
+        if losses is not None and not isinstance(losses, (list, tuple)):
+            losses = "not a list: " + type(losses).__name__
+        elif losses is not None:
+            losses = [float(v) for v in losses]
+        results.append({"losses": losses, "order": "".join(order), "peak": live[1],
+                        "grads": [None if prm.grad is None else prm.grad.detach().clone()
+                                  for prm in stage.parameters()]})
+    return results
+
+
+_HUNG: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # learner function -> its first hang
+
+
+_PEER_GONE = "Another rank exited or crashed while this one was waiting"  # gpulab.dist's note
+
+
+def _hang_summary(text: str) -> str:
+    """The launch's headline, gloo's own words, and the learner's frame that was waiting."""
+    lines = text.splitlines()
+    gloo = next((ln.split("] ")[-1].strip() for ln in lines if "Timed out" in ln or "closed by peer" in ln), "")
+    frames = [ln.strip() for ln in lines if ln.strip().startswith("File ") and "distributed" not in ln]
+    out = lines[0][:300] if lines else ""
+    if gloo:
+        out += f" gloo: {gloo[:160]}"
+    if frames:
+        out += f" (waiting in: {frames[-1][:160]})"
+    return out
+
+
+def _pipeline_run(ns, case, device):
+    from gpulab.dist import RankError, RankTimeout, launch
+
+    fn = entry(ns, "run_stage")
+    try:  # a stub raises at once: no need to start processes to find out (an answer fails harmlessly
+        fn(None, [], [], [], 1)  # here: no process group, and an empty schedule)
+    except NotImplementedError:
+        raise
+    except Exception:  # noqa: BLE001 - expected from a real answer outside a launch
+        pass
+    if fn in _HUNG:  # one hang is enough: do not wait for the timeout on every case
+        return {"hung": "(an earlier case already hung, so this one was not run) " + _HUNG[fn]}
+    try:
+        per_rank = launch(_pipeline_rank, case.inputs["p"], fn, case.inputs, backend="gloo",
+                          timeout_s=LAUNCH_TIMEOUT_S)
+    except (RankTimeout, RankError) as exc:
+        # A hang: a rank timed out waiting, or (when both sides of a deadlock time out together) its
+        # peer's connection closed under it. Any other rank failure is the learner's exception: raise it.
+        if isinstance(exc, RankError) and _PEER_GONE not in str(exc):
+            last = str(exc).strip().splitlines()[-1]
+            if last.startswith("NotImplementedError"):
+                raise NotImplementedError(last.split(":", 1)[-1].strip()) from None
+            raise
+        _HUNG[fn] = _hang_summary(str(exc))
+        return {"hung": _HUNG[fn]}
+    return {"ranks": per_rank}
+
+
+_PARAM_NAMES = ["first Linear weight", "first Linear bias", "output Linear weight", "output Linear bias"]
+
+
+def reference_pipeline(inputs: dict, run: dict) -> tuple[list, list]:
+    """Single-process model on the same microbatches, in float64: (losses, grads per stage)."""
+    import torch.nn.functional as F
+
+    p = inputs["p"]
+    stages = [build_stage(s, p, inputs["d_in"], inputs["hidden"], inputs["d_out"]).double() for s in range(p)]
+    with torch.no_grad():
+        for s, stage in enumerate(stages):
+            for prm, w in zip(stage.parameters(), inputs["weights"][s]):
+                prm.copy_(w.double())
+    m = run["m"]
+    losses = []
+    total = 0.0
+    for x, y in zip(run["x"], run["y"]):
+        h = x.double()
+        for stage in stages:
+            h = stage(h)
+        loss = F.mse_loss(h, y.double())
+        losses.append(float(loss.detach()))
+        total = total + loss / m
+    total.backward()
+    return losses, [[prm.grad for prm in stage.parameters()] for stage in stages]
+
+
+def _pipeline_judge(case, obs):
+    x = case.inputs
+    p = x["p"]
+    if "hung" in obs:
+        return ("the pipeline hung and was stopped: " + obs["hung"] + "\n  A rank waited for a message that "
+                "never came (a recv with no matching send, or a send with no matching recv). In 1F1B two neighbours send to each other in the same slot (an activation up, a "
+                "gradient down): with blocking dist.send both wait for a recv that never starts. Send with "
+                "dist.isend (wait on the handles at the end), receive with dist.recv, and make every recv "
+                "match a send of the neighbour, in the same order.")
+    ranks = obs["ranks"]
+    for r_idx, run in enumerate(x["runs"]):
+        what = f"{run['kind']} m={run['m']}"
+        want_losses, want_grads = reference_pipeline(x, run)
+        last = ranks[p - 1][r_idx]["losses"]
+        if not isinstance(last, list) or len(last) != run["m"]:
+            return (f"{what}: the last stage must return the list of the m = {run['m']} microbatch losses, "
+                    f"got {last!r}.")
+        got = torch.tensor(last, dtype=torch.float64)
+        want = torch.tensor(want_losses, dtype=torch.float64)
+        report = compare(got, want, name=f"{what}: losses", dtype=torch.float64, atol=1e-5, rtol=1e-4)
+        if report:
+            if torch.allclose(got * run["m"], want, rtol=1e-4, atol=1e-6):
+                report += "\n  They are the losses divided by m: return each microbatch's unscaled loss."
+            return report
+        for s in range(p):
+            for j, (g, w) in enumerate(zip(ranks[s][r_idx]["grads"], want_grads[s])):
+                name = f"{what}: stage {s} {_PARAM_NAMES[j]} gradient"
+                if g is None:
+                    return (f"{name} is None: the backward never reached stage {s}. Stage {s + 1} must send the "
+                            f"gradient of its input (x.grad) back to stage {s}, which then calls "
+                            "output.backward(grad)." if s < p - 1 else
+                            f"{name} is None: call backward on the loss (divided by m) at every B step.")
+                if not isinstance(g, torch.Tensor) or g.shape != w.shape:
+                    return f"{name}: expected a tensor of shape {tuple(w.shape)}, got {g!r}."
+                report = compare(g.double(), w, name=name, dtype=torch.float64, atol=1e-5, rtol=1e-4)
+                if report:
+                    if float(g.abs().max()) == 0.0:
+                        report += (f"\n  All zero: stage {s} never got a real gradient. Stage {s + 1} must send "
+                                   f"x.grad of its input back to stage {s}, which calls output.backward(grad).")
+                    elif torch.allclose(g.double(), w * run["m"], rtol=1e-4, atol=1e-6):
+                        report += "\n  m times too large: backpropagate loss / m so the microbatches average."
+                    return report
+        for s in range(p):
+            want_order = "".join(k for slot in run["schedule"] for st, _, k in slot if st == s)
+            got_order = ranks[s][r_idx]["order"]
+            if got_order != want_order:
+                return (f"{what}: rank {s} ran its stage's forwards and backwards in the order {got_order}, but "
+                        f"the schedule says {want_order}. Execute schedule[t] slot after slot, only the steps "
+                        f"whose stage is your rank.")
+    return None
+
+
+EXERCISES = [
+    Exercise("gpipe_schedule", 2, ("gpipe_schedule",), _gpipe_cases, _gpipe_run, _gpipe_judge,
+             title="GPipe: all forwards, then all backwards",
+             hint="F(s, i) can run in slot s + i at the earliest. The backwards start once the last stage "
+                  "finished its last forward (slot m + p - 2) and flow back up: B(s, i) in slot "
+                  "(m + p - 1) + (p - 1 - s) + i."),
+    Exercise("validate_schedule", 3, ("validate_schedule",), _validator_cases, _validator_run, _validator_judge,
+             title="Validate any schedule",
+             hint="Record the slot of every step (a repeat is an error), then check: kinds and ranges, one step "
+                  "per stage per slot, every step present, and each dependency in a strictly earlier slot. "
+                  "Name the step in the message as F(stage, microbatch) or B(stage, microbatch)."),
+    Exercise("one_f_one_b_schedule", 3, ("one_f_one_b_schedule",), _1f1b_cases, _1f1b_run, _1f1b_judge,
+             title="1F1B: one forward, one backward",
+             hint="Write each stage's op order first: min(p - s - 1, m) warm-up forwards, then pairs "
+                  "(next forward, oldest backward), then the remaining backwards. Then place the orders in "
+                  "slots: each slot, a stage runs its next op if that op's dependencies finished in an "
+                  "earlier slot."),
+    Exercise("bubble_fraction", 2, ("bubble_fraction", "bubble_formula"), _measure_cases, _bubble_run,
+             _bubble_judge, title="Bubble fraction: measured vs (p-1)/(m+p-1)",
+             hint="Idle stage-slots / (p x len(schedule)); a stage is busy in a slot when one of the slot's "
+                  "steps belongs to it."),
+    Exercise("peak_activations", 2, ("peak_activations",), _measure_cases, _peaks_run, _peaks_judge,
+             title="Peak in-flight activations per stage",
+             hint="Walk the slots in order; per stage, +1 at each F (its activations are saved), -1 at each B "
+                  "(freed); return the maximum per stage."),
+    Exercise("pipeline_run", 5, ("run_stage",), _pipeline_cases, _pipeline_run, _pipeline_judge,
+             title="A real pipeline across ranks",
+             hint="Keep each microbatch's input and output until its B. F: stage 0 reads the microbatch, others "
+                  "dist.recv the activation (then requires_grad_()); the last stage computes the loss, the others "
+                  "isend the output. B: the last stage backprops loss / m; the others recv the output's gradient "
+                  "and call output.backward(grad); all but stage 0 isend input.grad back. Wait on every isend."),
+]
+
+# Nothing to time here on one machine: pipeline timings need several GPUs (see the lesson).
+BENCHMARKS: list = []

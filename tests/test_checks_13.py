@@ -1,0 +1,323 @@
+"""Lab 13's checks: the solution passes; off-by-one GPipe slots, a 1F1B that runs a backward before its
+forward or holds m activations, validators missing a rule, a wrong bubble or peak count, and pipeline
+runners that drop gradients, ignore the schedule, forget the 1/m or hang are all rejected."""
+import sys
+import time
+
+import cloudpickle
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from gpulab.schedules import Step
+from grader.checks import exercises, load_lab
+from grader.exercise import evaluate
+from tests.conftest import grade, solution_namespace, with_answer
+
+# Wrong runners defined here are shipped to the ranks by value (the ranks need not import this file).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+STEM = "13_pipeline_parallel"
+CHECKS = load_lab(STEM)
+
+
+@pytest.fixture(scope="module")
+def sol13():
+    return solution_namespace(STEM)
+
+
+@pytest.mark.parametrize("eid", ["gpipe_schedule", "validate_schedule", "one_f_one_b_schedule",
+                                 "bubble_fraction", "peak_activations", "pipeline_run"])
+def test_solution_passes_public_and_hidden_cases(sol13, eid):
+    result = grade(STEM, eid, sol13)
+    assert result.status == "passed", result.message
+
+
+def test_references_agree_with_the_formulas():
+    for p in range(1, 7):
+        for m in range(1, 13):
+            for make in (CHECKS.ref_gpipe, CHECKS.ref_1f1b):
+                sched = make(p, m)
+                assert CHECKS.violations(sched, p, m) == []
+                assert len(sched) == 2 * (m + p - 1)
+                assert CHECKS.ref_bubble(sched, p) == pytest.approx((p - 1) / (m + p - 1))
+            assert CHECKS.ref_peaks(CHECKS.ref_gpipe(p, m), p) == [m] * p
+            assert CHECKS.ref_peaks(CHECKS.ref_1f1b(p, m), p) == [min(p - s, m) for s in range(p)]
+
+
+# --- generators -------------------------------------------------------------------------------------
+
+def _gpipe_forwards_one_slot_late(p, m):
+    sched = [[] for _ in range(2 * (m + p - 1) + 1)]
+    for s in range(p):
+        for i in range(m):
+            sched[s + i + 1].append(Step(s, i, "F"))  # BUG: the first forward waits one slot
+            sched[(m + p) + (p - 1 - s) + i].append(Step(s, i, "B"))
+    return sched
+
+
+def _gpipe_backwards_one_slot_early(p, m):
+    sched = [[] for _ in range(2 * (m + p - 1))]
+    for s in range(p):
+        for i in range(m):
+            sched[s + i].append(Step(s, i, "F"))
+            sched[(m + p - 2) + (p - 1 - s) + i].append(Step(s, i, "B"))  # BUG: starts during the last forward
+    return sched
+
+
+def test_gpipe_off_by_one_slots_are_rejected(sol13):
+    r = grade(STEM, "gpipe_schedule", with_answer(sol13, gpipe_schedule=_gpipe_forwards_one_slot_late))
+    assert r.status == "failed" and "2(m + p - 1)" in r.message and "off-by-one" in r.message
+    r = grade(STEM, "gpipe_schedule", with_answer(sol13, gpipe_schedule=_gpipe_backwards_one_slot_early))
+    assert r.status == "failed" and "not valid" in r.message
+
+
+def test_interleaved_f_and_b_is_not_gpipe(sol13):
+    r = grade(STEM, "gpipe_schedule", with_answer(sol13, gpipe_schedule=sol13["one_f_one_b_schedule"]),
+              hidden=False)
+    assert r.status == "failed" and "all forwards, then all backwards" in r.message
+
+
+def test_1f1b_with_a_backward_before_its_forward_is_invalid(sol13):
+    real = sol13["one_f_one_b_schedule"]
+
+    def one_f_one_b_schedule(p, m):  # BUG: the last stage runs "1B1F": each backward before its forward
+        sched = [[tuple(x) for x in slot] for slot in real(p, m)]
+        where = {x: (t, j) for t, slot in enumerate(sched) for j, x in enumerate(slot)}
+        for i in range(m):
+            (tf, jf), (tb, jb) = where[(p - 1, i, "F")], where[(p - 1, i, "B")]
+            sched[tf][jf], sched[tb][jb] = (p - 1, i, "B"), (p - 1, i, "F")
+        return sched
+
+    r = grade(STEM, "one_f_one_b_schedule", with_answer(sol13, one_f_one_b_schedule=one_f_one_b_schedule))
+    assert r.status == "failed" and "not valid" in r.message and "runs before F(" in r.message
+    assert r.score == 0
+
+
+def test_gpipe_passed_off_as_1f1b_breaks_the_activation_bound(sol13):
+    r = grade(STEM, "one_f_one_b_schedule", with_answer(sol13, one_f_one_b_schedule=sol13["gpipe_schedule"]))
+    assert r.status == "failed" and "holds at most" in r.message and "p = 2 instead of m = 4" in r.message
+
+
+def test_1f1b_with_one_warmup_forward_too_many_is_rejected(sol13):
+    def one_f_one_b_schedule(p, m):
+        orders = []
+        for s in range(p):
+            w = min(p - s, m)  # BUG: p - s warm-up forwards instead of p - s - 1
+            order = [(s, i, "F") for i in range(w)]
+            for j in range(m - w):
+                order += [(s, w + j, "F"), (s, j, "B")]
+            order += [(s, j, "B") for j in range(m - w, m)]
+            orders.append(order)
+        return CHECKS.place(orders, p)
+
+    r = grade(STEM, "one_f_one_b_schedule", with_answer(sol13, one_f_one_b_schedule=one_f_one_b_schedule))
+    assert r.status == "failed" and "holds at most" in r.message
+
+
+# --- validator --------------------------------------------------------------------------------------
+
+def _validator(skip: str = "", first_seen_wins: bool = False, message: str | None = None):
+    """The solution's rules, with one left out (``skip``) or another flaw."""
+    def validate_schedule(schedule, p, m):
+        def fail(text):
+            raise ValueError(message or text)
+        slot_of = {}
+        for t, slot in enumerate(schedule):
+            on_stage = {}
+            for s, i, k in slot:
+                if k not in ("F", "B") or not 0 <= s < p or not 0 <= i < m:
+                    fail(f"slot {t}: {k}({s}, {i}) is outside the pipeline")
+                if s in on_stage and skip != "collision":
+                    fail(f"slot {t}: stage {s} runs {on_stage[s]} and {k}({s}, {i})")
+                on_stage[s] = f"{k}({s}, {i})"
+                if first_seen_wins:
+                    slot_of.setdefault((s, i, k), t)  # BUG: a repeated step is silently ignored
+                elif (s, i, k) in slot_of:
+                    fail(f"{k}({s}, {i}) twice")
+                else:
+                    slot_of[(s, i, k)] = t
+        if skip != "missing":
+            for s in range(p):
+                for i in range(m):
+                    for k in "FB":
+                        if (s, i, k) not in slot_of:
+                            fail(f"{k}({s}, {i}) never runs")
+        for (s, i, k), t in slot_of.items():
+            needs = []
+            if k == "F" and s > 0 and skip != "stage":
+                needs.append((s - 1, i, "F"))
+            if k == "B" and skip != "forward":
+                needs.append((s, i, "F"))
+            if k == "B" and s < p - 1 and skip != "stage":
+                needs.append((s + 1, i, "B"))
+            for d in needs:
+                if d in slot_of and slot_of[d] >= t:
+                    fail(f"{k}({s}, {i}) runs before {d[2]}({d[0]}, {d[1]})")
+    return validate_schedule
+
+
+@pytest.mark.parametrize("skip, case", [
+    ("forward", "backward before its forward"), ("collision", "two steps on one stage in one slot"),
+    ("missing", "a missing step"), ("stage", "a stage dependency violated")])
+def test_a_validator_missing_one_rule_accepts_that_invalid_schedule(sol13, skip, case):
+    r = grade(STEM, "validate_schedule", with_answer(sol13, validate_schedule=_validator(skip)), hidden=False)
+    assert r.status == "failed", r.message
+    failed = [c for c in r.cases if c.status != "passed"]
+    assert [c.name.split(" (")[0] for c in failed] == [f"invalid: {case}"], [c.name for c in failed]
+    assert "accepted an invalid schedule" in failed[0].message
+
+
+def test_a_validator_accepting_duplicate_steps_fails(sol13):
+    r = grade(STEM, "validate_schedule", with_answer(sol13, validate_schedule=_validator(first_seen_wins=True)),
+              hidden=False)
+    assert r.status == "failed" and "accepted an invalid schedule (a duplicated step)" in r.message
+
+
+def test_a_validator_that_accepts_everything_scores_only_the_valid_cases(sol13):
+    r = grade(STEM, "validate_schedule", with_answer(sol13, validate_schedule=lambda schedule, p, m: None))
+    assert r.status == "failed" and r.score < 0.5 * r.points
+
+
+def test_a_message_that_names_no_step_is_not_clear_enough(sol13):
+    r = grade(STEM, "validate_schedule", with_answer(sol13, validate_schedule=_validator(message="invalid schedule")),
+              hidden=False)
+    assert r.status == "failed" and "does not name the offending step" in r.message
+
+
+def test_rejecting_an_idle_slot_rejects_a_valid_schedule(sol13):
+    real = sol13["validate_schedule"]
+
+    def validate_schedule(schedule, p, m):
+        if any(len(slot) == 0 for slot in schedule):
+            raise ValueError("empty slot")  # BUG: idle slots are allowed
+        real(schedule, p, m)
+
+    r = grade(STEM, "validate_schedule", with_answer(sol13, validate_schedule=validate_schedule), hidden=False)
+    assert r.status == "failed" and "this schedule is valid" in r.message
+
+
+def test_a_validator_crashing_with_key_error_is_not_a_clean_rejection(sol13):
+    def validate_schedule(schedule, p, m):
+        slot_of = {tuple(x): t for t, slot in enumerate(schedule) for x in slot}
+        for (s, i, k), t in slot_of.items():
+            if k == "F" and slot_of[(s, i, "B")] <= t:  # KeyError when B(s, i) is missing
+                raise ValueError(f"B({s}, {i}) before F({s}, {i})")
+
+    r = grade(STEM, "validate_schedule", with_answer(sol13, validate_schedule=validate_schedule), hidden=False)
+    crashed = [c for c in r.cases if "should raise ValueError" in c.message]
+    assert r.status == "failed" and crashed and "KeyError" in crashed[0].message
+
+
+# --- bubble and peaks -------------------------------------------------------------------------------
+
+def test_a_wrong_bubble_formula_is_rejected(sol13):
+    r = grade(STEM, "bubble_fraction", with_answer(sol13, bubble_formula=lambda p, m: (p - 1) / m if m else 0.0))
+    assert r.status == "failed" and "(p-1)/(m+p-1)" in r.message
+
+
+def test_a_bubble_counting_only_fully_idle_slots_is_rejected(sol13):
+    def bubble_fraction(schedule, p):  # BUG: a slot counts as bubble only when every stage idles
+        return sum(1 for slot in schedule if not slot) / len(schedule)
+    r = grade(STEM, "bubble_fraction", with_answer(sol13, bubble_fraction=bubble_fraction))
+    assert r.status == "failed" and "idle stage-slots" in r.message
+
+
+def test_peak_activations_counted_as_m_fails_on_1f1b(sol13):
+    def peak_activations(schedule, p):  # BUG: every forward counted, no backward ever frees one
+        return [sum(1 for slot in schedule for s, _, k in slot if s == st and k == "F") for st in range(p)]
+    r = grade(STEM, "peak_activations", with_answer(sol13, peak_activations=peak_activations))
+    assert r.status == "failed" and "stage 0 holds at most p" in r.message
+    assert any(c.name.startswith("GPipe") and c.status == "passed" for c in r.cases)  # right for GPipe
+
+
+# --- the pipeline across ranks ----------------------------------------------------------------------
+
+def _first_case(ns):
+    """Only the first public case (2 ranks: GPipe m=3, then 1F1B m=4): one launch."""
+    ex = exercises(STEM)["pipeline_run"]
+    return evaluate(ex, ns, "cpu", ex.cases()[:1])
+
+
+def _runner(bug: str):
+    """The solution's runner with one bug."""
+    def run_stage(stage, schedule, microbatches, targets, hidden):
+        rank, p = dist.get_rank(), dist.get_world_size()
+        m = len(microbatches)
+        ins, outs, losses, pending = {}, {}, [0.0] * m, []
+        steps = [(s, i, k) for slot in schedule for s, i, k in slot if s == rank]
+        if bug == "gpipe order":  # BUG: ignores the schedule, always all forwards first
+            steps = sorted(steps, key=lambda x: (x[2] == "B", x[1]))
+        for s, i, k in steps:
+            if k == "F":
+                if rank == 0:
+                    x = microbatches[i]
+                else:
+                    x = torch.empty(microbatches[i].shape[0], hidden)
+                    dist.recv(x, src=rank - 1)
+                    x.requires_grad_()
+                out = stage(x)
+                if rank == p - 1:
+                    loss = F.mse_loss(out, targets[i])
+                    losses[i] = loss.item()
+                    out = loss if bug == "no 1/m" else loss / m  # BUG (no 1/m): gradients m times too large
+                elif bug == "blocking send":
+                    dist.send(out.detach(), dst=rank + 1)  # BUG: blocks while the neighbour sends to us
+                else:
+                    pending.append((dist.isend(out.detach(), dst=rank + 1), out))
+                ins[i], outs[i] = x, out
+            else:
+                out, x = outs.pop(i), ins.pop(i)
+                if rank == p - 1:
+                    out.backward()
+                elif bug == "no grad sent":
+                    continue  # BUG: the last stage never sends x.grad back, so earlier stages never backprop
+                else:
+                    g = torch.empty_like(out)
+                    dist.recv(g, src=rank + 1)
+                    out.backward(g)
+                if bug == "last stage keeps its gradient" and rank == p - 1:
+                    continue  # BUG: stage p-2 waits in dist.recv for a gradient that never comes
+                if rank > 0 and bug != "no grad sent":
+                    if bug == "blocking send":
+                        dist.send(x.grad, dst=rank - 1)
+                    else:
+                        pending.append((dist.isend(x.grad, dst=rank - 1), x.grad))
+        for h, _ in pending:
+            h.wait()
+        return losses if rank == p - 1 else []
+    return run_stage
+
+
+def test_a_runner_that_never_sends_gradients_back_leaves_earlier_stages_without_grads(sol13):
+    r = _first_case(with_answer(sol13, run_stage=_runner("no grad sent")))
+    assert r.status == "failed" and "stage 0" in r.message and "is None" in r.message
+    assert "send the gradient of its input" in r.message
+
+
+def test_a_runner_that_ignores_the_schedule_is_caught(sol13):
+    r = _first_case(with_answer(sol13, run_stage=_runner("gpipe order")))
+    assert r.status == "failed" and "1F1B m=4" in r.message and "the schedule says" in r.message
+
+
+def test_a_runner_without_the_1_over_m_has_gradients_m_times_too_large(sol13):
+    r = _first_case(with_answer(sol13, run_stage=_runner("no 1/m")))
+    assert r.status == "failed" and "m times too large" in r.message
+
+
+def test_blocking_sends_hang_1f1b_and_end_within_the_timeout_with_a_clear_message(sol13, monkeypatch):
+    monkeypatch.setattr(CHECKS, "LAUNCH_TIMEOUT_S", 6.0)
+    start = time.monotonic()
+    r = _first_case(with_answer(sol13, run_stage=_runner("blocking send")))
+    assert time.monotonic() - start < 6.0 + 40
+    assert r.status == "failed" and "hung" in r.message and "dist.isend" in r.message
+
+
+def test_a_stage_waiting_for_a_gradient_that_is_never_sent_ends_with_a_clear_message(sol13, monkeypatch):
+    monkeypatch.setattr(CHECKS, "LAUNCH_TIMEOUT_S", 6.0)
+    start = time.monotonic()
+    r = _first_case(with_answer(sol13, run_stage=_runner("last stage keeps its gradient")))
+    assert time.monotonic() - start < 6.0 + 40
+    assert r.status == "failed" and "hung" in r.message and "never came" in r.message
+
