@@ -60,11 +60,11 @@ def test_percentiles_match_numpy():
 
 def test_benchmark_synchronises_and_warms_up_on_a_simulated_gpu():
     sim = SimulatedDevice()
-    kernel = SimulatedKernel(sim, steady_ms=3.0, cold_ms=40.0, cold_calls=2)
+    kernel = SimulatedKernel(sim, steady_ms=3.0, cold_ms=300.0, cold_calls=2)
     t = bench.benchmark(kernel, device=sim, warmup=3, repeats=10)
     assert kernel.calls == 13 and t.n == 10
-    assert 2.5 < t.median_ms < 3.0 * 3  # real sleeps: a loose bound, this is no performance test
-    assert t.p99_ms < 40.0
+    assert 2.5 < t.median_ms < 3.0 * 5  # real sleeps on a possibly busy machine: loose bounds
+    assert t.p99_ms < 150.0             # the 300 ms cold calls were not timed
 
 
 def test_benchmark_rejects_bad_arguments():

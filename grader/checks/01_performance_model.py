@@ -132,10 +132,12 @@ def _roofline_judge(case, obs):
 # --- benchmark: a timer that synchronises and warms up ----------------------------------------
 
 def _benchmark_cases(gen, public):
-    return [Case("simulated GPU kernel: 4 ms per call, first 3 calls 60 ms",
-                 dict(steady_ms=4.0, cold_ms=60.0, cold_calls=3, warmup=5, repeats=20)),
-            Case("simulated GPU kernel: 8 ms per call, first call 100 ms",
-                 dict(steady_ms=8.0, cold_ms=100.0, cold_calls=1, warmup=3, repeats=12))]
+    # Real sleeps, so the bounds below are wide (a loaded machine oversleeps by a few ms) and the
+    # cold calls are long enough that every wrong timer still lands far outside them.
+    return [Case("simulated GPU kernel: 4 ms per call, first 3 calls 300 ms",
+                 dict(steady_ms=4.0, cold_ms=300.0, cold_calls=3, warmup=5, repeats=20)),
+            Case("simulated GPU kernel: 8 ms per call, first call 400 ms",
+                 dict(steady_ms=8.0, cold_ms=400.0, cold_calls=1, warmup=3, repeats=12))]
 
 
 def _benchmark_run(ns, case, device):
@@ -158,12 +160,12 @@ def _benchmark_judge(case, obs):
     if obs["median_ms"] < 0.75 * steady:
         return (f"median {obs['median_ms']:.3f} ms, but each call really takes {steady} ms: the clock was read "
                 "before the work finished. Call `synchronize(device)` before reading the clock after each call.")
-    if obs["median_ms"] > 1.5 * steady + 1.0:
+    if obs["median_ms"] > 3 * steady + 2.0:
         return (f"median {obs['median_ms']:.2f} ms, but each warm call takes {steady} ms: the slow first calls "
                 "(compilation, autotuning) leaked into the result. Run `warmup` untimed calls first, then take "
                 "the median of per-call samples.")
-    for key in ("p95_ms", "p99_ms"):  # generous: a busy CI machine may add a few ms to one sample
-        if obs[key] > 5 * steady:
+    for key in ("p95_ms", "p99_ms"):  # generous: a busy machine may add many ms to one sample
+        if obs[key] > 10 * steady:
             return (f"{key} = {obs[key]:.1f} ms, but the steady-state time is {steady} ms: the slow first calls "
                     "(compilation, autotuning) were timed. Run `warmup` untimed calls first.")
     if not obs["median_ms"] <= obs["p95_ms"] <= obs["p99_ms"]:
