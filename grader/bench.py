@@ -26,8 +26,12 @@ class Benchmark:
     baseline: Callable[[dict], Any]
 
 
-def run_benchmarks(benchmarks: list[Benchmark], ns: dict, device: str, tiny: bool = False) -> dict:
-    """Time every benchmark whose entry ``ns`` defines; returns ``{"peaks": ..., "results": [...]}``."""
+def run_benchmarks(benchmarks: list[Benchmark], ns: dict, device: str, tiny: bool = False,
+                   repeats: int = 20) -> dict:
+    """Time every benchmark whose entry ``ns`` defines; returns ``{"peaks": ..., "results": [...]}``.
+
+    ``repeats`` applies off the GPU (on CUDA, ``do_bench`` decides); a smoke test passes 1.
+    """
     from gpulab.bench import benchmark, gbps, pct_of_peak, tflops
     from gpulab.peaks import measured_peaks
 
@@ -40,11 +44,11 @@ def run_benchmarks(benchmarks: list[Benchmark], ns: dict, device: str, tiny: boo
         inputs = b.make(device, tiny)
         fn = ns[b.entry]
         try:
-            mine = benchmark(lambda: b.call(fn, inputs), device=device)
+            mine = benchmark(lambda: b.call(fn, inputs), device=device, repeats=repeats, warmup=min(3, repeats))
         except NotImplementedError:
             rows.append({"name": b.name, "skipped": f"`{b.entry}` is not implemented yet"})
             continue
-        base = benchmark(lambda: b.baseline(inputs), device=device)
+        base = benchmark(lambda: b.baseline(inputs), device=device, repeats=repeats, warmup=min(3, repeats))
         row = {"name": b.name, "ms": mine.median_ms, "p95_ms": mine.p95_ms, "baseline_ms": base.median_ms,
                "speedup_vs_baseline": base.median_ms / mine.median_ms}
         if inputs.get("bytes"):
