@@ -7,7 +7,19 @@ import traceback
 from pathlib import Path
 
 
+def die_with_parent() -> None:
+    """Linux: get SIGKILL when the launching process dies, so no rank outlives its launch."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the launcher's watchdog still stops the ranks
+
+
 def main(work: str, rank: int, world_size: int, backend: str, timeout_s: float) -> int:
+    die_with_parent()
     import cloudpickle
     import torch
     import torch.distributed as dist

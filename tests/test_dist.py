@@ -104,3 +104,40 @@ def test_a_rank_leaving_without_its_send_is_explained():
 
     with pytest.raises(RankError, match="send without a matching recv"):
         launch(unmatched, 2, timeout_s=20)
+
+
+def test_ranks_die_with_the_process_that_launched_them(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "launcher.py"
+    script.write_text(
+        "import time\nfrom gpulab.dist import launch\n"
+        "def spin(rank, world_size):\n    import os, time\n"
+        f"    open(r'{tmp_path}/rank%d.pid' % rank, 'w').write(str(os.getpid()))\n"
+        "    time.sleep(600)\n"
+        "launch(spin, 2, timeout_s=600)\n")
+    from tests.conftest import ROOT
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)), start_new_session=True)
+    pids = []
+    for _ in range(300):
+        pids = [p for p in tmp_path.glob("rank*.pid") if p.read_text()]
+        if len(pids) == 2:
+            break
+        time.sleep(0.1)
+    assert len(pids) == 2
+    os.killpg(proc.pid, signal.SIGKILL)  # what the grader does to a worker that timed out
+    proc.wait()
+    time.sleep(1.0)
+    for pid_file in pids:
+        pid = int(pid_file.read_text())
+        alive = True
+        try:
+            os.kill(pid, 0)
+            alive = open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+        except (ProcessLookupError, FileNotFoundError):
+            alive = False
+        assert not alive, f"rank process {pid} outlived its launcher"
