@@ -1,0 +1,222 @@
+"""Tensor parallelism helpers (lesson 12 introduces them; lab 12 and its checks use them).
+
+- :class:`MLP` and :class:`SelfAttention`: the single-device transformer blocks that Megatron-LM's
+  tensor parallelism splits (Shoeybi et al., "Megatron-LM", 2019, section 3). Their weights use
+  ``nn.Linear``'s layout ``(out_features, in_features)``; the attention's fused ``qkv`` projection
+  is laid out ``[q | k | v]``, each block ``hidden = n_heads * head_dim`` rows, head after head.
+- :func:`record_collectives`: counts the collectives a rank issues (and their payload bytes),
+  per phase, by wrapping the functions of ``torch.distributed`` inside that rank.
+- :func:`draw_megatron`: the picture of which collective each tensor-parallel layer issues,
+  forward and backward (the f and g operators).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class MLP(nn.Module):
+    """The transformer MLP ``fc2(GELU(fc1(x)))``: x (..., hidden) -> (..., hidden); exact (erf) GELU."""
+
+    def __init__(self, hidden: int, ffn_hidden: int, bias: bool = True):
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, ffn_hidden, bias=bias)   # weight (ffn_hidden, hidden)
+        self.fc2 = nn.Linear(ffn_hidden, hidden, bias=bias)   # weight (hidden, ffn_hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention (causal by default): x (batch, seq, hidden) -> (batch, seq, hidden).
+
+    ``qkv = nn.Linear(hidden, 3 * hidden)``: rows ``[0, hidden)`` make q, ``[hidden, 2 hidden)`` k and
+    ``[2 hidden, 3 hidden)`` v; inside each block, head ``j`` owns rows ``j * head_dim .. (j + 1) * head_dim``.
+    ``proj = nn.Linear(hidden, hidden)`` mixes the concatenated heads.
+    """
+
+    def __init__(self, hidden: int, n_heads: int, bias: bool = True, causal: bool = True):
+        super().__init__()
+        if hidden % n_heads:
+            raise ValueError(f"hidden ({hidden}) must be a multiple of n_heads ({n_heads}).")
+        self.hidden, self.n_heads, self.head_dim, self.causal = hidden, n_heads, hidden // n_heads, causal
+        self.qkv = nn.Linear(hidden, 3 * hidden, bias=bias)
+        self.proj = nn.Linear(hidden, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, S, _ = x.shape
+        q, k, v = self.qkv(x).split(self.hidden, dim=-1)                            # each (B, S, hidden)
+        q, k, v = (t.view(B, S, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H, S, d)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)           # (B, H, S, d)
+        return self.proj(o.transpose(1, 2).reshape(B, S, self.hidden))               # (B, S, hidden)
+
+
+# --- counting collectives ------------------------------------------------------------------------
+
+def _nbytes(t) -> int:
+    if isinstance(t, torch.Tensor):
+        return t.numel() * t.element_size()
+    if isinstance(t, (list, tuple)):
+        return sum(_nbytes(x) for x in t)
+    return 0
+
+
+# op -> the argument whose size is the op's payload (what an all-reduce reduces, what an all-gather
+# produces: the full, gathered tensor).
+PAYLOAD_ARG = {
+    "all_reduce": "tensor", "broadcast": "tensor", "reduce": "tensor",
+    "all_reduce_coalesced": "tensors",
+    "all_gather": "tensor_list", "all_gather_into_tensor": "output_tensor", "all_gather_single": "output_tensor",
+    "reduce_scatter": "input_list", "reduce_scatter_tensor": "input", "reduce_scatter_single": "input",
+    "all_to_all": "input_tensor_list", "all_to_all_single": "input",
+    "gather": "tensor", "scatter": "tensor",
+    "send": "tensor", "recv": "tensor", "isend": "tensor", "irecv": "tensor", "barrier": None,
+}
+
+
+class CollectiveLog:
+    """What :func:`record_collectives` saw. Set ``phase`` (e.g. ``"forward"``, ``"backward"``)
+    before each part of the work; every call is logged as a plain dict
+    ``{"op", "phase", "bytes", "group_size"}`` in ``calls``."""
+
+    def __init__(self) -> None:
+        self.phase = "forward"
+        self.calls: list[dict] = []
+        self._depth = 0
+
+    def count(self, op: str | None = None, phase: str | None = None) -> int:
+        return sum(1 for c in self.calls if (op is None or c["op"] == op) and (phase is None or c["phase"] == phase))
+
+    def bytes(self, op: str | None = None, phase: str | None = None) -> int:
+        return sum(c["bytes"] for c in self.calls
+                   if (op is None or c["op"] == op) and (phase is None or c["phase"] == phase))
+
+    def summary(self) -> str:
+        """E.g. ``"forward: all_reduce x1 (768 B); backward: all_reduce x1 (768 B)"``."""
+        parts = []
+        for phase in dict.fromkeys(c["phase"] for c in self.calls):
+            ops = dict.fromkeys(c["op"] for c in self.calls if c["phase"] == phase)
+            parts.append(f"{phase}: " + ", ".join(
+                f"{op} x{self.count(op, phase)} ({self.bytes(op, phase)} B)" for op in ops))
+        return "; ".join(parts) or "no collectives"
+
+
+@contextlib.contextmanager
+def record_collectives():
+    """Inside a rank: log every ``torch.distributed`` collective called through the module
+    (``dist.all_reduce(...)``), with its payload bytes and the size of its group.
+
+    Calls made *inside* a logged call (a collective built from another) are not logged twice.
+    Code that imported a function directly (``from torch.distributed import all_reduce``) before
+    this started calls the original and is not seen: call collectives as ``dist.<name>``.
+    """
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    log = CollectiveLog()
+    saved = []
+    for op, arg in PAYLOAD_ARG.items():
+        original = getattr(c10d, op, None)
+        if original is None:
+            continue
+        try:
+            signature = inspect.signature(original)
+        except (TypeError, ValueError):
+            signature = None
+
+        def wrapper(*args, __op=op, __arg=arg, __orig=original, __sig=signature, **kwargs):
+            if log._depth == 0:
+                bound = None
+                if __sig is not None:
+                    try:
+                        bound = __sig.bind(*args, **kwargs).arguments
+                    except TypeError:
+                        bound = None
+                bound = bound or {}
+                group = bound.get("group")
+                try:
+                    size = dist.get_world_size(group) if group is not None else dist.get_world_size()
+                except Exception:
+                    size = -1
+                log.calls.append({"op": __op, "phase": log.phase,
+                                  "bytes": _nbytes(bound.get(__arg)) if __arg else 0, "group_size": size})
+            log._depth += 1
+            try:
+                return __orig(*args, **kwargs)
+            finally:
+                log._depth -= 1
+
+        functools.update_wrapper(wrapper, original)
+        for module in (dist, c10d):
+            if getattr(module, op, None) is original:
+                saved.append((module, op, original))
+                setattr(module, op, wrapper)
+    try:
+        yield log
+    finally:
+        for module, op, original in saved:
+            setattr(module, op, original)
+
+
+# --- the picture ---------------------------------------------------------------------------------
+
+def draw_megatron(tp: int = 2, axes=None):
+    """Boxes and arrows: Megatron's MLP and self-attention split over ``tp`` ranks, with the f and g
+    operators and the collective each issues in forward and backward. Returns the figure."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    if axes is None:
+        fig, axes = plt.subplots(2, 1, figsize=(11, 2.4 + 1.3 * tp))
+    else:
+        fig = axes[0].figure
+    blocks = [
+        ("Megatron MLP", ["X·A$_{%d}$\ncolumn-parallel\n(A split by columns)", "GeLU\n(local: no comm)",
+                          "·B$_{%d}$\nrow-parallel\n(B split by rows)"]),
+        ("Megatron self-attention", ["QKV$_{%d}$\ncolumn-parallel\n(heads of rank %d)",
+                                     "softmax(QKᵀ)V\nper head (local)", "·O$_{%d}$\nrow-parallel\n(proj rows)"]),
+    ]
+    for ax, (title, stages) in zip(axes, blocks):
+        ax.set_xlim(0, 12)
+        ax.set_ylim(-0.85, tp + 0.05)
+        ax.axis("off")
+
+        def box(x, y, w, h, text, color, fs=8):
+            ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.05",
+                                        fc=color, ec="black", lw=0.8))
+            ax.text(x, y, text, ha="center", va="center", fontsize=fs)
+
+        def arrow(x0, y0, x1, y1):
+            ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=10, lw=0.8))
+
+        mid = (tp - 1) / 2 + 0.2
+        box(0.7, mid, 1.1, 0.7, "X\n(replicated)", "#eeeeee")
+        box(2.1, mid, 0.7, 0.7, "f", "#ffe082", fs=12)
+        ax.text(2.1, mid - 0.62, "fwd: identity\nbwd: all-reduce", ha="center", va="top", fontsize=7,
+                color="#8d6e00")
+        arrow(1.25, mid, 1.75, mid)
+        xs = [4.0, 6.1, 8.2]
+        for r in range(tp):
+            y = tp - 1 - r + 0.2
+            arrow(2.45, mid, xs[0] - 0.85, y)
+            for i, (x, text) in enumerate(zip(xs, stages)):
+                label = text % ((r, r) if text.count("%d") == 2 else (r,)) if "%d" in text else text
+                box(x, y, 1.7, 0.78, label, ["#bbdefb", "#c8e6c9", "#bbdefb"][i], fs=7)
+                if i:
+                    arrow(xs[i - 1] + 0.85, y, x - 0.85, y)
+            ax.text(xs[0] - 1.25, y + 0.45, f"rank {r}", fontsize=7, color="gray")
+            arrow(xs[-1] + 0.85, y, 9.75, mid)
+        box(10.1, mid, 0.7, 0.7, "g", "#ef9a9a", fs=12)
+        ax.text(10.1, mid - 0.62, "fwd: all-reduce\nbwd: identity", ha="center", va="top", fontsize=7,
+                color="#b71c1c")
+        box(11.35, mid, 1.0, 0.7, "Z\n(replicated)", "#eeeeee")
+        arrow(10.45, mid, 10.85, mid)
+        ax.set_title(f"{title} over {tp} ranks: 1 all-reduce in forward (g), 1 in backward (f), "
+                     "each of batch·seq·hidden elements", fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,819 @@
+"""Checks of lab 11, data parallelism: collective costs, a ring all-reduce from send/recv, DDP from
+scratch, bucketed DDP overlapping backward, and a ZeRO-1 sharded optimizer.
+
+Distributed exercises run the learner's code on real ranks (:func:`gpulab.dist.launch`, gloo, CPU
+tensors), one launch per case: ``run`` ships the learner's function or class by value to fresh
+processes, each rank builds its model and data from the case's seeds, and returns plain
+observations (tensors, the collectives it issued, from :func:`gpulab.commlog.record_collectives`).
+``judge`` recomputes everything single-process, here, from the same seeds: the gradients of the
+mean loss over the *global* batch, rank 0's initial state, the bucket rule, the optimizer's state
+size. Nothing is timed.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gpulab.compare import compare
+from grader.exercise import Case, Exercise, entry
+
+LAB = "11_data_parallel"
+TITLE = "Data parallelism: collectives, ring all-reduce, DDP, bucketing, ZeRO-1"
+
+LAUNCH_TIMEOUT_S = 30.0   # per launch: the process group's timeout; a hung rank ends after it
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+ALGOS = ("ring", "tree")
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}
+_HUNG: dict = {}          # (exercise, learner object) -> message, so one hang costs one timeout
+
+
+def _randint(gen, lo, hi) -> int:
+    return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+
+def _uniform(gen, lo, hi) -> float:
+    return lo + (hi - lo) * float(torch.rand(1, generator=gen))
+
+
+def _close(got, want, rel=1e-9) -> bool:
+    try:
+        return math.isclose(float(got), float(want), rel_tol=rel, abs_tol=1e-15)
+    except (TypeError, ValueError):
+        return False
+
+
+# --- launching learner code on ranks -----------------------------------------------------------------
+
+def _launch(key, rank_fn, world_size: int, *args) -> list:
+    """Run ``rank_fn`` on ``world_size`` gloo ranks; learner failures become short RuntimeErrors."""
+    from gpulab.dist import RankError, RankTimeout, launch
+
+    if key in _HUNG:
+        raise RuntimeError(f"skipped: an earlier case of this exercise hung ({_HUNG[key]}).")
+    _probe_for_stub(rank_fn, *args)
+    try:
+        return launch(rank_fn, world_size, *args, backend="gloo", timeout_s=LAUNCH_TIMEOUT_S)
+    except RankTimeout as exc:
+        head = str(exc).splitlines()[0]
+        _HUNG[key] = head
+        raise RuntimeError(f"a rank hung and was stopped after {LAUNCH_TIMEOUT_S:g} s: {head}\n"
+                           f"{_tail(str(exc))}") from None
+    except RankError as exc:
+        text = str(exc)
+        stub = [line for line in text.splitlines() if line.startswith("NotImplementedError")]
+        if stub:
+            raise NotImplementedError(stub[-1].partition(":")[2].strip()) from None
+        raise RuntimeError(f"{text.splitlines()[0]}\n{_tail(text)}") from None
+
+
+def _probe_for_stub(rank_fn, *args) -> None:
+    """Run ``rank_fn`` once on a single in-process rank: an unfinished exercise (a stub raising
+    ``NotImplementedError``) is reported at once, without starting processes. Anything else that
+    goes wrong here is left for the real launch to report, on the case's world size."""
+    import datetime
+    import signal
+    import threading
+
+    import torch.distributed as dist
+
+    # Learner code runs here, in this process: only with an alarm that can stop an endless loop.
+    if (not dist.is_available() or dist.is_initialized() or not hasattr(signal, "setitimer")
+            or threading.current_thread() is not threading.main_thread()):
+        return
+
+    class _ProbeTimeout(Exception):
+        pass
+
+    def _alarm(signum, frame):
+        raise _ProbeTimeout()
+
+    try:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=2))
+    except Exception:
+        return
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, 5.0)
+    try:
+        with torch.random.fork_rng(devices=[]):  # the rank functions seed the RNG: keep the learner's
+            rank_fn(0, 1, *args)
+    except NotImplementedError:
+        raise
+    except Exception:  # _ProbeTimeout included: the launch will report it, on the case's world size
+        pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        dist.destroy_process_group()
+
+
+def _tail(text: str, n: int = 1200) -> str:
+    body = "\n".join(text.splitlines()[1:])
+    return body[-n:]
+
+
+# --- 1. collective costs: the alpha-beta model ---------------------------------------------------
+
+def ref_collective_time(op: str, nbytes: float, p: int, alpha: float, beta: float, algo: str) -> float:
+    """Time of one collective in the alpha-beta model (see the lab's table)."""
+    if p == 1:
+        return 0.0
+    steps = math.ceil(math.log2(p))
+    frac = (p - 1) / p
+    if algo == "ring":
+        return {"all_reduce": 2 * (p - 1) * alpha + 2 * frac * nbytes * beta,
+                "reduce_scatter": (p - 1) * alpha + frac * nbytes * beta,
+                "all_gather": (p - 1) * alpha + frac * nbytes * beta,
+                "broadcast": (p - 1) * alpha + nbytes * beta}[op]
+    return {"all_reduce": 2 * steps * (alpha + nbytes * beta),
+            "reduce_scatter": steps * alpha + frac * nbytes * beta,
+            "all_gather": steps * alpha + frac * nbytes * beta,
+            "broadcast": steps * (alpha + nbytes * beta)}[op]
+
+
+def ref_bus_factor(op: str, p: int) -> float:
+    """nccl-tests' bus-bandwidth factor: busbw = algbw * factor."""
+    return {"all_reduce": 2 * (p - 1) / p, "reduce_scatter": (p - 1) / p,
+            "all_gather": (p - 1) / p, "broadcast": 1.0}[op]
+
+
+_FORMULAS = {
+    ("all_reduce", "ring"): "2(p-1)·alpha + 2(p-1)/p·n·beta (reduce-scatter, then all-gather)",
+    ("reduce_scatter", "ring"): "(p-1)·alpha + (p-1)/p·n·beta",
+    ("all_gather", "ring"): "(p-1)·alpha + (p-1)/p·n·beta",
+    ("broadcast", "ring"): "(p-1)·alpha + n·beta (pipelined along the ring)",
+    ("all_reduce", "tree"): "2·ceil(log2 p)·(alpha + n·beta) (reduce up a binomial tree, broadcast down)",
+    ("reduce_scatter", "tree"): "ceil(log2 p)·alpha + (p-1)/p·n·beta (recursive halving)",
+    ("all_gather", "tree"): "ceil(log2 p)·alpha + (p-1)/p·n·beta (recursive doubling)",
+    ("broadcast", "tree"): "ceil(log2 p)·(alpha + n·beta) (binomial tree)",
+}
+
+
+def _cost_cases(gen, public):
+    cases = []
+    if public:
+        cases += [Case("1 GiB over 8 GPUs, NVLink-like", dict(nbytes=2**30, p=8, alpha=5e-6, beta=1 / 150e9)),
+                   Case("4 KiB over 6 ranks (not a power of two), IB-like", dict(nbytes=4096, p=6, alpha=2e-5,
+                                                                                  beta=1 / 25e9)),
+                   Case("a single rank: nothing to communicate", dict(nbytes=10**6, p=1, alpha=1e-5, beta=1e-9))]
+    for i in range(2 if public else 6):
+        cases.append(Case(f"random #{i}", dict(nbytes=float(_randint(gen, 1, 2**34)), p=_randint(gen, 2, 1024),
+                                               alpha=10 ** _uniform(gen, -6.5, -4), beta=10 ** -_uniform(gen, 9, 12))))
+    return cases
+
+
+def _cost_run(ns, case, device):
+    x = case.inputs
+    t, bw = entry(ns, "collective_time"), entry(ns, "bus_bandwidth")
+    times = {f"{op}/{algo}": float(t(op, x["nbytes"], x["p"], x["alpha"], x["beta"], algo=algo))
+             for op in OPS for algo in ALGOS}
+    seconds = 1e-3
+    busbw = {op: float(bw(op, x["nbytes"], x["p"], seconds)) for op in OPS}
+    return {"times": times, "busbw": busbw, "seconds": seconds}
+
+
+def _cost_judge(case, obs):
+    x = case.inputs
+    n, p, a, b = x["nbytes"], x["p"], x["alpha"], x["beta"]
+    for op in OPS:
+        for algo in ALGOS:
+            got, want = obs["times"][f"{op}/{algo}"], ref_collective_time(op, n, p, a, b, algo)
+            if not _close(got, want, 1e-9):
+                msg = (f"collective_time({op!r}, n={n:g}, p={p}, alpha={a:.3g}, beta={b:.3g}, algo={algo!r}) = "
+                       f"{got:.6g} s, expected {want:.6g} s = {_FORMULAS[op, algo]}.")
+                if op == "all_reduce" and algo == "ring" and p > 1 and _close(
+                        got, ref_collective_time("reduce_scatter", n, p, a, b, "ring"), 1e-9):
+                    msg += " That is one reduce-scatter: a ring all-reduce is a reduce-scatter plus an all-gather."
+                if algo == "tree" and p > 1 and (p & (p - 1)) and _close(
+                        got * math.ceil(math.log2(p)) / math.log2(p), want, 1e-6):
+                    msg += " A tree of p ranks needs ceil(log2 p) rounds, a whole number."
+                return msg
+    for op in OPS:
+        want = n / obs["seconds"] * ref_bus_factor(op, p)
+        if not _close(obs["busbw"][op], want, 1e-9):
+            return (f"bus_bandwidth({op!r}, n={n:g}, p={p}, seconds={obs['seconds']}) = {obs['busbw'][op]:.6g} B/s, "
+                    f"expected algbw * {ref_bus_factor(op, p):.4g} = {want:.6g} B/s (algbw = n / seconds; the "
+                    "factor is the fraction of n each rank's link carries: 2(p-1)/p for all-reduce, (p-1)/p for "
+                    "reduce-scatter and all-gather, 1 for broadcast).")
+    return None
+
+
+# --- 2. ring all-reduce from send/recv ----------------------------------------------------------
+
+def _ring_input(seed: int, rank: int, index: int, shape, dtype: str) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed * 1000 + index * 10 + rank)
+    if dtype == "int64":
+        return torch.randint(-1000, 1000, tuple(shape), generator=gen)
+    return torch.randn(tuple(shape), generator=gen, dtype=_DTYPES[dtype])
+
+
+def _ring_rank(rank, world_size, fn, seed, configs):
+    from gpulab.commlog import POINT_TO_POINT, record_collectives
+
+    out = []
+    for i, (shape, dtype) in enumerate(configs):
+        t = _ring_input(seed, rank, i, shape, dtype)
+        with record_collectives() as log:
+            result = fn(t)
+        sends = log.calls(("send", "isend"))
+        out.append({"inplace": t.clone(),
+                    "returned": result.detach().clone() if isinstance(result, torch.Tensor) else repr(result)[:80],
+                    "sends": len(sends), "send_bytes": sum(e.nbytes for e in sends),
+                    "collectives": sorted({e.op for e in log.calls() if e.op not in POINT_TO_POINT})})
+    return out
+
+
+def _ring_cases(gen, public):
+    if public:
+        return [Case("3 ranks: sizes not divisible by 3, 2-D, int64, fewer elements than ranks",
+                     dict(world=3, seed=11, configs=[((1001,), "float32"), ((5, 7), "float64"), ((2,), "float32"),
+                                                     ((12,), "int64")]))]
+    world = [2, 4][_randint(gen, 0, 1)]
+    configs = [((_randint(gen, 1, 3000),), "float32"), ((_randint(gen, 2, 9), _randint(gen, 2, 9)), "float64"),
+               ((_randint(gen, 1, 40),), "int64"), ((world * _randint(gen, 1, 50),), "float32"),
+               ((_randint(gen, 1, world - 1),), "float32")]
+    return [Case(f"{world} ranks, random sizes", dict(world=world, seed=_randint(gen, 0, 10**6), configs=configs))]
+
+
+def _ring_run(ns, case, device):
+    fn = entry(ns, "ring_all_reduce")
+    x = case.inputs
+    return {"ranks": _launch(("ring_all_reduce", fn), _ring_rank, x["world"], fn, x["seed"], x["configs"])}
+
+
+def _ring_judge(case, obs):
+    x = case.inputs
+    p, ranks = x["world"], obs["ranks"]
+    for i, (shape, dtype) in enumerate(x["configs"]):
+        what = f"shape {tuple(shape)} {dtype} on {p} ranks"
+        inputs = [_ring_input(x["seed"], r, i, shape, dtype) for r in range(p)]
+        want = sum(t.double() if dtype != "int64" else t for t in inputs)
+        want = want.to(_DTYPES[dtype])
+        numel = want.numel()
+        for r in range(p):
+            o = ranks[r][i]
+            if o["collectives"]:
+                return (f"{what}: ring_all_reduce called {', '.join(o['collectives'])}; build it from "
+                        "point-to-point dist.send/dist.recv (or isend/irecv) only.")
+            got = o["returned"]
+            if not isinstance(got, torch.Tensor):
+                return f"{what}: ring_all_reduce must return the tensor, got {got}."
+            bad = compare(o["inplace"], want, name=f"rank {r}'s tensor after the call", rtol=1e-5, atol=1e-5)
+            if bad:
+                a, w = o["inplace"].reshape(-1).double(), want.reshape(-1).double()
+                ok = int(torch.isclose(a, w, rtol=1e-5, atol=1e-5).sum())
+                if 0 < ok < numel and p > 1 and ok <= 2 * math.ceil(numel / p):
+                    return (f"{what}: on rank {r} only {ok} of {numel} elements hold the full sum, about 1/{p} of "
+                            "them: the chunk this rank reduced. The all-gather phase is missing: after the p-1 "
+                            "reduce-scatter steps, run p-1 more steps that pass each reduced chunk around the "
+                            f"ring.\n{bad}")
+                if torch.equal(o["inplace"], inputs[r]) and compare(got, want, rtol=1e-5, atol=1e-5) is None:
+                    return (f"{what}: the result was returned but the input tensor was not updated: "
+                            "ring_all_reduce works in place, like dist.all_reduce.")
+                return f"{what}: wrong sum.\n{bad}"
+            if got.shape != want.shape or not torch.equal(got, o["inplace"]):
+                return f"{what}: rank {r} returned a tensor that differs from its (updated) input; return `tensor`."
+            if not torch.equal(o["inplace"], ranks[0][i]["inplace"]):
+                return (f"{what}: ranks 0 and {r} hold different sums (they agree only to rounding). In a ring "
+                        "all-reduce each chunk is reduced once, on one rank, then copied: every rank ends with "
+                        "the same bits.")
+            elem = want.element_size()
+            bound = 2 * (p - 1) * math.ceil(numel / p) * elem
+            if o["send_bytes"] > bound:
+                return (f"{what}: rank {r} sent {o['send_bytes']} bytes; a ring all-reduce sends 2(p-1) chunks of "
+                        f"about n/p elements: at most {bound} bytes (2(p-1)/p · n · {elem} bytes). Sending whole "
+                        "tensors to every rank costs (p-1)·n: that is not a ring.")
+    return None
+
+
+# --- shared by the DDP checks: the model, the data, single-process references ---------------------
+
+def _model_kwargs(x) -> dict:
+    return dict(d_in=x["d_in"], hidden=tuple(x["hidden"]), d_out=x["d_out"])
+
+
+def _step_batch(x, step: int):
+    from gpulab.toy import toy_batch
+
+    return toy_batch(x["data_seed"] + step, x["batch_per_rank"] * x["world"], x["d_in"], x["d_out"])
+
+
+def _reference_training(x, opt_fn, lr_schedule=None) -> dict:
+    """Single-process training on the whole batch: rank 0's model, ``steps`` steps.
+
+    Returns the initial state, the gradients of each step and the parameters after each step."""
+    import torch.nn.functional as F
+
+    from gpulab.toy import ToyMLP
+
+    model = ToyMLP(**_model_kwargs(x), seed=x["seed"])
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = opt_fn([p for p in model.parameters() if p.requires_grad])
+    grads, params = [], []
+    for step in range(x["steps"]):
+        if lr_schedule is not None:
+            for g in opt.param_groups:
+                g["lr"] = lr_schedule(step)
+        opt.zero_grad()
+        xb, yb = _step_batch(x, step)
+        F.mse_loss(model(xb), yb).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        opt.step()
+        params.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    return {"init": init, "grads": grads, "params": params, "model": model, "opt": opt}
+
+
+def _sgd(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def _judge_init(ranks, init, wrapper: str) -> str | None:
+    """Every rank's state right after the wrapper's construction must equal rank 0's initial state."""
+    for r, o in enumerate(ranks):
+        if not o["module_is"]:
+            return f"`{wrapper}(model).module` must be the wrapped model itself."
+        if not o["same_params"]:
+            return (f"{wrapper}(model).parameters() must be exactly the model's parameters (got {o['n_params']}, "
+                    f"the model has {o['n_model_params']}): the wrapper adds no parameters of its own.")
+        for name, want in init.items():
+            got = o["state0"].get(name)
+            if got is None or not torch.equal(got, want):
+                kind = o["kinds"].get(name, "parameter")
+                if r == 0:
+                    return (f"rank 0's {kind} `{name}` changed in {wrapper}(...): rank 0 is the source; broadcast "
+                            "from src=0.")
+                if kind == "buffer":
+                    return (f"buffer `{name}` on rank {r} differs from rank 0's after {wrapper}(...): broadcast "
+                            "the buffers too (module.buffers(): BatchNorm statistics, registered buffers), not only "
+                            "the parameters.")
+                if kind == "frozen parameter":
+                    return (f"frozen parameter `{name}` (requires_grad=False) on rank {r} differs from rank 0's "
+                            f"after {wrapper}(...): broadcast every parameter, trainable or not.")
+                return (f"parameter `{name}` on rank {r} differs from rank 0's after {wrapper}(...): broadcast all "
+                        "parameters from rank 0 in __init__, so every replica starts identical.")
+    return None
+
+
+def _judge_grads(ranks, ref_grads, world: int, where: str) -> str | None:
+    for step, want in enumerate(ref_grads):
+        for name, w in want.items():
+            g0 = ranks[0]["grads"][step].get(name)
+            for r, o in enumerate(ranks):
+                g = o["grads"][step].get(name)
+                if g is None:
+                    return f"{where}, step {step}: rank {r} has no gradient for `{name}`."
+                if compare(g, w, rtol=1e-4, atol=1e-6) is None:
+                    continue
+                if compare(g, w * world, rtol=1e-4, atol=1e-6) is None:
+                    return (f"{where}, step {step}: the gradient of `{name}` is {world} (world size) times the "
+                            "single-process gradient: the gradients were summed. Divide by the world size: "
+                            "data parallelism averages them, so a step equals one step on the global batch.")
+                if g0 is not None and not torch.allclose(g, g0, rtol=1e-5, atol=1e-7):
+                    return (f"{where}, step {step}: ranks 0 and {r} hold different gradients for `{name}` after "
+                            "finish_gradient_synchronization(): the gradients were not all-reduced.")
+                report = compare(g, w, rtol=1e-4, atol=1e-6, name="grad")
+                return (f"{where}, step {step}: gradient of `{name}` on rank {r} differs from single-process "
+                        f"training on the whole batch (mean loss).\n{report}")
+    return None
+
+
+def _state_kinds(model) -> dict:
+    kinds = {n: "buffer" for n, _ in model.named_buffers()}
+    kinds.update({n: "parameter" if p.requires_grad else "frozen parameter" for n, p in model.named_parameters()})
+    return kinds
+
+
+def _wrap_and_record(rank, wrapper_cls, x, *wrapper_args):
+    """Build rank ``rank``'s model (seed + rank: replicas differ until broadcast) and wrap it.
+
+    Returns ``(model, wrapped, observations, timeline)``: while ``timeline["log"]`` holds a
+    :class:`gpulab.commlog.CommLog`, each gradient's accumulation is marked on it as ``grad:<name>``.
+    """
+    from gpulab.commlog import record_collectives
+    from gpulab.toy import ToyMLP
+
+    torch.manual_seed(1000 + rank)
+    model = ToyMLP(**_model_kwargs(x), seed=x["seed"] + rank)
+    kinds = _state_kinds(model)
+    timeline = {"log": None}
+
+    def mark(name):
+        if timeline["log"] is not None:
+            timeline["log"].mark(f"grad:{name}")
+
+    for name, p in model.named_parameters():  # registered before the learner's hooks: they run first
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(lambda p, name=name: mark(name))
+    with record_collectives() as log:
+        wrapped = wrapper_cls(model, *wrapper_args)
+    obs = {"module_is": getattr(wrapped, "module", None) is model,
+           "same_params": [id(p) for p in wrapped.parameters()] == [id(p) for p in model.parameters()],
+           "n_params": len(list(wrapped.parameters())), "n_model_params": len(list(model.parameters())),
+           "state0": {k: v.detach().clone() for k, v in model.state_dict().items()}, "kinds": kinds,
+           "init_comm": log.summary()}
+    return model, wrapped, obs, timeline
+
+
+def _train_steps(rank, world_size, model, wrapped, x, timeline):
+    """``steps`` SGD steps on this rank's shard. Per step: the gradients after
+    ``finish_gradient_synchronization()``, and the ordered events (collectives, gradient marks,
+    ``finish`` when finish_gradient_synchronization() is called)."""
+    import torch.nn.functional as F
+
+    from gpulab.commlog import record_collectives
+    from gpulab.toy import shard
+
+    opt = _sgd([p for p in model.parameters() if p.requires_grad])
+    grads, events = [], []
+    for step in range(x["steps"]):
+        opt.zero_grad()
+        xb, yb = _step_batch(x, step)
+        xb, yb = shard(xb, rank, world_size), shard(yb, rank, world_size)
+        with record_collectives() as log:
+            timeline["log"] = log
+            loss = F.mse_loss(wrapped(xb), yb)
+            loss.backward()
+            log.mark("finish")
+            wrapped.finish_gradient_synchronization()
+            timeline["log"] = None
+        grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+        events.append([(e.op, e.numel, e.async_op, e.label) for e in log.events])
+        opt.step()
+    return grads, events
+
+
+# --- 3. DDP from scratch ---------------------------------------------------------------------------
+
+def _ddp_rank(rank, world_size, cls, x):
+    model, wrapped, obs, timeline = _wrap_and_record(rank, cls, x)
+    obs["grads"], obs["events"] = _train_steps(rank, world_size, model, wrapped, x, timeline)
+    obs["final"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return obs
+
+
+def _ddp_case(gen, world, name, public):
+    hidden = [16, 24] if public else [_randint(gen, 4, 24) for _ in range(_randint(gen, 1, 3))]
+    return Case(name, dict(world=world, seed=7 if public else _randint(gen, 0, 10**6),
+                           data_seed=100 if public else _randint(gen, 0, 10**6), d_in=6, hidden=hidden, d_out=3,
+                           batch_per_rank=4, steps=3))
+
+
+def _ddp_cases(gen, public):
+    if public:
+        return [_ddp_case(gen, 2, "2 ranks, 3 SGD steps, a buffer and a frozen parameter", True)]
+    world = _randint(gen, 3, 4)
+    return [_ddp_case(gen, world, f"{world} ranks, random widths", False)]
+
+
+def _ddp_run(ns, case, device):
+    cls = entry(ns, "DDP")
+    return {"ranks": _launch(("ddp", cls), _ddp_rank, case.inputs["world"], cls, case.inputs)}
+
+
+def _grad_bytes(ref) -> int:
+    return sum(g.numel() * g.element_size() for g in ref["grads"][0].values())
+
+
+def _ddp_judge(case, obs):
+    x = case.inputs
+    ranks, world = obs["ranks"], x["world"]
+    ref = _reference_training(x, _sgd)
+    bad = _judge_init(ranks, ref["init"], "DDP")
+    if bad:
+        return bad
+    bad = _judge_grads(ranks, ref["grads"], world, "DDP")
+    if bad:
+        return bad
+    want = _grad_bytes(ref)
+    for step, events in enumerate(ranks[0]["events"]):
+        got = sum(4 * numel for op, numel, _, _ in events if op == "all_reduce")
+        if got != want:
+            return (f"DDP step {step}: all-reduced {got} bytes of float32; the trainable parameters' gradients hold "
+                    f"{want} bytes: all-reduce every gradient exactly once per step with dist.all_reduce (frozen "
+                    "parameters have no gradient).")
+    for r, o in enumerate(ranks):
+        for name, w in ref["params"][-1].items():
+            bad = compare(o["final"][name], w, rtol=1e-4, atol=1e-6, name=f"rank {r}'s `{name}` after training")
+            if bad:
+                return bad
+    return None
+
+
+# --- 4. bucket assignment ----------------------------------------------------------------------------
+
+def ref_assign_buckets(sizes_bytes, bucket_size_mb) -> list:
+    """Reverse registration order; a bucket closes as soon as its bytes exceed the limit (> cap)."""
+    cap = bucket_size_mb * 2**20
+    buckets, current, total = [], [], 0
+    for i in reversed(range(len(sizes_bytes))):
+        current.append(i)
+        total += sizes_bytes[i]
+        if total > cap:
+            buckets.append(current)
+            current, total = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def _bucket_cases(gen, public):
+    mb = 2**20
+    cases = []
+    if public:
+        cases += [Case("the example of the lab", dict(sizes=[400, 40, 300, 30, 200, 20], mb=250 / mb)),
+                  Case("a bucket that reaches the limit exactly stays open",
+                       dict(sizes=[100, 100, 100, 100], mb=200 / mb)),
+                  Case("a parameter larger than the limit gets a bucket of its own",
+                       dict(sizes=[10, 5000, 10, 10], mb=15 / mb)),
+                  Case("25 MB, a transformer-like list", dict(sizes=[4 * 50257 * 768] + [4 * 768 * 2304, 4 * 2304,
+                                                                                         4 * 768 * 768, 4 * 768] * 4,
+                                                              mb=25)),
+                  Case("nothing to bucket", dict(sizes=[], mb=1.0))]
+    for i in range(2 if public else 10):
+        n = _randint(gen, 1, 40)
+        sizes = [4 * _randint(gen, 1, 5000) for _ in range(n)]
+        cap = _randint(gen, 1, max(2, sum(sizes) // 2))
+        if i % 3 == 0:  # land exactly on a running sum: "exceeds" and "reaches" differ there
+            cap = sum(sizes[-_randint(gen, 1, n):])
+        cases.append(Case(f"random #{i}", dict(sizes=sizes, mb=cap / mb)))
+    return cases
+
+
+def _bucket_run(ns, case, device):
+    got = entry(ns, "assign_buckets")(list(case.inputs["sizes"]), case.inputs["mb"])
+    return {"buckets": [[int(i) for i in b] for b in got]}
+
+
+def _bucket_judge(case, obs):
+    sizes, mb = case.inputs["sizes"], case.inputs["mb"]
+    want, got = ref_assign_buckets(sizes, mb), obs["buckets"]
+    if got == want:
+        return None
+    cap = mb * 2**20
+    flat = [i for b in got for i in b]
+    if sorted(flat) != list(range(len(sizes))):
+        return f"every index 0..{len(sizes) - 1} must appear in exactly one bucket; got {got}."
+    if len(got) == 1 and len(want) > 1:
+        return (f"one bucket of {sum(sizes)} bytes, but the limit is {cap:.0f} bytes: close a bucket as soon as its "
+                f"size exceeds bucket_size_mb * 2**20 bytes. Expected {want}.")
+    sizes_got = [sum(sizes[i] for i in b) for b in got]
+    if flat != [i for b in want for i in b]:
+        return (f"got {got}, expected {want}: walk the parameters in reverse order of registration (the order "
+                "backward produces their gradients), last index first.")
+    return (f"sizes {sizes} bytes, limit {cap:.0f} bytes: got buckets {got} ({sizes_got} bytes), expected {want} "
+            f"({[sum(sizes[i] for i in b) for b in want]} bytes). Rule: add the next parameter to the open bucket; "
+            "close the bucket right after the parameter that makes its total exceed the limit (> limit, not >=); "
+            "the last bucket may be smaller.")
+
+
+# --- 5. bucketed DDP, all-reduce overlapped with backward ------------------------------------------
+
+def _bucketed_rank(rank, world_size, cls, x):
+    out = []
+    for mb in x["bucket_mb"]:
+        model, wrapped, obs, timeline = _wrap_and_record(rank, cls, x, mb)
+        obs["grads"], obs["events"] = _train_steps(rank, world_size, model, wrapped, x, timeline)
+        out.append(obs)
+    return out
+
+
+def _bucketed_cases(gen, public):
+    from gpulab.toy import ToyMLP
+
+    if public:
+        case = _ddp_case(gen, 2, "2 ranks; limits giving 6, 3, 2 and 1 buckets", True)
+        # parameter bytes of hidden [16, 24], in reverse order: 12, 288, 96, 1536, 64, 384
+        case.inputs["bucket_mb"] = [0.0, 300 / 2**20, 1000 / 2**20, 1.0]
+        return [case]
+    world = _randint(gen, 3, 4)
+    case = _ddp_case(gen, world, f"{world} ranks, random widths and limits", False)
+    case.inputs["steps"] = 2
+    sizes = [p.numel() * 4 for p in ToyMLP(**_model_kwargs(case.inputs)).parameters() if p.requires_grad]
+    case.inputs["bucket_mb"] = [_randint(gen, 1, sum(sizes) // 2) / 2**20, sum(sizes[-3:]) / 2**20]
+    return [case]
+
+
+def _bucketed_run(ns, case, device):
+    cls = entry(ns, "BucketedDDP")
+    return {"configs": _launch(("bucketed_ddp", cls), _bucketed_rank, case.inputs["world"], cls, case.inputs)}
+
+
+def _bucketed_judge(case, obs):
+    x = case.inputs
+    world = x["world"]
+    ref = _reference_training(x, _sgd)
+    names = [n for n, p in ref["model"].named_parameters() if p.requires_grad]
+    sizes = [dict(ref["model"].named_parameters())[n].numel() for n in names]
+    for c, mb in enumerate(x["bucket_mb"]):
+        ranks = [o[c] for o in obs["configs"]]
+        where = f"bucket_size_mb={mb * 2**20:.0f} bytes / 2**20"
+        bad = _judge_init(ranks, ref["init"], "BucketedDDP") or _judge_grads(ranks, ref["grads"], world, where)
+        if bad:
+            return bad
+        buckets = ref_assign_buckets([4 * s for s in sizes], mb)
+        want_numels = sorted(sum(sizes[i] for i in b) for b in buckets)
+        for r, step, events in [(r, step, ev) for r, o in enumerate(ranks) for step, ev in enumerate(o["events"])]:
+            where_r = f"{where}, rank {r}"
+            launches = [(k, e) for k, e in enumerate(events) if e[0] == "all_reduce"]
+            numels = sorted(e[1] for _, e in launches)
+            finish = next(k for k, e in enumerate(events) if e[3] == "finish")
+            grad_marks = [k for k, e in enumerate(events) if e[3].startswith("grad:")]
+            rule = (f"{len(buckets)} bucket(s) of {[sum(sizes[i] for i in b) for b in buckets]} elements "
+                    f"(parameters in reverse order, a bucket closes once its bytes exceed the limit)")
+            if not launches:
+                return (f"{where_r}, step {step}: no dist.all_reduce call was recorded; all-reduce each bucket with "
+                        "dist.all_reduce(flat, async_op=True).")
+            if numels != want_numels:
+                if len(numels) == 1 and len(want_numels) > 1:
+                    return (f"{where_r}, step {step}: one all-reduce of every gradient, but the limit gives {rule}: "
+                            "the bucket size limit was ignored.")
+                if len(numels) == len(sizes) and len(want_numels) < len(sizes):
+                    return (f"{where_r}, step {step}: one all-reduce per parameter ({len(numels)}), expected one per "
+                            f"bucket: {rule}. Flatten each bucket's gradients into one buffer.")
+                return (f"{where_r}, step {step}: all-reduce sizes {numels} elements, expected one per bucket: "
+                        f"{rule}; use your assign_buckets.")
+            if not all(e[2] for _, e in launches):
+                return (f"{where_r}, step {step}: an all-reduce was blocking; launch each with async_op=True from the "
+                        "hook and wait() on the handles in finish_gradient_synchronization(), so backward goes on "
+                        "computing while the bucket is on the wire.")
+            late = [k for k, _ in launches if k > finish]
+            if late:
+                return (f"{where_r}, step {step}: {len(late)} of {len(launches)} all-reduces started in "
+                        "finish_gradient_synchronization(), after backward: launch each bucket from the "
+                        "post-accumulate-grad hook of its last gradient (register_post_accumulate_grad_hook), so "
+                        "communication overlaps the rest of backward.")
+            if len(buckets) > 1 and grad_marks and launches[0][0] > grad_marks[-1]:
+                return (f"{where_r}, step {step}: no all-reduce started during backward: the first launch came after "
+                        "the last gradient was computed. Launch a bucket's all-reduce as soon as its last gradient "
+                        "is accumulated.")
+    return None
+
+
+# --- 6. ZeRO-1 sharded optimizer ---------------------------------------------------------------------
+
+def _adam_lr(x):
+    return lambda step: x["lr"] * (0.5 if step >= 1 else 1.0)  # a scheduler halves the lr after step 0
+
+
+def _state_numel(opt_objects) -> int:
+    seen, total = set(), 0
+    for opt in opt_objects:
+        for st in getattr(opt, "state", {}).values():
+            if not isinstance(st, dict):
+                continue
+            for v in st.values():
+                if isinstance(v, torch.Tensor) and v.dim() > 0 and id(v) not in seen:
+                    seen.add(id(v))
+                    total += v.numel()
+    return total
+
+
+def _sharded_rank(rank, world_size, cls, x):
+    import gc
+    import warnings
+
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from gpulab.commlog import record_collectives
+    from gpulab.toy import ToyMLP, shard
+
+    model = ToyMLP(**_model_kwargs(x), seed=x["seed"])  # the same replica everywhere: no DDP here
+    params = [p for p in model.parameters() if p.requires_grad]
+    with record_collectives() as log:
+        opt = cls(params, torch.optim.Adam, lr=x["lr"])
+    obs = {"is_optimizer": isinstance(opt, torch.optim.Optimizer),
+           "groups_cover": sorted(id(p) for g in getattr(opt, "param_groups", []) for p in g["params"])
+           == sorted(id(p) for p in params), "init_comm": log.summary()}
+    schedule = _adam_lr(x)
+    steps, comm = [], []
+    for step in range(x["steps"]):
+        for g in opt.param_groups:
+            g["lr"] = schedule(step)
+        opt.zero_grad()
+        xb, yb = _step_batch(x, step)
+        F.mse_loss(model(shard(xb, rank, world_size)), shard(yb, rank, world_size)).backward()
+        for p in params:  # what DDP would do: average the gradients
+            dist.all_reduce(p.grad)
+            p.grad.div_(world_size)
+        with record_collectives() as log:
+            opt.step()
+        comm.append(log.summary())
+        steps.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    opt.zero_grad()
+    obs["zeroed"] = all(p.grad is None or not p.grad.any() for p in params)
+    with warnings.catch_warnings():  # isinstance on every live object touches deprecated module attributes
+        warnings.simplefilter("ignore")
+        optimizers = [o for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer)]
+    obs["state_numel"] = _state_numel(optimizers)
+    obs["params"], obs["comm"] = steps, comm
+    return obs
+
+
+def _sharded_cases(gen, public):
+    base = dict(d_in=16, hidden=[16, 16, 16, 16], d_out=16, batch_per_rank=4, lr=0.01, steps=3)
+    if public:
+        return [Case("2 ranks, Adam, 10 parameters, lr halved after step 0",
+                     dict(base, world=2, seed=3, data_seed=30))]
+    world = _randint(gen, 3, 4)
+    return [Case(f"{world} ranks, Adam, random seeds", dict(base, world=world, seed=_randint(gen, 0, 10**6),
+                                                            data_seed=_randint(gen, 0, 10**6)))]
+
+
+def _sharded_run(ns, case, device):
+    cls = entry(ns, "ShardedOptimizer")
+    return {"ranks": _launch(("sharded_optimizer", cls), _sharded_rank, case.inputs["world"], cls, case.inputs)}
+
+
+def _sharded_judge(case, obs):
+    x = case.inputs
+    world, ranks = x["world"], obs["ranks"]
+
+    def adam(params):
+        return torch.optim.Adam(params, lr=x["lr"])
+
+    ref = _reference_training(x, adam, _adam_lr(x))
+    for r, o in enumerate(ranks):
+        if not o["is_optimizer"]:
+            return "ShardedOptimizer must subclass torch.optim.Optimizer (schedulers and training loops rely on it)."
+        if not o["groups_cover"]:
+            return ("ShardedOptimizer.param_groups must hold every parameter passed in, on every rank (call "
+                    "super().__init__(params, defaults)); only the optimizer *state* is sharded.")
+    fixed_lr = _reference_training(x, adam)
+    for step in range(x["steps"]):
+        for r, o in enumerate(ranks):
+            for name, w in ref["params"][step].items():
+                bad = compare(o["params"][step][name], w, rtol=1e-4, atol=1e-6,
+                              name=f"rank {r}'s `{name}` after step {step}")
+                if bad:
+                    if compare(o["params"][step][name], fixed_lr["params"][step][name], rtol=1e-4, atol=1e-6) is None:
+                        return (f"step {step}: the learning rate set in param_groups (as a scheduler does) was "
+                                "ignored: copy each group's hyperparameters to your local optimizer before it steps.")
+                    if r > 0 and torch.equal(o["params"][step][name], ref["init"][name]):
+                        return (f"step {step}: `{name}` on rank {r} never changed: the updated parameters must be "
+                                "broadcast from the rank that owns them to all others.")
+                    return f"step {step}: {bad}"
+    full = _state_numel([ref["opt"]])
+    per_rank = [o["state_numel"] for o in ranks]
+    biggest = max(p.numel() for p in ref["model"].parameters() if p.requires_grad)
+    per_elem = full / sum(p.numel() for p in ref["model"].parameters() if p.requires_grad)
+    if sum(per_rank) != full:
+        if min(per_rank) >= full:
+            return (f"every rank holds optimizer state for the whole model ({per_rank} elements per rank; the full "
+                    f"Adam state is {full}): each rank must keep the state of its own shard only, about "
+                    f"{full / world:.0f}.")
+        return (f"optimizer state per rank {per_rank} elements sums to {sum(per_rank)}, the full Adam state is {full}: "
+                "each parameter's state must live on exactly one rank (its owner).")
+    limit = full / world + per_elem * biggest
+    if max(per_rank) > limit:
+        return (f"optimizer state per rank {per_rank} elements: too unbalanced; about {full / world:.0f} each is "
+                f"possible (at most {limit:.0f} with whole parameters per rank). Balance the shards by size.")
+    param_bytes = sum(4 * p.numel() for p in ref["model"].parameters() if p.requires_grad)
+    for step, comm in enumerate(ranks[0]["comm"]):
+        if "all_reduce" in comm:
+            return (f"step {step}: ShardedOptimizer.step() called dist.all_reduce: the gradients are already "
+                    "averaged (by DDP); step() updates this rank's shard, then broadcasts the updated parameters.")
+        moved = sum(comm.get(op, (0, 0))[1] for op in ("broadcast", "all_gather", "all_gather_into_tensor"))
+        if moved > 2 * param_bytes:
+            return (f"step {step}: step() moved {moved} bytes for {param_bytes} bytes of parameters: send each updated "
+                    "parameter once, from its owner.")
+    for r, o in enumerate(ranks):
+        if not o["zeroed"]:
+            return f"rank {r}: zero_grad() left gradients non-zero; it must clear every parameter's gradient."
+    return None
+
+
+EXERCISES = [
+    Exercise("collective_cost", 3, ("collective_time", "bus_bandwidth"), _cost_cases, _cost_run, _cost_judge,
+             title="Alpha-beta cost of the four collectives, ring and tree",
+             hint="Ring: reduce-scatter and all-gather each take p-1 steps moving n/p bytes per step; an all-reduce "
+                  "is both. Tree: ceil(log2 p) rounds; a binomial tree sends the whole message every round."),
+    Exercise("ring_all_reduce", 4, ("ring_all_reduce",), _ring_cases, _ring_run, _ring_judge,
+             title="Ring all-reduce from send/recv",
+             hint="Split the flat tensor into p chunks (torch.tensor_split handles uneven sizes). Step s of the "
+                  "reduce-scatter: send chunk (rank - s) % p to the right, receive chunk (rank - s - 1) % p from "
+                  "the left and add it. Then p-1 all-gather steps copy instead of add. isend + recv + wait avoids "
+                  "a deadlock."),
+    Exercise("ddp_from_scratch", 4, ("DDP",), _ddp_cases, _ddp_run, _ddp_judge,
+             title="DDP from scratch: broadcast, then average gradients",
+             hint="In __init__, dist.broadcast every parameter AND buffer from rank 0. After backward, all-reduce "
+                  "each gradient and divide by the world size."),
+    Exercise("bucket_assignment", 2, ("assign_buckets",), _bucket_cases, _bucket_run, _bucket_judge,
+             title="Gradient buckets by size",
+             hint="for i in reversed(range(n)): add i; if the bucket's bytes > bucket_size_mb * 2**20: close it."),
+    Exercise("bucketed_ddp", 5, ("BucketedDDP",), _bucketed_cases, _bucketed_run, _bucketed_judge,
+             title="Bucketed DDP: all-reduce overlapped with backward",
+             hint="Count the gradients each bucket still waits for; in the post-accumulate-grad hook of its last "
+                  "one, flatten the bucket and dist.all_reduce(flat, async_op=True); in "
+                  "finish_gradient_synchronization wait, divide by the world size, copy back, reset the counters."),
+    Exercise("sharded_optimizer", 4, ("ShardedOptimizer",), _sharded_cases, _sharded_run, _sharded_judge,
+             title="ZeRO-1: a sharded optimizer",
+             hint="super().__init__(params, kwargs); give each parameter an owner rank (balance by numel); build "
+                  "optimizer_cls over your own parameters only; in step(): copy the group hyperparameters, step "
+                  "locally, then dist.broadcast(p, src=owner) for every parameter."),
+]
+
+# No BENCHMARKS: `grader bench` times one function in one process, and collectives need several
+# ranks; on CPU (gloo) their timings say nothing about NCCL. The lesson measures volumes instead.
+BENCHMARKS: list = []

@@ -1,0 +1,250 @@
+"""Lab 12's checks: the solution passes on 2 and 4 ranks; the tensor-parallel bugs learners write are
+rejected: a missing f (wrong input gradient), a bias summed world_size times, a weight split along the
+wrong dimension, an extra all-reduce, heads split wrongly, a forgotten group, sizes that do not
+divide, and a hang that ends with a clear message.
+
+Each check of a layer is one launch of 4 CPU ranks (a few seconds), so wrong answers are graded on
+the public case only. Wrong answers are classes defined inside the tests: cloudpickle ships them
+to the ranks by value.
+"""
+import math
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from grader.checks import load_lab
+from tests.conftest import grade, solution_namespace, with_answer
+
+STEM = "12_tensor_parallel"
+
+
+@pytest.fixture(scope="module")
+def sol12():
+    return solution_namespace(STEM)
+
+
+@pytest.mark.parametrize("eid", ["tp_regions", "column_parallel", "row_parallel", "tp_mlp", "tp_attention",
+                                 "tp_comm_volume"])
+def test_solution_passes_public_and_hidden_cases(sol12, eid):
+    result = grade(STEM, eid, sol12)
+    assert result.status == "passed", result.message
+    assert result.score == result.points
+
+
+# --- the input gradient: f missing -----------------------------------------------------------------
+
+def _column_without_f(sol):
+    class ColumnWithoutF(sol["ColumnParallelLinear"]):
+        def forward(self, x):  # BUG: no CopyToParallelRegion, so dL/dx is never all-reduced
+            y = F.linear(x, self.weight, self.bias)
+            return sol["GatherFromParallelRegion"].apply(y, self.group) if self.gather_output else y
+    return ColumnWithoutF
+
+
+def test_column_parallel_without_f_gives_a_partial_input_gradient(sol12):
+    r = grade(STEM, "column_parallel", with_answer(sol12, ColumnParallelLinear=_column_without_f(sol12)),
+              hidden=False)
+    assert r.status == "failed"
+    assert "x.grad is only this rank's partial sum" in r.message and "apply f" in r.message
+
+
+def test_mlp_stack_missing_its_backward_all_reduce_is_caught_by_the_input_gradient(sol12):
+    column = _column_without_f(sol12)
+
+    class MLPWithoutF(sol12["ParallelMLP"]):
+        def __init__(self, hidden, ffn_hidden, process_group, bias=True):
+            super().__init__(hidden, ffn_hidden, process_group, bias)
+            self.fc1 = column(hidden, ffn_hidden, process_group, bias=bias)
+
+    r = grade(STEM, "tp_mlp", with_answer(sol12, ParallelMLP=MLPWithoutF), hidden=False)
+    assert r.status == "failed"
+    assert "x.grad (the input gradient) is only this rank's partial sum" in r.message
+
+
+# --- row-parallel bias and split dimension ---------------------------------------------------------
+
+def test_row_parallel_bias_added_before_the_all_reduce_fails(sol12):
+    class BiasOnEveryRank(sol12["RowParallelLinear"]):
+        def forward(self, x):
+            if not self.input_is_parallel:
+                x = sol12["ScatterToParallelRegion"].apply(x, self.group)
+            y = F.linear(x, self.weight, self.bias)  # BUG: every rank adds the bias, then they are summed
+            return sol12["ReduceFromParallelRegion"].apply(y, self.group)
+
+    r = grade(STEM, "row_parallel", with_answer(sol12, RowParallelLinear=BiasOnEveryRank), hidden=False)
+    assert r.status == "failed" and "bias 2 times" in r.message
+
+
+def test_column_parallel_weight_split_along_the_wrong_dimension_fails(sol12):
+    class SplitByInputs(torch.nn.Module):
+        def __init__(self, in_features, out_features, process_group, bias=True, gather_output=False):
+            super().__init__()
+            self.group, p = process_group, dist.get_world_size(process_group)
+            self.rank = dist.get_rank(process_group)
+            self.n = in_features // p
+            self.weight = torch.nn.Parameter(torch.empty(out_features, self.n))  # BUG: split the input dim
+            self.bias = torch.nn.Parameter(torch.empty(out_features)) if bias else None
+
+        @torch.no_grad()
+        def load_from_full(self, full):
+            self.weight.copy_(full.weight[:, self.rank * self.n:(self.rank + 1) * self.n])
+            if self.bias is not None:
+                self.bias.copy_(full.bias)
+
+        def forward(self, x):
+            return F.linear(x[..., self.rank * self.n:(self.rank + 1) * self.n], self.weight, self.bias)
+
+    r = grade(STEM, "column_parallel", with_answer(sol12, ColumnParallelLinear=SplitByInputs), hidden=False)
+    assert r.status == "failed" and "wrong dimension" in r.message
+
+
+# --- counting collectives ----------------------------------------------------------------------------
+
+def test_mlp_with_an_extra_all_reduce_fails_although_its_values_are_right(sol12):
+    class ExtraAllReduce(sol12["ParallelMLP"]):
+        def forward(self, x):
+            y = super().forward(x)
+            check = y.detach().clone()          # BUG: "make sure the ranks agree" costs a second all-reduce
+            dist.all_reduce(check, group=self.fc1.group)
+            return y
+
+    r = grade(STEM, "tp_mlp", with_answer(sol12, ParallelMLP=ExtraAllReduce), hidden=False)
+    assert r.status == "failed"
+    assert "issued 2 all_reduce in forward, expected 1 all_reduce" in r.message
+
+
+def test_g_that_also_all_reduces_in_backward_fails(sol12):
+    class GBothWays(sol12["ReduceFromParallelRegion"]):
+        @staticmethod
+        def forward(ctx, x, group):
+            ctx.group = group
+            out = x.clone()
+            dist.all_reduce(out, group=group)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad = grad.clone()
+            dist.all_reduce(grad, group=ctx.group)  # BUG: g's backward is the identity
+            return grad, None
+
+    r = grade(STEM, "tp_regions", with_answer(sol12, ReduceFromParallelRegion=GBothWays), hidden=False)
+    assert r.status == "failed" and "g's backward is the identity" in r.message
+
+
+def test_a_collective_on_the_default_group_is_caught(sol12):
+    class FOnTheWorld(sol12["CopyToParallelRegion"]):
+        @staticmethod
+        def backward(ctx, grad):
+            grad = grad.clone()
+            dist.all_reduce(grad)  # BUG: no group=, so the TP=2 groups sum over all 4 ranks
+            return grad, None
+
+    r = grade(STEM, "tp_regions", with_answer(sol12, CopyToParallelRegion=FOnTheWorld), hidden=False)
+    assert r.status == "failed" and "ran over 4 ranks" in r.message and "group=process_group" in r.message
+
+
+# --- attention heads ---------------------------------------------------------------------------------
+
+def test_attention_with_a_contiguous_slice_of_the_fused_qkv_fails(sol12):
+    class ContiguousHeads(sol12["ParallelSelfAttention"]):
+        @torch.no_grad()
+        def load_from_full(self, attn):
+            p = self.qkv.p
+            self.qkv.weight.copy_(attn.qkv.weight.chunk(p, 0)[self.rank])  # BUG: q rows of all heads on rank 0
+            if self.qkv.bias is not None:
+                self.qkv.bias.copy_(attn.qkv.bias.chunk(p)[self.rank])
+            self.proj.load_from_full(attn.proj)
+
+    r = grade(STEM, "tp_attention", with_answer(sol12, ParallelSelfAttention=ContiguousHeads), hidden=False)
+    assert r.status == "failed" and "contiguous slice of the fused" in r.message
+
+
+# --- sizes that do not divide ------------------------------------------------------------------------
+
+def test_sizes_that_do_not_divide_must_raise_a_value_error():
+    floor = solution_namespace(STEM)
+    floor["divide"] = lambda n, p, what="size": n // p  # BUG: silently drops the remainder
+    r = grade(STEM, "column_parallel", floor, hidden=False)
+    assert r.status == "failed" and "was accepted although" in r.message and "ValueError" in r.message
+
+
+# --- a hang ends with a clear message --------------------------------------------------------------
+
+def test_a_hung_rank_ends_within_its_timeout_with_a_clear_message(sol12, monkeypatch):
+    monkeypatch.setattr(load_lab(STEM), "RANK_TIMEOUT_S", 6.0)
+
+    class DeadlockedGather(sol12["GatherFromParallelRegion"]):
+        @staticmethod
+        def forward(ctx, x, group):
+            ctx.group = group
+            p, me = dist.get_world_size(group), dist.get_rank(group)
+            parts = [x if r == me else torch.empty_like(x) for r in range(p)]
+            for r in range(p):
+                if r != me:                      # BUG: every rank receives first: nobody ever sends
+                    dist.recv(parts[r], src=dist.get_global_rank(group, r), group=group)
+                    dist.send(x.contiguous(), dst=dist.get_global_rank(group, r), group=group)
+            return torch.cat(parts, -1)
+
+    start = time.monotonic()
+    r = grade(STEM, "tp_regions", with_answer(sol12, GatherFromParallelRegion=DeadlockedGather), hidden=True)
+    assert r.status == "error", r.message
+    assert "hung" in r.message and "same collectives in the same order" in r.message, r.message
+    assert all(c.status == "error" for c in r.cases)            # the hidden case answers without a 2nd wait
+    assert time.monotonic() - start < 6.0 + 15 + 30
+
+
+# --- the volume formulas -----------------------------------------------------------------------------
+
+def test_volume_counting_the_ring_traffic_as_the_payload_fails(sol12):
+    def with_ring(block, batch, seq, hidden, dtype_bytes, tp_size):
+        n = 2 * (tp_size - 1) / tp_size * batch * seq * hidden * dtype_bytes
+        return {"forward": n, "backward": n}
+
+    r = grade(STEM, "tp_comm_volume", with_answer(sol12, tp_allreduce_bytes=with_ring))
+    assert r.status == "failed" and "tp_allreduce_bytes" in r.message
+
+
+def test_volume_forgetting_the_recomputed_forward_fails(sol12):
+    def no_recompute(batch, seq, hidden, dtype_bytes, tp_size, n_layers, recompute=False):
+        return 0 if tp_size == 1 else 4 * n_layers * batch * seq * hidden * dtype_bytes
+
+    r = grade(STEM, "tp_comm_volume", with_answer(sol12, step_allreduce_bytes=no_recompute))
+    assert r.status == "failed" and "recompute=True" in r.message
+
+
+def test_ring_traffic_without_the_factor_two_fails(sol12):
+    r = grade(STEM, "tp_comm_volume", with_answer(
+        sol12, ring_allreduce_traffic=lambda n, p: (p - 1) / p * n))
+    assert r.status == "failed" and "reduce-scatter then an all-gather" in r.message
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch 2.13 renames all_gather_into_tensor
+def test_collective_log_counts_payload_bytes_and_group_size():
+    from gpulab.dist import free_port
+    from gpulab.tensor_parallel_ref import record_collectives
+
+    original = dist.all_reduce
+    owns = not dist.is_initialized()  # another test of this process may have made a group already
+    if owns:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    size = dist.get_world_size()
+    try:
+        with record_collectives() as log:
+            dist.all_reduce(torch.ones(3, 5))
+            log.phase = "backward"
+            dist.all_gather([torch.empty(2) for _ in range(size)], torch.ones(2))
+            dist.all_gather_into_tensor(torch.empty(4 * size), torch.ones(4))  # logged once, whatever it calls inside
+    finally:
+        if owns:
+            dist.destroy_process_group()
+    assert log.calls == [{"op": "all_reduce", "phase": "forward", "bytes": 60, "group_size": size},
+                         {"op": "all_gather", "phase": "backward", "bytes": 8 * size, "group_size": size},
+                         {"op": "all_gather_into_tensor", "phase": "backward", "bytes": 16 * size, "group_size": size}]
+    assert log.summary() == (f"forward: all_reduce x1 (60 B); backward: all_gather x1 ({8 * size} B), "
+                             f"all_gather_into_tensor x1 ({16 * size} B)")
+    assert dist.all_reduce is original  # unpatched on exit
+    assert math.isclose(load_lab(STEM).ref_ring_allreduce_traffic(100, 4), 150)
