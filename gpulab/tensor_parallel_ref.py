@@ -4,16 +4,11 @@
   tensor parallelism splits (Shoeybi et al., "Megatron-LM", 2019, section 3). Their weights use
   ``nn.Linear``'s layout ``(out_features, in_features)``; the attention's fused ``qkv`` projection
   is laid out ``[q | k | v]``, each block ``hidden = n_heads * head_dim`` rows, head after head.
-- :func:`record_collectives`: counts the collectives a rank issues (and their payload bytes),
-  per phase, by wrapping the functions of ``torch.distributed`` inside that rank.
+- Counting the collectives a rank issues is :func:`gpulab.commlog.record_collectives` (lesson 11).
 - :func:`draw_megatron`: the picture of which collective each tensor-parallel layer issues,
   forward and backward (the f and g operators).
 """
 from __future__ import annotations
-
-import contextlib
-import functools
-import inspect
 
 import torch
 import torch.nn as nn
@@ -54,113 +49,6 @@ class SelfAttention(nn.Module):
         q, k, v = (t.view(B, S, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H, S, d)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)           # (B, H, S, d)
         return self.proj(o.transpose(1, 2).reshape(B, S, self.hidden))               # (B, S, hidden)
-
-
-# --- counting collectives ------------------------------------------------------------------------
-
-def _nbytes(t) -> int:
-    if isinstance(t, torch.Tensor):
-        return t.numel() * t.element_size()
-    if isinstance(t, (list, tuple)):
-        return sum(_nbytes(x) for x in t)
-    return 0
-
-
-# op -> the argument whose size is the op's payload (what an all-reduce reduces, what an all-gather
-# produces: the full, gathered tensor).
-PAYLOAD_ARG = {
-    "all_reduce": "tensor", "broadcast": "tensor", "reduce": "tensor",
-    "all_reduce_coalesced": "tensors",
-    "all_gather": "tensor_list", "all_gather_into_tensor": "output_tensor", "all_gather_single": "output_tensor",
-    "reduce_scatter": "input_list", "reduce_scatter_tensor": "input", "reduce_scatter_single": "input",
-    "all_to_all": "input_tensor_list", "all_to_all_single": "input",
-    "gather": "tensor", "scatter": "tensor",
-    "send": "tensor", "recv": "tensor", "isend": "tensor", "irecv": "tensor", "barrier": None,
-}
-
-
-class CollectiveLog:
-    """What :func:`record_collectives` saw. Set ``phase`` (e.g. ``"forward"``, ``"backward"``)
-    before each part of the work; every call is logged as a plain dict
-    ``{"op", "phase", "bytes", "group_size"}`` in ``calls``."""
-
-    def __init__(self) -> None:
-        self.phase = "forward"
-        self.calls: list[dict] = []
-        self._depth = 0
-
-    def count(self, op: str | None = None, phase: str | None = None) -> int:
-        return sum(1 for c in self.calls if (op is None or c["op"] == op) and (phase is None or c["phase"] == phase))
-
-    def bytes(self, op: str | None = None, phase: str | None = None) -> int:
-        return sum(c["bytes"] for c in self.calls
-                   if (op is None or c["op"] == op) and (phase is None or c["phase"] == phase))
-
-    def summary(self) -> str:
-        """E.g. ``"forward: all_reduce x1 (768 B); backward: all_reduce x1 (768 B)"``."""
-        parts = []
-        for phase in dict.fromkeys(c["phase"] for c in self.calls):
-            ops = dict.fromkeys(c["op"] for c in self.calls if c["phase"] == phase)
-            parts.append(f"{phase}: " + ", ".join(
-                f"{op} x{self.count(op, phase)} ({self.bytes(op, phase)} B)" for op in ops))
-        return "; ".join(parts) or "no collectives"
-
-
-@contextlib.contextmanager
-def record_collectives():
-    """Inside a rank: log every ``torch.distributed`` collective called through the module
-    (``dist.all_reduce(...)``), with its payload bytes and the size of its group.
-
-    Calls made *inside* a logged call (a collective built from another) are not logged twice.
-    Code that imported a function directly (``from torch.distributed import all_reduce``) before
-    this started calls the original and is not seen: call collectives as ``dist.<name>``.
-    """
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    log = CollectiveLog()
-    saved = []
-    for op, arg in PAYLOAD_ARG.items():
-        original = getattr(c10d, op, None)
-        if original is None:
-            continue
-        try:
-            signature = inspect.signature(original)
-        except (TypeError, ValueError):
-            signature = None
-
-        def wrapper(*args, __op=op, __arg=arg, __orig=original, __sig=signature, **kwargs):
-            if log._depth == 0:
-                bound = None
-                if __sig is not None:
-                    try:
-                        bound = __sig.bind(*args, **kwargs).arguments
-                    except TypeError:
-                        bound = None
-                bound = bound or {}
-                group = bound.get("group")
-                try:
-                    size = dist.get_world_size(group) if group is not None else dist.get_world_size()
-                except Exception:
-                    size = -1
-                log.calls.append({"op": __op, "phase": log.phase,
-                                  "bytes": _nbytes(bound.get(__arg)) if __arg else 0, "group_size": size})
-            log._depth += 1
-            try:
-                return __orig(*args, **kwargs)
-            finally:
-                log._depth -= 1
-
-        functools.update_wrapper(wrapper, original)
-        for module in (dist, c10d):
-            if getattr(module, op, None) is original:
-                saved.append((module, op, original))
-                setattr(module, op, wrapper)
-    try:
-        yield log
-    finally:
-        for module, op, original in saved:
-            setattr(module, op, original)
 
 
 # --- the picture ---------------------------------------------------------------------------------

@@ -225,7 +225,7 @@ def test_ring_traffic_without_the_factor_two_fails(sol12):
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # torch 2.13 renames all_gather_into_tensor
 def test_collective_log_counts_payload_bytes_and_group_size():
     from gpulab.dist import free_port
-    from gpulab.tensor_parallel_ref import record_collectives
+    from gpulab.commlog import record_collectives
 
     original = dist.all_reduce
     owns = not dist.is_initialized()  # another test of this process may have made a group already
@@ -241,10 +241,10 @@ def test_collective_log_counts_payload_bytes_and_group_size():
     finally:
         if owns:
             dist.destroy_process_group()
-    assert log.calls == [{"op": "all_reduce", "phase": "forward", "bytes": 60, "group_size": size},
+    assert log.as_dicts() == [{"op": "all_reduce", "phase": "forward", "bytes": 60, "group_size": size},
                          {"op": "all_gather", "phase": "backward", "bytes": 8 * size, "group_size": size},
                          {"op": "all_gather_into_tensor", "phase": "backward", "bytes": 16 * size, "group_size": size}]
-    assert log.summary() == (f"forward: all_reduce x1 (60 B); backward: all_gather x1 ({8 * size} B), "
+    assert log.describe() == (f"forward: all_reduce x1 (60 B); backward: all_gather x1 ({8 * size} B), "
                              f"all_gather_into_tensor x1 ({16 * size} B)")
     assert dist.all_reduce is original  # unpatched on exit
     assert math.isclose(load_lab(STEM).ref_ring_allreduce_traffic(100, 4), 150)

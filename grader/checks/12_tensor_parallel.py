@@ -6,7 +6,7 @@ both tensor-parallel sizes at once: size 2 on two groups, ranks {0, 1} and {2, 3
 that forgets its ``group=`` or a shard indexed by the *global* rank is caught), and size 4 on all
 ranks. In each rank the check builds the full single-device layer from the case's tensors, loads
 the learner's shards with ``load_from_full``, runs forward and backward with the collectives
-recorded (``gpulab.tensor_parallel_ref.record_collectives``), and returns per-rank observations:
+recorded (``gpulab.commlog.record_collectives``), and returns per-rank observations:
 outputs, input gradients, weight and bias gradients, the loaded shards and every collective per
 phase. The judge recomputes the single-device layer in float64 and compares each rank's shard.
 
@@ -86,7 +86,7 @@ def _pvalue(module, name):
 
 def _fwd_bwd(forward, dy_for):
     """Run forward and backward with every collective recorded; returns (y, calls)."""
-    from gpulab.tensor_parallel_ref import record_collectives
+    from gpulab.commlog import record_collectives
 
     with record_collectives() as log:
         y = forward()
@@ -97,7 +97,7 @@ def _fwd_bwd(forward, dy_for):
         if y.shape == dy.shape:  # else no backward: the judge reports the shape (the same on every rank)
             # (y * dy).sum() gives y exactly the gradient dy; y.backward(dy) would import sympy (3 s per rank)
             (y * dy).sum().backward()
-    return y.detach().clone(), list(log.calls)
+    return y.detach().clone(), log.as_dicts()
 
 
 def _try_build(build):
