@@ -1,4 +1,8 @@
-"""The grader's command line (the contract is fixed in design.md)."""
+"""The grader's command line: ``python -m grader <command>``.
+
+Commands and options are a fixed contract (instructors' scripts rely on them); README.md, "The tour,
+for an instructor", describes each command and the ``result.json`` it writes.
+"""
 from __future__ import annotations
 
 import argparse
@@ -10,19 +14,35 @@ def _release(args) -> int:
     from grader.release import ReleaseError, release
 
     try:
-        changed = release(check=args.check)
+        report = release(check=args.check, force=args.force)
     except ReleaseError as exc:
         print(f"release failed: {exc}", file=sys.stderr)
         return 2
     if args.check:
-        if changed:
-            print("labs/ is stale; run `python -m grader release` and commit the result:\n  "
-                  + "\n  ".join(changed), file=sys.stderr)
+        if report.changed:
+            print("labs/ is stale (it matches neither solutions/ nor the committed labs); run "
+                  "`python -m grader release` and commit the result:\n  "
+                  + "\n  ".join(report.changed), file=sys.stderr)
             return 1
         print("labs/ is up to date with solutions/.")
         return 0
-    print("\n".join(f"wrote {c}" for c in changed) or "labs/ already up to date.")
+    print("\n".join(f"wrote {c}" for c in report.changed) or "labs/ already up to date.")
+    if report.kept:
+        print(_kept_message(report.kept), file=sys.stderr)
+        return 1
     return 0
+
+
+def _kept_message(kept: dict[str, str]) -> str:
+    lines = ["release did NOT overwrite these labs, because they hold your work:"]
+    for path, reason in kept.items():
+        lines.append(f"  {path}: {reason}")
+    example = next(iter(kept))
+    lines += ["To keep your work and get the new lab, move your file aside, then run release again:",
+              f"  mv {example} {example[:-len('.ipynb')]}.mine.ipynb",
+              "  python -m grader release",
+              "To throw your work away and overwrite: python -m grader release --force"]
+    return "\n".join(lines)
 
 
 def _export(args) -> int:
@@ -104,51 +124,93 @@ def _device(requested: str) -> str:
     return pick_device(requested)
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows every option's default, except where there is none to show (no value, a plain flag);
+    descriptions keep their line breaks."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _grading_options(p) -> None:
-    p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--seed", type=int, default=None, help="hidden-case seed (default: secret, per run)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds per exercise (default 60)")
+    p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"],
+                   help="where the answers run; auto picks cuda when a GPU is visible")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the hidden cases (default: a secret one per run); fix it to reproduce a run")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds allowed per exercise")
     p.add_argument("--no-notebook-run", action="store_true",
                    help="skip running the rebuilt notebook top to bottom (faster; scores are unaffected)")
 
 
+RELEASE_HELP = """\
+Regenerate labs/NN_name.ipynb from every solutions/NN_name.ipynb.
+
+This REWRITES the files in labs/. A lab that holds a learner's work (answers typed into it, or
+outputs of cells that were run) is not overwritten: release names it and exits 1. Move such a file
+aside to keep it (mv labs/X.ipynb labs/X.mine.ipynb), or pass --force to overwrite it and lose the
+work. --check writes nothing: it exits 1 when the generated labs match neither labs/ nor the labs
+committed in git."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m grader", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("release", help="generate labs/ from solutions/")
-    p.add_argument("--check", action="store_true", help="exit 1 if labs/ is stale, write nothing")
+    parser = argparse.ArgumentParser(
+        prog="python -m grader", formatter_class=_HelpFormatter,
+        description="Release labs, grade submissions, and time kernels for GPU Systems Lab.",
+        epilog="Each command has its own help, e.g. `python -m grader grade --help`. README.md "
+               "(\"The tour, for an instructor\") describes the commands and result.json.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name, help, description=None):
+        return sub.add_parser(name, help=help, description=description or help, formatter_class=_HelpFormatter)
+
+    p = command("release", "generate labs/ from solutions/ (rewrites labs/; see --force)", RELEASE_HELP)
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 if labs/ is stale (CI and `make test` run this)")
+    p.add_argument("--force", action="store_true",
+                   help="also overwrite labs that hold a learner's answers or outputs (that work is lost)")
     p.set_defaults(func=_release)
-    p = sub.add_parser("export", help="a notebook's answer cells and the code they need, as a module")
-    p.add_argument("notebook")
-    p.add_argument("-o", "--output", required=True)
-    p.add_argument("--lab", help="lab stem, if the file name is not the lab's")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="set DEVICE in the exported module")
+
+    p = command("export", "a notebook's answer cells and the code they need, as an importable module")
+    p.add_argument("notebook", help="the submission (.ipynb)")
+    p.add_argument("-o", "--output", required=True, help="the module to write (.py)")
+    p.add_argument("--lab", help="lab stem, e.g. 02_triton_basics (default: the notebook's file name)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"],
+                   help="set DEVICE in the exported module (default: the solution's, \"auto\")")
     p.set_defaults(func=_export)
-    p = sub.add_parser("grade", help="grade one submission")
-    p.add_argument("notebook")
-    p.add_argument("--lab", help="lab stem (default: found from the answer cells)")
-    p.add_argument("--out", help="output folder (default grades/<submission>)")
+
+    p = command("grade", "grade one submission: result.json, feedback.md, junit.xml")
+    p.add_argument("notebook", help="the submission (.ipynb)")
+    p.add_argument("--lab", help="lab stem, e.g. 02_triton_basics (default: found from the answer cells)")
+    p.add_argument("--out", help="output folder (default: grades/<submission name>)")
     p.add_argument("--fail-under", type=float, default=None, metavar="PERCENT",
-                   help="exit 1 when the score is below PERCENT of the maximum")
+                   help="exit 1 when the score is below PERCENT of the maximum (default: exit 0 whenever graded)")
     _grading_options(p)
     p.set_defaults(func=_grade)
-    p = sub.add_parser("cohort", help="grade every .ipynb of a folder")
-    p.add_argument("folder")
-    p.add_argument("--lab", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--shard", help="K/N: grade the K-th of N interleaved slices (1-based)")
+
+    p = command("cohort", "grade every .ipynb of a folder: one result per submission, gradebook.csv")
+    p.add_argument("folder", help="folder of submissions (.ipynb)")
+    p.add_argument("--lab", required=True, help="lab stem, e.g. 02_triton_basics")
+    p.add_argument("--out", required=True, help="output folder: a result folder per submission, gradebook.csv")
+    p.add_argument("--jobs", type=int, default=2, help="submissions graded at the same time")
+    p.add_argument("--shard", metavar="K/N",
+                   help="grade only every N-th submission from the K-th (1-based); combine shards with "
+                        "`merge` (default: all submissions)")
     _grading_options(p)
     p.set_defaults(func=_cohort)
-    p = sub.add_parser("merge", help="combine cohort shard folders into one gradebook")
-    p.add_argument("dirs", nargs="+")
-    p.add_argument("--out", required=True)
+
+    p = command("merge", "combine cohort shard folders into one gradebook")
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="the --out folders of the cohort shards")
+    p.add_argument("--out", required=True, help="folder for the merged results and gradebook.csv")
     p.set_defaults(func=_merge)
-    p = sub.add_parser("bench", help="time a notebook's kernels against PyTorch on this device")
-    p.add_argument("notebook")
-    p.add_argument("--lab")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--out", help="folder for bench.json")
+
+    p = command("bench", "time a notebook's kernels against PyTorch on this device")
+    p.add_argument("notebook", help="the submission or solution (.ipynb)")
+    p.add_argument("--lab", help="lab stem, e.g. 02_triton_basics (default: found from the answer cells)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where to time; auto picks cuda when a GPU is visible")
+    p.add_argument("--out", help="folder for bench.json (default: print only)")
     p.set_defaults(func=_bench)
     return parser
 

@@ -1,16 +1,35 @@
-"""Every notebook follows the fixed format of design.md; labs' stubs raise NotImplementedError."""
+"""Every notebook follows the fixed format of design.md; labs' stubs raise NotImplementedError.
+
+Labs are tested as `python -m grader release` generates them (`test_release.py` keeps the committed
+labs/ equal to that), never from the working copy, where a learner's saved answers live.
+"""
 import json
 import re
 
+import nbformat
 import pytest
 
 from grader.checks import exercises, lab_stems
 from grader.exercise import evaluate
 from grader.notebooks import answer_cells, exec_source, export_source, exercise_id, is_parameters, read_notebook
+from grader.release import KERNELSPEC, LANGUAGE_INFO, release_notebook, render
 from tests.conftest import ROOT
 
-NOTEBOOKS = sorted(p for folder in ("notebooks", "solutions", "labs") for p in (ROOT / folder).glob("*.ipynb"))
+SOURCES = sorted(p for folder in ("notebooks", "solutions") for p in (ROOT / folder).glob("*.ipynb"))
+NOTEBOOKS = SOURCES + [ROOT / "labs" / p.name for p in SOURCES if p.parent.name == "solutions"]
 IDS = [f"{p.parent.name}/{p.name}" for p in NOTEBOOKS]
+
+
+def stored_text(path) -> str:
+    """The file's text; for labs/, the text release generates from the solution."""
+    if path.parent.name == "labs":
+        return render(release_notebook(ROOT / "solutions" / path.name))
+    return path.read_text()
+
+
+def load(path):
+    """The notebook with each source as one string; for labs/ the generated one."""
+    return nbformat.reads(stored_text(path), 4) if path.parent.name == "labs" else read_notebook(path)
 
 
 def test_there_are_notebooks():
@@ -20,7 +39,7 @@ def test_there_are_notebooks():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_stored_without_outputs_with_stable_ids(path):
-    raw = json.loads(path.read_text())
+    raw = json.loads(stored_text(path))
     assert raw["nbformat"] == 4
     ids = [c.get("id") for c in raw["cells"]]
     assert all(ids) and len(set(ids)) == len(ids), "every cell needs a unique id"
@@ -30,8 +49,31 @@ def test_stored_without_outputs_with_stable_ids(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_kernelspec_is_the_one_jupyterlab_writes(path):
+    """JupyterLab writes the kernel's kernelspec and language_info into a notebook it opens; any
+    difference marks the notebook modified and autosave rewrites a tracked file."""
+    meta = json.loads(stored_text(path))["metadata"]
+    assert meta["kernelspec"] == KERNELSPEC
+    assert meta["language_info"] == LANGUAGE_INFO
+
+
+def test_kernelspec_matches_the_installed_ipykernel():
+    """KERNELSPEC and LANGUAGE_INFO are what this environment's ipykernel announces (its kernel.json,
+    its kernel_info reply), the Python version aside: that one is the course environment's."""
+    from ipykernel.ipkernel import IPythonKernel
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    assert {"display_name": spec.display_name, "language": spec.language, "name": "python3"} == KERNELSPEC
+    info = dict(IPythonKernel.language_info)
+    info.pop("version")
+    assert {k: v for k, v in LANGUAGE_INFO.items() if k != "version"} == info
+    assert LANGUAGE_INFO["version"].startswith("3.11.")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_first_cell_parameters_setup_and_interview(path):
-    nb = read_notebook(path)
+    nb = load(path)
     first = nb.cells[0]
     assert first.cell_type == "markdown"
     text = first.source.lower()
@@ -64,7 +106,7 @@ def test_exercise_ids_are_unique_across_labs():
 
 @pytest.mark.parametrize("stem", lab_stems())
 def test_every_stub_in_labs_raises_not_implemented_cleanly(stem):
-    nb = read_notebook(ROOT / "labs" / f"{stem}.ipynb")
+    nb = load(ROOT / "labs" / f"{stem}.ipynb")
     ns = exec_source(export_source(nb, answer_cells(nb)), f"<labs/{stem}.ipynb>")
     for eid, ex in exercises(stem).items():
         result = evaluate(ex, ns, "cpu")
