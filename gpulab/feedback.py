@@ -99,6 +99,10 @@ def check(exercise_id: str, namespace: dict | None = None, device: str | None = 
     Shows the verdict (unless ``quiet``) and returns nothing, so a notebook cell shows only the
     verdict; use :func:`check_result` for the result object.
     """
+    if os.environ.get("GPULAB_GRADING") == "1":
+        # Inside the grader's sandbox the checks are not there (the judge runs them itself).
+        print(f"{exercise_id}: checked by the grader")
+        return
     if namespace is None:
         namespace = sys._getframe(1).f_globals
     check_result(exercise_id, namespace, device, strict, quiet, record)

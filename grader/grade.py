@@ -12,24 +12,37 @@
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import secrets
+import selectors
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import cloudpickle
+
+# Everything the judge will need is imported now, before any learner code runs anywhere.
+import grader.rebuild  # noqa: F401
+import grader.report  # noqa: F401
+from gpulab.paths import ROOT
+from grader import sandbox
 from grader.checks import exercises, lab_stems
 from grader.exercise import Case, ExerciseResult, judge_case, summarize
 from grader.notebooks import InvalidNotebook, answer_cells, export_source, exercise_id, read_notebook
 from grader.report import write_reports
+from grader.worker import CHANNEL_FD, HEADER
 
-ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TIMEOUT = 60.0   # seconds per exercise (its answer cell plus all its cases)
 STARTUP_ALLOWANCE = 30.0  # importing torch and triton, and the locked setup cells
+LOG_CAP = 32 * 1024       # bytes of a worker's own stdout/stderr kept for grader.log
+FRAME_CAP = {b"M": 256, b"T": 256 * 1024, b"O": 512 << 20}  # the largest frame of each kind
 
 
 def solution_path(stem: str) -> Path:
@@ -66,102 +79,215 @@ def identify_lab(submission, requested: str | None) -> tuple[str | None, str]:
     return best, ""
 
 
-def _last_marker(job: Path) -> str:
-    try:
-        lines = (job / "progress").read_text().splitlines()
-    except OSError:
-        return ""
-    return lines[-1] if lines else ""
+@dataclass
+class WorkerRun:
+    """What one worker sent back before it finished, died or ran out of time."""
+
+    how: str = "exited"                  # exited | timeout | tampered
+    marker: str = ""                     # the last accepted progress marker
+    observations: dict = field(default_factory=dict)   # {eid: torch.save bytes}
+    output: list = field(default_factory=list)          # learner print() output
+    log: bytearray = field(default_factory=bytearray)   # the process's own stdout/stderr, tail kept
 
 
-def _run_worker(job: Path, timeout_s: float) -> tuple[str, str]:
-    """Run one worker until it finishes, dies, or spends more than ``timeout_s`` on one step.
+class _Frames:
+    """Splits the worker's channel into frames, refusing anything outside :data:`FRAME_CAP`."""
 
-    The clock restarts at every progress marker, so each exercise gets its own ``timeout_s``
-    (the locked setup gets :data:`STARTUP_ALLOWANCE`). Returns (``"exited" | "timeout"``, marker).
-    """
-    log = open(job / "worker.log", "ab")
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               PYTHONUNBUFFERED="1", MPLBACKEND="Agg")
-    env.pop("GPULAB_STRICT", None)
-    proc = subprocess.Popen([sys.executable, "-m", "grader.worker", str(job)], cwd=job, env=env,
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-    marker, since, how = "", time.monotonic(), "exited"
-    try:
-        while proc.poll() is None:
-            time.sleep(0.05)
-            now = _last_marker(job)
-            if now != marker:
-                marker, since = now, time.monotonic()
-            limit = STARTUP_ALLOWANCE if marker in ("", "setup") else timeout_s
-            if time.monotonic() - since > limit:
-                how = "timeout"
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def feed(self, data: bytes):
+        self.buf += data
+        frames = []
+        while len(self.buf) >= HEADER.size:
+            kind, size = HEADER.unpack_from(self.buf)
+            if kind not in FRAME_CAP or size > FRAME_CAP[kind]:
+                raise ValueError(f"malformed frame {kind!r} of {size} bytes")
+            if len(self.buf) < HEADER.size + size:
                 break
+            frames.append((kind, bytes(self.buf[HEADER.size:HEADER.size + size])))
+            del self.buf[:HEADER.size + size]
+        return frames
+
+
+def _send_job(proc, job: bytes) -> None:
+    try:
+        proc.stdin.write(job)
+        proc.stdin.close()
+    except (BrokenPipeError, OSError, ValueError):
+        pass  # the worker died before reading its job: the judge reports it
+
+
+def _kill(proc) -> None:
+    """End the worker and everything it started (the sandbox's PID namespace dies with bwrap)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+    proc.wait()
+
+
+def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeout_s: float,
+                work: Path) -> WorkerRun:
+    """Run one worker until it finishes, dies, or runs out of time; trust nothing it sends.
+
+    ``plan`` is the markers the worker must send, in order; a marker out of order is ignored and an
+    observation counts only for the exercise that is running, once. The clock restarts at each
+    accepted marker (the locked setup gets :data:`STARTUP_ALLOWANCE`, each step ``timeout_s``), and
+    an absolute deadline bounds the whole worker whatever it sends.
+    """
+    deadline_s = STARTUP_ALLOWANCE + timeout_s * (len(plan) + 1)
+    argv = [sys.executable, "-m", "grader.worker"]
+    command, limits, env, cwd = sandbox.wrap(argv, device=device, cpu_seconds=deadline_s, cwd_outside=work)
+    read_fd, write_fd = os.pipe()
+    os.set_inheritable(write_fd, True)
+    run = WorkerRun()
+
+    def plumbing():  # in the child, before exec: the channel at CHANNEL_FD, then the limits
+        os.dup2(write_fd, CHANNEL_FD)
+        limits()
+
+    try:
+        proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, pass_fds=(write_fd, CHANNEL_FD), preexec_fn=plumbing,
+                                start_new_session=True)
     finally:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the whole group: threads, children, everything
-            except ProcessLookupError:
-                pass
-            proc.wait()
-        log.close()
-    return how, _last_marker(job)
+        os.close(write_fd)
+    threading.Thread(target=_send_job, args=(proc, job), daemon=True).start()
+    frames, expected = _Frames(), iter(plan + ["done"])
+    want, running = next(expected), None
+    started = since = time.monotonic()
+    sel = selectors.DefaultSelector()
+    os.set_blocking(read_fd, False)
+    os.set_blocking(proc.stdout.fileno(), False)
+    sel.register(read_fd, selectors.EVENT_READ, "channel")
+    sel.register(proc.stdout.fileno(), selectors.EVENT_READ, "log")
+    try:
+        while sel.get_map():
+            now = time.monotonic()
+            limit = STARTUP_ALLOWANCE if run.marker in ("", "setup") else timeout_s
+            if now - since > limit or now - started > deadline_s:
+                run.how = "timeout"
+                break
+            for key, _ in sel.select(timeout=0.1):
+                try:
+                    data = os.read(key.fd, 1 << 20)
+                except BlockingIOError:
+                    continue
+                if not data:
+                    sel.unregister(key.fd)
+                    continue
+                if key.data == "log":
+                    run.log += data
+                    del run.log[:-LOG_CAP]
+                    continue
+                try:
+                    received = frames.feed(data)
+                except ValueError:
+                    run.how = "tampered"
+                    break
+                for kind, payload in received:
+                    if kind == b"M" and payload.decode("utf-8", "replace") == want:
+                        run.marker, since = want, time.monotonic()
+                        running = want[4:] if want.startswith("run ") else None
+                        want = next(expected, None)
+                    elif kind == b"O" and running and payload.startswith(running.encode() + b"\0"):
+                        run.observations.setdefault(running, payload[len(running) + 1:])
+                    elif kind == b"T" and running:
+                        run.output.append(payload.decode("utf-8", "replace"))
+                if run.how == "tampered" or run.marker == "done" or set(runs) <= set(run.observations):
+                    break
+            else:
+                if proc.poll() is not None and not sel.select(timeout=0):
+                    break
+                continue
+            break
+    finally:
+        sel.close()
+        os.close(read_fd)
+        _kill(proc)
+    return run
+
+
+def _decode(data: bytes):
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=True)
 
 
 def run_answers(stem: str, setup_source: str, answers: dict[str, str], cases: dict[str, list[Case]],
-                device: str, timeout_s: float, work: Path) -> tuple[dict, dict, str]:
-    """Run every exercise in workers. Returns ({eid: outcomes}, {eid: status override}, learner output)."""
-    import torch
+                device: str, timeout_s: float, work: Path) -> tuple[dict, dict, str, str]:
+    """Run every exercise in sandboxed workers.
 
+    Returns ``({eid: outcomes}, {eid: (status, message)}, learner output, worker log)``.
+
+    Determinism: an exercise is blamed for a crash or a hang only when it was the first to run in
+    its worker (after the setup and the answer cells). When a worker dies later, in exercise E, a
+    fresh worker starts again at E, so an earlier exercise's damage (heap corruption shows up
+    later) never costs E its points, and grading the same notebook twice gives the same statuses.
+    """
     order = list(exercises(stem))
+    lab = exercises(stem)
+    for ex in lab.values():  # the run-side code travels by value; its module stays with the judge
+        cloudpickle.register_pickle_by_value(sys.modules[ex.run.__module__])
+    runnable = {eid: replace(ex, make_cases=None, judge=None) for eid, ex in lab.items()}
     done: dict[str, list] = {}
-    fatal: dict[str, tuple[str, str]] = {}  # eid -> (status, message) when the worker died in it
-    output = []
-    attempt = 0
-    while True:
+    fatal: dict[str, tuple[str, str]] = {}  # eid -> (status, message)
+    no_exec: set[str] = set()               # answer cells that crash or hang when executed
+    output, log = [], []
+    for attempt in range(1, 2 * len(order) + 2):
         remaining = [e for e in order if e not in done and e not in fatal]
         if not remaining:
             break
-        attempt += 1
-        job = work / f"worker{attempt}"
-        job.mkdir()
-        spec = {"lab": stem, "device": device, "setup_source": setup_source,
-                "answers": [(e, answers[e]) for e in order if e in answers], "exercises": order,
-                "skip": [e for e in order if e in done or e in fatal],
-                "cases": {e: [{"name": c.name, "inputs": c.inputs} for c in cases[e]] for e in order}}
-        torch.save(spec, job / "job.pt")
-        how, last = _run_worker(job, timeout_s)
-        for eid in remaining:
-            path = job / f"{eid}.pt"
-            if path.exists():
-                try:
-                    done[eid] = torch.load(path, weights_only=True)
-                except Exception as exc:
-                    fatal[eid] = ("error", "the answer returned something that is not plain numbers, strings "
-                                           f"or tensors ({type(exc).__name__}); return the documented types.")
-        if (job / "output.txt").exists():
-            output.append((job / "output.txt").read_text(errors="replace"))
-        if last == "done":
+        cells = [(e, answers[e]) for e in order if e in answers and e not in no_exec]
+        plan = ["setup"] + [f"exec {e}" for e, _ in cells] + [f"run {e}" for e in remaining]
+        job = cloudpickle.dumps({"device": device, "setup_source": setup_source, "cells": cells, "run": remaining,
+                                 "exercises": {e: runnable[e] for e in remaining},
+                                 "cases": {e: cases[e] for e in remaining}})
+        run = _run_worker(job, plan, remaining, device, timeout_s, work)
+        output += run.output
+        log.append(f"--- worker {attempt}: {run.how} at {run.marker or 'start'!r} ---\n"
+                   + run.log.decode("utf-8", "replace"))
+        for eid, data in run.observations.items():
+            try:
+                done[eid] = _decode(data)
+            except Exception as exc:
+                fatal[eid] = ("error", "the answer returned something that is not plain numbers, strings "
+                                       f"or tensors ({type(exc).__name__}); return the documented types.")
+        if run.marker == "done" or all(e in done or e in fatal for e in remaining):
             break
-        culprit = last.split()[-1] if last.startswith(("exec ", "run ")) else None
-        if culprit is None or culprit in done or culprit in fatal:
-            # died in the locked setup: nothing the learner wrote is to blame, but nothing ran
+        what = run.marker.split(" ", 1)
+        culprit = what[1] if len(what) == 2 else None
+        if culprit is None:  # died in the locked setup: nothing the learner wrote is to blame
             for eid in remaining:
-                if eid not in done:
-                    fatal[eid] = ("error", f"the lab's setup did not complete ({how}); see the grader log.")
+                fatal[eid] = ("error", f"the lab's setup did not complete ({run.how}); see grader.log.")
             break
-        if how == "timeout":
-            fatal[culprit] = ("timeout", f"did not finish within {timeout_s:g} s (an infinite loop, or far "
-                                         "too slow); the run was stopped.")
-        else:
-            fatal[culprit] = ("crashed", "the process ended while running this exercise (sys.exit, os._exit, "
-                                         "a segfault, or running out of memory).")
-    return done, fatal, "\n".join(output)
+        if what[0] == "run" and culprit != remaining[0]:
+            continue  # not the first to run in this worker: run it again first, in a fresh one
+        status, message = _failure(run.how, timeout_s)
+        fatal[culprit] = (status, message if what[0] == "run" else message + " (while its answer cell ran)")
+        if what[0] == "exec":
+            no_exec.add(culprit)
+    return done, fatal, "\n".join(output), "\n".join(log)
+
+
+def _failure(how: str, timeout_s: float) -> tuple[str, str]:
+    if how == "timeout":
+        return "timeout", (f"did not finish within {timeout_s:g} s (an infinite loop, or far too slow); "
+                           "the run was stopped.")
+    if how == "tampered":
+        return "crashed", "the answer wrote into the grader's channel; the run was stopped."
+    return "crashed", ("the process ended while running this exercise (sys.exit, os._exit, a segfault, "
+                       "a write far outside an array, or running out of memory).")
 
 
 def grade(path, lab: str | None = None, device: str = "cpu", seed: int | None = None,
-          timeout_s: float = DEFAULT_TIMEOUT, notebook_run: bool = True) -> dict:
-    """Grade one submission and return the ``result.json`` dict (schema 1). Never raises for bad input."""
+          timeout_s: float = DEFAULT_TIMEOUT, notebook_run: bool = True, log_path=None) -> dict:
+    """Grade one submission and return the ``result.json`` dict (schema 1). Never raises for bad input.
+
+    ``log_path``, when given, receives the workers' own output (``grader.log``): what a crash printed.
+    """
     start = time.perf_counter()
     path = Path(path)
     base = {"schema": 1, "lab": lab, "submission": path.name, "device": device}
@@ -181,8 +307,12 @@ def grade(path, lab: str | None = None, device: str = "cpu", seed: int | None = 
     seed = secrets.randbits(31) if seed is None else seed
     cases = {eid: ex.cases(seed=seed, public=True) + ex.cases(seed=seed, public=False)
              for eid, ex in lab_exercises.items()}
+    sandbox.warn_if_weak()
     with tempfile.TemporaryDirectory(prefix="gpulab-grade-") as tmp:
-        done, fatal, output = run_answers(stem, setup_source, answers, cases, device, timeout_s, Path(tmp))
+        done, fatal, output, log = run_answers(stem, setup_source, answers, cases, device, timeout_s, Path(tmp))
+    if log_path is not None:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(log_path).write_text(log, encoding="utf-8", errors="replace")
     results: list[ExerciseResult] = []
     for eid, ex in lab_exercises.items():
         if eid not in answers:
@@ -193,7 +323,8 @@ def grade(path, lab: str | None = None, device: str = "cpu", seed: int | None = 
             results.append(ExerciseResult(eid, ex.points, 0.0, status, message))
         else:
             outcomes = done.get(eid, [])
-            if len(outcomes) != len(cases[eid]):
+            if (not isinstance(outcomes, list) or len(outcomes) != len(cases[eid])
+                    or not all(isinstance(o, dict) for o in outcomes)):
                 results.append(ExerciseResult(eid, ex.points, 0.0, "error", "incomplete results from the run."))
                 continue
             results.append(summarize(ex, [judge_case(ex, c, o) for c, o in zip(cases[eid], outcomes)]))
@@ -201,17 +332,16 @@ def grade(path, lab: str | None = None, device: str = "cpu", seed: int | None = 
               "score": round(sum(r.score for r in results), 4),
               "max_score": float(sum(ex.points for ex in lab_exercises.values())),
               "duration_s": None, "exercises": [r.as_dict() for r in results],
-              "learner_output": output[-4000:]}
+              "learner_output": output[-4000:],
+              "isolation": {**sandbox.isolation(), "limits": sandbox.limits_summary(device)}}
     if notebook_run:
-        from grader.rebuild import run_rebuilt
-
-        result["notebook_run"] = run_rebuilt(solution, answers, device, timeout_s)
+        result["notebook_run"] = grader.rebuild.run_rebuilt(solution, answers, device, timeout_s)
     result["duration_s"] = round(time.perf_counter() - start, 2)
     return result
 
 
 def grade_to_dir(path, out_dir, **kwargs) -> dict:
     """:func:`grade`, then write ``result.json``, ``feedback.md`` and ``junit.xml`` into ``out_dir``."""
-    result = grade(path, **kwargs)
+    result = grade(path, log_path=Path(out_dir) / "grader.log", **kwargs)
     write_reports(result, Path(out_dir))
     return result

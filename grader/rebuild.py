@@ -1,19 +1,32 @@
 """Does the rebuilt lab run top to bottom? The solution's cells with the learner's answers, executed
-with papermill. Reported next to the scores, never instead of them. Needs papermill (a Jupyter
-machine); elsewhere it is reported as skipped."""
+with papermill inside the grader's sandbox. Reported next to the scores, never instead of them.
+Needs papermill (a Jupyter machine); elsewhere it is reported as skipped.
+
+The notebook travels in over stdin and the executed notebook comes back over stdout (``papermill -
+-``), so the run reads and writes no file of this machine. Inline ``check`` calls are inert there
+(``GPULAB_GRADING=1``): the judge has graded the answers already.
+"""
 from __future__ import annotations
 
 import copy
+import json
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
+from grader import sandbox
 from grader.notebooks import exercise_id
+
+OUTPUT_CAP = 64 << 20  # bytes of executed notebook read back; a bigger one is reported as failed
+ERROR_CAP = 1500
 
 
 def rebuilt_notebook(solution, answers: dict[str, str]):
-    """The solution notebook with each answer cell's source replaced by the learner's (or kept as stub-free
-    solution code removed: a missing answer becomes an empty cell)."""
+    """The solution notebook with each answer cell's source replaced by the learner's (a missing
+    answer becomes an empty cell)."""
     import nbformat
 
     nb = nbformat.from_dict(copy.deepcopy(solution))
@@ -26,31 +39,84 @@ def rebuilt_notebook(solution, answers: dict[str, str]):
     return nb
 
 
+def _cell_name(nb, index: int) -> str:
+    """How feedback names a cell: its exercise, else its position (ids mean nothing to a learner)."""
+    cell = nb.cells[index]
+    eid = exercise_id(cell)
+    number = sum(1 for c in nb.cells[:index + 1] if c.get("cell_type") == "code")
+    return f"the answer cell of `{eid}`" if eid else f"code cell {number}"
+
+
+def _first_error(executed: dict) -> tuple[int, str] | None:
+    """(index in the rebuilt notebook, "Name: value") of the first cell with an error output.
+
+    papermill adds an "injected-parameters" cell and error banners, which the index skips.
+    """
+    index = 0
+    for cell in executed.get("cells", []):
+        if not isinstance(cell, dict):
+            continue
+        tags = cell.get("metadata", {}).get("tags", []) if isinstance(cell.get("metadata"), dict) else []
+        if "injected-parameters" in tags or "papermill-error-cell-tag" in tags:
+            continue
+        for out in cell.get("outputs", []) if isinstance(cell.get("outputs"), list) else []:
+            if isinstance(out, dict) and out.get("output_type") == "error":
+                return index, f"{out.get('ename', 'Error')}: {out.get('evalue', '')}"
+        index += 1
+    return None
+
+
+def _read_back(data: bytes):
+    try:
+        executed = json.loads(data.decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        return None
+    return executed if isinstance(executed, dict) and isinstance(executed.get("cells"), list) else None
+
+
 def run_rebuilt(solution, answers: dict[str, str], device: str, timeout_s: float) -> dict:
-    """``{"status": "ok" | "failed" | "skipped", "cell": id, "error": text}``."""
+    """``{"status": "ok" | "failed" | "skipped", "cell": name, "error": text}``."""
     try:
         import nbformat
-        import papermill
+        import papermill  # noqa: F401 - the sandbox runs its command line
     except ImportError:
         return {"status": "skipped", "error": "papermill is not installed on this machine."}
     nb = rebuilt_notebook(solution, answers)
-    env_before = os.environ.pop("GPULAB_STRICT", None)
-    try:
-        with tempfile.TemporaryDirectory(prefix="gpulab-nb-") as tmp:
-            src, dst = Path(tmp) / "rebuilt.ipynb", Path(tmp) / "executed.ipynb"
-            nbformat.write(nb, src)
-            try:
-                papermill.execute_notebook(str(src), str(dst), parameters={"DEVICE": device, "SEED": 0},
-                                           kernel_name="python3", cwd=tmp, progress_bar=False,
-                                           execution_timeout=int(timeout_s), log_output=False)
-                return {"status": "ok"}
-            except papermill.PapermillExecutionError as exc:
-                executed = nbformat.read(dst, 4) if dst.exists() else nb
-                failing = next((c.get("id") for c in executed.cells if c.cell_type == "code" and any(
-                    o.get("output_type") == "error" for o in c.get("outputs", []))), None)
-                return {"status": "failed", "cell": failing, "error": f"{exc.ename}: {exc.evalue}"[:1500]}
-            except Exception as exc:  # a dead kernel, a timeout
-                return {"status": "failed", "cell": None, "error": f"{type(exc).__name__}: {exc}"[:1500]}
-    finally:
-        if env_before is not None:
-            os.environ["GPULAB_STRICT"] = env_before
+    code_cells = sum(1 for c in nb.cells if c.cell_type == "code")
+    budget = 60 + timeout_s * max(1, code_cells) / 4
+    argv = [sys.executable, "-m", "papermill", "-", "-", "-k", "python3", "-p", "DEVICE", device, "-p", "SEED", "0",
+            "--no-progress-bar", "--no-log-output", "--execution-timeout", str(int(timeout_s))]
+    with tempfile.TemporaryDirectory(prefix="gpulab-nb-") as tmp:
+        command, limits, env, cwd = sandbox.wrap(argv, device=device, cpu_seconds=budget, cwd_outside=Path(tmp))
+        try:
+            proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, preexec_fn=limits, start_new_session=True)
+        except OSError as exc:
+            return {"status": "skipped", "error": f"could not start papermill ({exc})."}
+        try:
+            out, err = proc.communicate(nbformat.writes(nb).encode(), timeout=budget)
+        except subprocess.TimeoutExpired:
+            out, err = b"", b""
+            timed_out = True
+        else:
+            timed_out = False
+        finally:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    proc.kill()
+                proc.wait()
+    if timed_out:
+        return {"status": "failed", "cell": None, "error": f"the notebook did not finish within {budget:g} s."}
+    executed = _read_back(out[:OUTPUT_CAP]) if len(out) <= OUTPUT_CAP else None
+    failing = _first_error(executed) if executed else None
+    if failing is not None:
+        index, error = failing
+        return {"status": "failed", "cell": _cell_name(nb, index) if index < len(nb.cells) else f"cell {index}",
+                "error": error[:ERROR_CAP]}
+    if proc.returncode == 0 and executed is not None:
+        return {"status": "ok"}
+    reason = err.decode("utf-8", "replace").strip().splitlines()
+    return {"status": "failed", "cell": None,
+            "error": ("the kernel died or the run was stopped: " + (reason[-1] if reason else "no message"))[:ERROR_CAP]}

@@ -1,19 +1,33 @@
-"""The learner-side process of ``grade``: ``python -m grader.worker JOB_DIR``.
+"""The learner-side process of ``grade``: ``python -m grader.worker``, started in the sandbox.
 
-It executes the rebuilt lab (locked cells, then each answer cell on its own, so one broken cell
-costs only its exercise), then runs every case of every exercise with ``run_case`` and saves the
-plain observations. It never sees a reference or an expected value: the judge (the parent process)
-compares. Before each step it writes a marker to ``JOB_DIR/progress``, so when the process dies or
-hangs the parent knows which exercise did it.
+It reads its job from stdin (sent by the judge: the lab's locked setup, the learner's answer cells,
+the exercises' run-side code shipped by value and the cases' inputs), executes the setup and each
+answer cell on its own (one broken cell costs only its exercise), then runs every case of every
+exercise and sends the plain observations back. It never sees a reference, an expected value or
+the judge's code. Everything goes back over one pipe (file descriptor :data:`CHANNEL_FD`) as
+frames ``kind (1 byte) | length (8 bytes) | payload``:
+
+- ``M`` a progress marker (``setup``, ``exec EID``, ``run EID``, ``done``), so when the process dies
+  or hangs the judge knows which exercise did it;
+- ``O`` the observations of one exercise: ``EID\\0`` then ``torch.save`` bytes;
+- ``T`` learner output (print) captured since the last frame.
+
+The judge accepts only the marker it expects next and one observation per exercise while that
+exercise runs, so a forged frame earns nothing (see ``grader.grade``). Everything this process needs
+is imported before the first line of learner code runs, and the import machinery is restored after
+each answer cell, so import hooks planted by an answer do not reach the harness.
 """
 from __future__ import annotations
 
+import builtins
 import io
 import os
+import struct
 import sys
-from pathlib import Path
 
-OUTPUT_CAP = 64 * 1024  # bytes of learner output kept; the rest is dropped
+CHANNEL_FD = 3
+OUTPUT_CAP = 64 * 1024  # characters of learner output kept; the rest is dropped
+HEADER = struct.Struct(">cQ")
 
 
 class CappedStream(io.TextIOBase):
@@ -24,8 +38,10 @@ class CappedStream(io.TextIOBase):
         self.size = 0
         self.cap = cap
         self.dropped = 0
+        self.sent = 0
 
     def write(self, s: str) -> int:
+        s = str(s)
         room = self.cap - self.size
         if room > 0:
             self.parts.append(s[:room])
@@ -37,42 +53,77 @@ class CappedStream(io.TextIOBase):
         text = "".join(self.parts)
         return text + (f"\n[... {self.dropped} more characters of output dropped]" if self.dropped else "")
 
+    def take_new(self) -> str:
+        """What was written since the last call (for the judge's copy of the output)."""
+        text = "".join(self.parts)
+        new, self.sent = text[self.sent:], len(text)
+        return new
 
-def _mark(job: Path, text: str) -> None:
-    with open(job / "progress", "a", encoding="utf-8") as f:
-        f.write(text + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+
+def _channel(fd: int):
+    """A ``send(kind, payload)`` bound to ``fd`` and ``os.write`` now, before learner code exists."""
+    write, pack = os.write, HEADER.pack
+
+    def send(kind: bytes, payload: bytes) -> None:
+        data = memoryview(pack(kind, len(payload)) + payload)
+        while data:
+            data = data[write(fd, data):]
+    return send
 
 
-def _save(path: Path, obj) -> None:
+def _import_state():
+    return list(sys.meta_path), list(sys.path_hooks), list(sys.path), builtins.__import__
+
+
+def _restore_imports(state) -> None:
+    """Undo import hooks an answer cell planted (the harness's own modules are already loaded)."""
+    meta_path, path_hooks, path, importer = state
+    sys.meta_path[:] = meta_path
+    sys.path_hooks[:] = path_hooks
+    sys.path[:] = path
+    sys.path_importer_cache.clear()
+    builtins.__import__ = importer
+
+
+def _observations_bytes(outcomes: list) -> bytes:
     import torch
 
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)  # the judge never reads a half-written file
+    buf = io.BytesIO()
+    try:
+        torch.save(outcomes, buf)
+    except Exception as exc:  # the learner returned something that cannot travel (a generator, a lock ...)
+        buf = io.BytesIO()
+        message = (f"the answer returned something that cannot be sent back ({type(exc).__name__}); "
+                   "return the documented types (numbers, strings, tensors).")
+        torch.save([{"status": "error", "message": message}] * len(outcomes), buf)
+    return buf.getvalue()
 
 
-def main(job_dir: str) -> int:
-    job = Path(job_dir)
+def main() -> int:
+    send = _channel(CHANNEL_FD)
+    import pickle
+
     import torch  # noqa: F401 - imported before learner code can shadow anything
 
-    spec = torch.load(job / "job.pt", weights_only=False)  # written by the judge: trusted
+    import gpulab  # noqa: F401 - the run-side helpers the checks use, loaded now
+    import gpulab.compare  # noqa: F401
+    import gpulab.launches  # noqa: F401
+    from grader.exercise import Case, run_case
+    from grader.notebooks import exec_source
+
+    job = pickle.loads(sys.stdin.buffer.read())  # from the judge, over a pipe: trusted
     capture = CappedStream()
     sys.stdout = sys.stderr = capture
     os.environ.pop("GPULAB_STRICT", None)  # inline checks in answer cells must not raise here
-    skip = set(spec["skip"])
-
-    from grader.notebooks import exec_source
+    imports = _import_state()
 
     ns: dict = {"__name__": "__lab__"}
-    _mark(job, "setup")
-    exec_source(spec["setup_source"], "<lab setup>", ns)
+    send(b"M", b"setup")
+    exec_source(job["setup_source"], "<lab setup>", ns)
+    _restore_imports(imports)
     cell_errors: dict[str, str] = {}
-    for eid, source in spec["answers"]:
-        if eid in skip:
-            continue
-        _mark(job, f"exec {eid}")
+    for eid, source in job["cells"]:
+        send(b"M", f"exec {eid}".encode())
         try:
             exec_source(source, f"<answer cell {eid}>", ns)
         except BaseException as exc:  # SyntaxError, SystemExit, anything: this exercise only
@@ -82,37 +133,32 @@ def main(job_dir: str) -> int:
 
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             cell_errors[eid] = f"the answer cell failed to run: {text}"[:2000]
+        finally:
+            _restore_imports(imports)
 
-    # Fresh check code: module-level monkeypatches made by answer cells are discarded.
-    for name in [m for m in sys.modules if m == "grader" or m.startswith(("grader.", "gpulab.launches",
-                                                                           "gpulab.compare"))]:
-        del sys.modules[name]
-    from grader.checks import exercises
-    from grader.exercise import Case, run_case
-
-    lab = exercises(spec["lab"])
-    for eid in spec["exercises"]:
-        if eid in skip:
-            continue
-        _mark(job, f"run {eid}")
+    for eid in job["run"]:
+        send(b"M", f"run {eid}".encode())
+        cases = job["cases"][eid]
         if eid in cell_errors:
-            outcomes = [{"status": "error", "message": cell_errors[eid]}] * len(spec["cases"][eid])
+            outcomes = [{"status": "error", "message": cell_errors[eid]}] * len(cases)
         else:
             outcomes = []
-            for case in spec["cases"][eid]:
+            for case in cases:
                 try:
-                    outcomes.append(run_case(lab[eid], ns, Case(case["name"], case["inputs"]), spec["device"]))
+                    outcomes.append(run_case(job["exercises"][eid], ns, Case(case.name, case.inputs), job["device"]))
                 except BaseException as exc:  # SystemExit from inside the learner's function
                     if isinstance(exc, KeyboardInterrupt):
                         raise
                     outcomes.append({"status": "crashed",
                                      "message": f"the code ended the process ({type(exc).__name__}: {exc})"})
-        _save(job / f"{eid}.pt", outcomes)
-    _mark(job, "done")
-    (job / "output.txt").write_text(capture.getvalue(), encoding="utf-8")
+                finally:
+                    _restore_imports(imports)
+        send(b"T", capture.take_new().encode("utf-8", "replace"))
+        send(b"O", eid.encode() + b"\0" + _observations_bytes(outcomes))
+    send(b"M", b"done")
     return 0
 
 
 if __name__ == "__main__":
-    code = main(sys.argv[1])
+    code = main()
     os._exit(code)  # skip interpreter teardown: learner objects' __del__ must not change the outcome

@@ -1,0 +1,204 @@
+"""The box learner code runs in when it is graded: bubblewrap, a minimal file system, resource limits.
+
+Every grading worker and the rebuilt-notebook run start through :func:`wrap`. With bubblewrap
+(Debian package ``bubblewrap``) the process sees:
+
+- read-only: the system libraries, the Python interpreter and the venv, ``gpulab/`` and the few
+  run-side grader modules (:data:`RUN_SIDE`); never ``solutions/``, the checks' references or the
+  judge's code;
+- writable: a size-capped tmpfs at ``/tmp`` (its working directory and ``$HOME``), nothing else;
+- no network beyond its own loopback, its own PID namespace (every process it starts dies with it:
+  ``--die-with-parent``, and the namespace's init reaps the rest), a new session (no terminal),
+  and an environment holding only :func:`environment`'s variables (``--clearenv``);
+- resource limits per process (address space on CPU, file size, open files, CPU time) and, when
+  the grader runs as root, a user id of its own, so the process-count limit counts only this
+  worker's processes and it holds no capabilities.
+
+Without bubblewrap (or where user namespaces are forbidden) the worker runs with the resource
+limits only and :func:`isolation` says so loudly; ``result.json`` records which mode was used.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import sysconfig
+import threading
+from pathlib import Path
+
+from gpulab.paths import ROOT
+
+# The grader modules a worker imports (the judge's modules and the checks stay outside).
+RUN_SIDE = ("grader/__init__.py", "grader/worker.py", "grader/notebooks.py", "grader/exercise.py")
+TMP_BYTES = 1 << 30          # the sandbox's whole writable space
+FILE_BYTES = 256 << 20       # the largest file learner code may write
+ADDRESS_SPACE = 8 << 30      # per process, CPU only (CUDA reserves far more virtual memory)
+OPEN_FILES = 1024
+PROCESSES = 256              # per worker (its own user id when the grader is root)
+
+_uid_lock = threading.Lock()
+_uid_next = [0]
+
+
+def _bwrap() -> str | None:
+    return shutil.which("bwrap")
+
+
+def _probe(argv: list[str]) -> str:
+    """'' when ``argv`` runs, else why not."""
+    try:
+        done = subprocess.run(argv + ["/bin/true"], capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "" if done.returncode == 0 else done.stderr.decode(errors="replace").strip()[:300]
+
+
+@functools.lru_cache(maxsize=None)
+def isolation() -> dict:
+    """``{"mode": "bwrap" | "none", "detail": ...}``: what :func:`wrap` will use on this machine."""
+    if os.environ.get("GPULAB_SANDBOX") == "off":
+        return {"mode": "none", "detail": "disabled with GPULAB_SANDBOX=off; learner code runs with "
+                                          "resource limits only and can read this machine's files."}
+    exe = _bwrap()
+    if exe is None:
+        return {"mode": "none", "detail": "bubblewrap is not installed (apt-get install bubblewrap); learner "
+                                          "code runs with resource limits only and can read this machine's files."}
+    why = _probe(_namespace_args(exe) + ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"])
+    if why:
+        return {"mode": "none", "detail": f"bubblewrap cannot create namespaces here ({why}); learner code runs "
+                                          "with resource limits only."}
+    return {"mode": "bwrap", "detail": "bubblewrap: read-only system and venv, no solutions or judge code, "
+                                       "tmpfs /tmp, no network, own PID namespace, cleared environment"
+                                       + (", own user id" if os.geteuid() == 0 else "")}
+
+
+def warn_if_weak(stream=None) -> None:
+    """Say once, on stderr, when grading runs without the sandbox."""
+    iso = isolation()
+    if iso["mode"] != "bwrap":
+        print(f"grader: WARNING: weak isolation: {iso['detail']}", file=stream or sys.stderr)
+
+
+def _namespace_args(exe: str) -> list[str]:
+    base = [exe, "--die-with-parent", "--new-session", "--clearenv"]
+    if os.geteuid() == 0:  # no user namespace: the worker gets a real user id of its own below
+        return base + ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    return base + ["--unshare-all"]
+
+
+def _python_roots() -> list[Path]:
+    """The interpreter's installation and the venv (both read-only in the box)."""
+    roots = {Path(sys.base_prefix).resolve(), Path(sys.prefix).absolute()}
+    return sorted(roots)
+
+
+def _mkdirs(path: Path, made: set) -> list[str]:
+    """bwrap copies a missing parent's mode (``/root`` is 0700): create each parent 0755 first."""
+    args = []
+    for parent in reversed(path.parents):
+        if str(parent) != "/" and parent not in made:
+            made.add(parent)
+            args += ["--perms", "0755", "--dir", str(parent)]
+    return args
+
+
+def environment(device: str) -> dict[str, str]:
+    """The only variables a worker sees (the instructor's environment stays outside)."""
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp/home",
+           "USER": "learner", "LOGNAME": "learner", "LANG": "C.UTF-8", "TMPDIR": "/tmp",
+           "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
+           "TRITON_CACHE_DIR": "/tmp/home/.triton", "GPULAB_GRADING": "1", "GPULAB_DEVICE": device,
+           "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    if isolation()["mode"] == "none":  # no mount namespace: the package must be found through PYTHONPATH
+        env["PYTHONPATH"] = str(ROOT)
+    for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH"):
+        if device == "cuda" and name in os.environ:
+            env[name] = os.environ[name]
+    return env
+
+
+def _next_uid() -> int:
+    with _uid_lock:
+        _uid_next[0] += 1
+        return 200_000 + (os.getpid() % 20_000) * 50 + _uid_next[0] % 50
+
+
+def _limits(device: str, cpu_seconds: float, uid_of_its_own: bool):
+    """A ``preexec_fn`` setting the worker's resource limits (inherited by everything it starts)."""
+    nproc = PROCESSES if uid_of_its_own else PROCESSES + _processes_of_this_user()
+
+    def apply() -> None:
+        if device != "cuda":
+            resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_BYTES, FILE_BYTES))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (OPEN_FILES, OPEN_FILES))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        cpu = int(cpu_seconds) + 1
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+        if not uid_of_its_own or os.geteuid() != 0:
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    return apply
+
+
+def _processes_of_this_user() -> int:
+    uid = str(os.getuid())
+    count = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            if f"Uid:\t{uid}\t" in status.read_text():
+                count += 1
+        except OSError:
+            pass
+    return count
+
+
+def limits_summary(device: str) -> dict:
+    """The limits :func:`wrap` sets, for ``result.json``."""
+    return {"address_space_bytes": None if device == "cuda" else ADDRESS_SPACE, "file_bytes": FILE_BYTES,
+            "tmp_bytes": TMP_BYTES if isolation()["mode"] == "bwrap" else None,
+            "processes": PROCESSES, "open_files": OPEN_FILES}
+
+
+def wrap(argv: list[str], *, device: str, cpu_seconds: float, cwd_outside: Path | None = None):
+    """``(command, preexec_fn, env, cwd)`` to start ``argv`` (a ``python`` command line) in the box.
+
+    ``cwd_outside`` is only used without bubblewrap (the worker's working directory on this
+    machine); in the box the working directory is ``/tmp/work`` on the tmpfs.
+    """
+    env = environment(device)
+    exe = _bwrap()
+    if isolation()["mode"] != "bwrap" or exe is None:
+        return argv, _limits(device, cpu_seconds, False), {**env, "HOME": str(cwd_outside or "/tmp")}, cwd_outside
+    args = _namespace_args(exe)
+    for top in ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin"):
+        if Path(top).exists():
+            args += ["--ro-bind", top, top]
+    for name in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime"):
+        if Path("/etc", name).exists():
+            args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    made: set = set()
+    for root in _python_roots():
+        args += _mkdirs(root, made) + ["--ro-bind", str(root), str(root)]
+    args += _mkdirs(ROOT / "gpulab", made) + ["--ro-bind", str(ROOT / "gpulab"), str(ROOT / "gpulab")]
+    args += ["--perms", "0755", "--dir", str(ROOT / "grader")]
+    for rel in RUN_SIDE:
+        args += ["--ro-bind", str(ROOT / rel), str(ROOT / rel)]
+    args += ["--proc", "/proc"]
+    if device == "cuda":  # the driver's device nodes and its view of the PCI bus
+        args += ["--dev-bind", "/dev", "/dev", "--ro-bind", "/sys", "/sys"]
+    else:
+        args += ["--dev", "/dev"]
+    args += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp", "--dir", "/tmp/home", "--dir", "/tmp/work",
+             "--chdir", "/tmp/work"]
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    uid_of_its_own = os.geteuid() == 0
+    if uid_of_its_own:  # a real, unprivileged user id: no capabilities, its own process count
+        uid = _next_uid()
+        args += ["--chmod", "1777", "/tmp", "--chmod", "0777", "/tmp/home", "--chmod", "0777", "/tmp/work",
+                 shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}",
+                 "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+    return args + argv, _limits(device, cpu_seconds, uid_of_its_own), None, None
