@@ -31,31 +31,71 @@ def display_rich(text: str, html_text: str) -> None:
         print(text)
 
 
+# Each verdict in words, with the symbol beside it: browsers without an emoji font draw the symbols
+# as empty boxes, and a pass must never look like a fail.
+LABEL = {"passed": "PASS", "failed": "FAIL", "error": "ERROR", "not_attempted": "TODO",
+         "timeout": "TIMEOUT", "crashed": "CRASH"}
 _ICON = {"passed": "✅", "failed": "❌", "error": "💥", "not_attempted": "✏️",
          "timeout": "⏱️", "crashed": "💥"}
+_COLOR = {"passed": "#2e7d32", "not_attempted": "#6d6d6d"}  # every other verdict: red
+
+
+def verdict(status: str) -> str:
+    """``"PASS ✅"``: the verdict word, then its symbol."""
+    return f"{LABEL.get(status, status.upper())} {_ICON.get(status, '?')}"
+
+
+def split_message(message: str) -> tuple[str, str]:
+    """``(shown, folded)``: a case message before and after its full traceback, which the verdict
+    folds away (``grader.exercise`` puts the learner's frames and the exception first)."""
+    from grader.exercise import FOLDED_MARK
+
+    shown, mark, folded = message.partition("\n" + FOLDED_MARK + "\n")
+    return shown, folded if mark else ""
 
 
 def format_text(result, hint: str) -> str:
-    lines = [f"{_ICON.get(result.status, '?')} {result.id}: {result.status} "
+    lines = [f"{verdict(result.status)} {result.id}: {result.status} "
              f"({result.score:g}/{result.points:g} points on the public cases)"]
+    previous = None
     for case in result.cases:
-        mark = "ok  " if case.status == "passed" else case.status.upper()
-        lines.append(f"  [{mark}] {case.name}")
-        if case.status != "passed" and case.message:
-            lines.extend("         " + m for m in case.message.splitlines()[:12])
+        lines.append(f"  [{LABEL.get(case.status, case.status.upper())}] {case.name}")
+        shown = split_message(case.message)[0] if case.status != "passed" else ""
+        if shown and shown == previous:
+            lines.append("         (the same error as the case above)")
+        elif shown:
+            lines.extend("         " + m for m in shown.splitlines()[:12])
+        previous = shown or previous
     if result.status != "passed" and hint:
         lines.append(f"  Hint: {hint}")
     return "\n".join(lines)
 
 
+def _case_html(case, previous: str | None) -> str:
+    if case.status == "passed":
+        return ""
+    shown, folded = split_message(case.message)
+    if shown == previous:
+        return "<i>the same error as the case above</i>"
+    out = f"<pre style='margin:0'>{html.escape(shown)}</pre>"
+    if folded:
+        out += (f"<details><summary>full traceback</summary>"
+                f"<pre style='margin:0'>{html.escape(folded)}</pre></details>")
+    return out
+
+
 def format_html(result) -> str:
-    color = {"passed": "#2e7d32", "not_attempted": "#6d6d6d"}.get(result.status, "#c62828")
-    rows = []
+    color = _COLOR.get(result.status, "#c62828")
+    rows, previous = [], None
     for case in result.cases:
-        msg = "" if case.status == "passed" else f"<pre style='margin:0'>{html.escape(case.message)}</pre>"
-        rows.append(f"<tr><td>{_ICON.get(case.status, '?')}</td><td>{html.escape(case.name)}</td>"
-                    f"<td style='text-align:left'>{msg}</td></tr>")
+        case_color = _COLOR.get(case.status, "#c62828")
+        rows.append(f"<tr><td style='color:{case_color};white-space:nowrap'><b>{verdict(case.status)}</b></td>"
+                    f"<td>{html.escape(case.name)}</td>"
+                    f"<td style='text-align:left'>{_case_html(case, previous)}</td></tr>")
+        if case.status != "passed":
+            previous = split_message(case.message)[0]
     return (f"<div style='border-left:4px solid {color};padding-left:8px'>"
+            f"<b style='color:{color}'>{verdict(result.status)}</b> "
             f"<b>{html.escape(result.id)}</b>: <span style='color:{color}'>{result.status}</span> "
             f"({result.score:g}/{result.points:g} points on the public cases)"
             f"<table>{''.join(rows)}</table></div>")

@@ -75,9 +75,52 @@ class ExerciseResult:
                 "status": self.status, "message": self.message}
 
 
-def _short_traceback(exc: BaseException, limit: int = 3) -> str:
-    lines = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-limit)
-    return "".join(lines).strip()[-2000:]
+# Where a learner's code lives: the grader's answer cells, IPython/ipykernel cells, exported notebooks.
+_LEARNER_FILES = ("<answer cell", "<ipython-input-", ".ipynb>")
+FOLDED_MARK = "Full traceback:"   # gpulab.feedback folds what follows (a <details> in the widget)
+
+
+def _is_learner_file(filename: str) -> bool:
+    return filename.startswith(_LEARNER_FILES) or filename.endswith(_LEARNER_FILES) or "/ipykernel_" in filename
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or during, outermost first."""
+    chain: list[BaseException] = []
+    while exc is not None and all(exc is not e for e in chain):
+        chain.append(exc)
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return chain
+
+
+def _short_traceback(exc: BaseException, limit: int = 4000) -> str:
+    """The error in the learner's terms: the original exception's line, then the learner's own
+    frames (outermost call first), then ``(N internal frames hidden)``.
+
+    The frames inside Triton, torch and the checks follow after :data:`FOLDED_MARK` (at most
+    ``limit`` characters): the inline check folds them away, the grader's reports keep them.
+    A typo in a Triton kernel run by the interpreter raises through six chained tracebacks of the
+    interpreter's internals; the cause (``AttributeError: ... 'arrange'``) and the kernel line come first.
+    """
+    chain = _chain(exc)
+    root = exc  # the original error: follow `raise ... from` (Triton wraps errors so) to its start
+    while root.__cause__ is not None and root.__cause__ in chain:
+        root = root.__cause__
+    frames = [f for e in chain for f in traceback.extract_tb(e.__traceback__)]
+    mine = [f for f in frames if _is_learner_file(f.filename)]
+    if not mine and frames:
+        mine = frames[-1:]  # no frame of the learner's: show where it was raised
+    shown = traceback.StackSummary.from_list(mine).format() if mine else []
+    lines = ["".join(traceback.format_exception_only(type(root), root)).strip()]
+    if shown:
+        lines += ["Your code:" if _is_learner_file(mine[-1].filename) else "Raised here:", "".join(shown).rstrip()]
+    hidden = len(frames) - len(mine)
+    if hidden:
+        full = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip()
+        if len(full) > limit:
+            full = "...\n" + full[-limit:]
+        lines += [f"({hidden} internal frame{'s' if hidden != 1 else ''} hidden)", FOLDED_MARK, full]
+    return "\n".join(lines)
 
 
 def run_case(ex: Exercise, ns: dict, case: Case, device: str) -> dict:
