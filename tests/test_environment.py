@@ -36,3 +36,10 @@ def test_readme_opens_with_the_two_commands_and_ci_calls_make_test():
     make = (ROOT / "Makefile").read_text()
     for target in ("lab:", "test:", "test-gpu:", "setup:"):
         assert target in make
+
+
+def test_license_is_an_spdx_string_so_setup_prints_no_deprecation_warning():
+    """setuptools >= 77 warns (three times per setup) about `license = {text = ...}`, a TOML table."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["license"] == "Apache-2.0"
+    assert pyproject["build-system"]["requires"] == ["setuptools>=77"]  # the first to read SPDX strings
