@@ -110,3 +110,173 @@ def test_amdahl_with_p_and_serial_part_swapped_fails(sol01):
 def test_strong_scaling_without_dividing_by_n_fails(sol01):
     r = grade(STEM, "scaling", with_answer(sol01, strong_scaling_efficiency=lambda t1, tn, n: t1 / tn))
     assert r.status == "failed" and "strong_scaling_efficiency" in r.message
+
+
+# --- hidden cases hold every rule, on every seed ---------------------------------------------------
+
+def _cost_rules(case) -> set:
+    x = case.inputs
+    shape = "sk<sq" if x["seq_k"] < x["seq_q"] else "sk>sq" if x["seq_k"] > x["seq_q"] else "sk=sq"
+    return {f"{'causal' if x['causal'] else 'full'} {shape}", f"{x['dtype_bytes']} bytes"}
+
+
+def _roofline_rules(case) -> set:
+    x = case.inputs
+    return {"memory-bound" if x["bytes"] / x["peak_bw"] > x["flops"] / x["peak_flops"] else "compute-bound"}
+
+
+def _benchmark_rules(case) -> set:
+    x = case.inputs
+    tiers = sorted(set(x["durations_ms"]))
+    return {f"{x['cold_calls']} cold calls", f"{len(x['durations_ms'])} calls in {len(tiers)} tiers"}
+
+
+RULES = {"costs": _cost_rules, "roofline": _roofline_rules, "benchmark": _benchmark_rules}
+
+
+@pytest.mark.parametrize("eid", sorted(RULES))
+def test_every_seed_hides_cases_of_every_rule(eid):
+    from grader.checks import exercises
+    ex = exercises(STEM)[eid]
+    seen = []
+    for seed in (1, 2, 3, 20261122, 987654321):
+        seen.append(set().union(*(RULES[eid](c) for c in ex.cases(seed=seed, public=False))))
+    assert all(s == seen[0] for s in seen), seen
+    expected = {"costs": {f"{c} {s}" for c in ("causal", "full") for s in ("sk<sq", "sk>sq", "sk=sq")}
+                | {"1 bytes", "2 bytes", "4 bytes"},
+                "roofline": {"memory-bound", "compute-bound"},
+                "benchmark": {"3 cold calls", "1 cold calls", "200 calls in 4 tiers"}}[eid]
+    assert seen[0] == expected
+
+
+def _hidden_only(eid, ns, seed):
+    from grader.checks import exercises
+    from grader.exercise import evaluate
+    ex = exercises(STEM)[eid]
+    return evaluate(ex, ns, "cpu", ex.cases(seed=seed, public=False))
+
+
+# --- attention with fewer keys than queries ----------------------------------------------------------
+
+def test_causal_attention_ignoring_seq_k_fails(sol01):
+    def self_attention_pairs(B, H, Sq, Sk, D, b, causal=False):
+        pairs = Sq * (Sq + 1) // 2 if causal else Sq * Sk  # BUG: seq_q where seq_k belongs (right only if Sk >= Sq)
+        return 4 * B * H * pairs * D, B * H * (2 * Sq + 2 * Sk) * D * b
+    r = _costs_wrong(sol01, attention_cost=self_attention_pairs)
+    assert r.status == "failed" and "min(i + 1, seq_k)" in r.message
+    for seed in (1, 2, 3):  # every seed's hidden cases catch it too
+        assert _hidden_only("costs", with_answer(sol01, attention_cost=self_attention_pairs), seed).status == "failed"
+
+
+# --- percentiles consistent with the per-call samples ---------------------------------------------
+
+def _timed_samples(fn, args, device, warmup, repeats):
+    for _ in range(warmup):
+        fn(*args)
+    samples = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        fn(*args)
+        synchronize(device)
+        samples.append((time.perf_counter() - start) * 1e3)
+    return samples
+
+
+def _timer_reporting(summary):
+    """A timer that warms up and synchronises right, then summarises its samples with ``summary``."""
+    def benchmark(fn, *args, device=None, warmup=3, repeats=20):
+        return summary(_timed_samples(fn, args, device, warmup, repeats))
+    return benchmark
+
+
+def _pct(samples, q):
+    s = sorted(samples)
+    pos = (len(s) - 1) * q / 100
+    lo = int(pos)
+    return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (pos - lo)
+
+
+def test_p95_as_mean_plus_two_std_fails(sol01):
+    def summary(s):
+        mean, std = statistics.fmean(s), statistics.pstdev(s)
+        return {"median_ms": statistics.median(s), "p95_ms": mean + 2 * std, "p99_ms": _pct(s, 99)}
+    r = grade(STEM, "benchmark", with_answer(sol01, benchmark=_timer_reporting(summary)))
+    assert r.status == "failed" and r.score == 0 and "p95_ms" in r.message and "mean + z * std" in r.message
+
+
+def test_p99_as_the_max_fails(sol01):
+    def summary(s):
+        return {"median_ms": statistics.median(s), "p95_ms": _pct(s, 95), "p99_ms": max(s)}
+    r = grade(STEM, "benchmark", with_answer(sol01, benchmark=_timer_reporting(summary)))
+    assert r.status == "failed" and r.score == 0 and "p99_ms" in r.message and "the max" in r.message
+
+
+def test_percentiles_of_the_whole_loop_divided_by_n_fail(sol01):
+    def benchmark(fn, *args, device=None, warmup=3, repeats=20):
+        for _ in range(warmup):
+            fn(*args)
+        synchronize(device)
+        per_call = []
+        for _ in range(3):  # three timed loops; each "sample" is a loop's time / repeats
+            start = time.perf_counter()
+            for _ in range(repeats):
+                fn(*args)
+            synchronize(device)
+            per_call.append((time.perf_counter() - start) * 1e3 / repeats)
+        return {"median_ms": statistics.median(per_call), "p95_ms": _pct(per_call, 95), "p99_ms": _pct(per_call, 99)}
+    r = grade(STEM, "benchmark", with_answer(sol01, benchmark=benchmark))
+    assert r.status == "failed" and r.score == 0 and "median_ms" in r.message and "the mean" in r.message
+
+
+def test_percentiles_of_unsorted_samples_fail(sol01):
+    def summary(s):
+        return {"median_ms": statistics.median(s), "p95_ms": s[int(0.95 * len(s))], "p99_ms": s[int(0.99 * len(s))]}
+    r = grade(STEM, "benchmark", with_answer(sol01, benchmark=_timer_reporting(summary)))
+    assert r.status == "failed" and r.score == 0
+
+
+@pytest.mark.parametrize("method", ["nearest rank", "statistics.quantiles", "numpy", "perf_counter_ns imported"])
+def test_other_correct_timers_pass(sol01, method):
+    """Any usual percentile definition is accepted, and so is a clock imported by name."""
+    import math
+
+    import numpy as np
+    source = '''
+from time import perf_counter_ns
+def benchmark(fn, *args, device=None, warmup=3, repeats=20):
+    for _ in range(warmup):
+        fn(*args)
+    synchronize(device)
+    samples = []
+    for _ in range(repeats):
+        start = perf_counter_ns()
+        fn(*args)
+        synchronize(device)
+        samples.append((perf_counter_ns() - start) / 1e6)
+    s = sorted(samples)
+    return {"median_ms": s[len(s) // 2], "p95_ms": s[int(0.95 * len(s))], "p99_ms": s[int(0.99 * len(s))]}
+'''
+    summaries = {
+        "nearest rank": lambda s: {k: sorted(s)[math.ceil(q / 100 * len(s)) - 1]
+                                   for k, q in (("median_ms", 50), ("p95_ms", 95), ("p99_ms", 99))},
+        "statistics.quantiles": lambda s: dict(zip(("median_ms", "p95_ms", "p99_ms"),
+                                                   [statistics.quantiles(s, n=100)[q - 1] for q in (50, 95, 99)])),
+        "numpy": lambda s: dict(zip(("median_ms", "p95_ms", "p99_ms"), np.percentile(s, [50, 95, 99]).tolist())),
+    }
+    if method in summaries:
+        ns = with_answer(sol01, benchmark=_timer_reporting(summaries[method]))
+    else:
+        ns = with_answer(sol01)
+        exec(source, ns)
+    r = grade(STEM, "benchmark", ns)
+    assert r.status == "passed", r.message
+
+
+def test_the_simulated_clock_is_restored_after_the_check():
+    from gpulab.simulated import SimulatedClock
+    ns = {"perf_counter": time.perf_counter}
+    real = time.perf_counter
+    with SimulatedClock(start_s=5.0).installed(ns):
+        assert ns["perf_counter"]() == pytest.approx(5.0, abs=1e-5) and time.perf_counter() < 5.1
+    assert time.perf_counter is real and ns["perf_counter"] is real

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import torch
 
@@ -50,15 +51,23 @@ def _costs_cases(gen, public):
         cases.append(Case("fp16, causal attention, odd sizes", dict(
             numel=1000, n_inputs=1, flops_per_element=8, rows=3, cols=77, M=100, N=33, K=7,
             batch=2, heads=3, seq_q=5, seq_k=5, head_dim=16, causal=True, dtype_bytes=2)))
+        cases.append(Case("fp16, causal attention with fewer keys than queries (seq_k < seq_q)", dict(
+            numel=77, n_inputs=3, flops_per_element=2, rows=5, cols=3, M=7, N=100, K=33,
+            batch=1, heads=2, seq_q=12, seq_k=5, head_dim=32, causal=True, dtype_bytes=2)))
+    # Hidden cases: random sizes inside fixed rules, so every seed has causal and non-causal
+    # attention with seq_k <, = and > seq_q, and every dtype size.
+    shapes = ["seq_k < seq_q", "seq_k > seq_q", "seq_k = seq_q"]
     for i in range(2 if public else 6):
-        sq = _randint(gen, 1, 300)
-        cases.append(Case(f"random sizes #{i}", dict(
+        sq = _randint(gen, 2, 300)
+        sk = {"seq_k < seq_q": _randint(gen, 1, sq - 1), "seq_k > seq_q": sq + _randint(gen, 1, 200),
+              "seq_k = seq_q": sq}[shapes[i % 3]]
+        causal = i % 2 == 0
+        cases.append(Case(f"random sizes #{i}: {'causal' if causal else 'full'} attention, {shapes[i % 3]}", dict(
             numel=_randint(gen, 1, 1 << 22), n_inputs=_randint(gen, 1, 3),
             flops_per_element=_randint(gen, 1, 20), rows=_randint(gen, 1, 5000),
             cols=_randint(gen, 1, 5000), M=_randint(gen, 1, 4096), N=_randint(gen, 1, 4096),
             K=_randint(gen, 1, 4096), batch=_randint(gen, 1, 8), heads=_randint(gen, 1, 32),
-            seq_q=sq, seq_k=sq + _randint(gen, 0, 1) * _randint(gen, 0, 200), head_dim=64,
-            causal=bool(_randint(gen, 0, 1)) or i == 0, dtype_bytes=[1, 2, 4][_randint(gen, 0, 2)])))
+            seq_q=sq, seq_k=sk, head_dim=64, causal=causal, dtype_bytes=[1, 2, 4][i % 3])))
     return cases
 
 
@@ -81,7 +90,12 @@ def _costs_judge(case, obs):
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             return f"{op}_cost must return a pair (flops, bytes), got {got!r}."
         if not _close(got[0], flops):
-            return f"{op}_cost: flops {got[0]!r}, expected {flops} for {case.inputs}."
+            msg = f"{op}_cost: flops {got[0]!r}, expected {flops} for {case.inputs}."
+            x = case.inputs
+            if op == "attention" and x["causal"] and x["seq_k"] < x["seq_q"]:
+                msg += (" Here seq_k < seq_q: query i sees min(i + 1, seq_k) keys, so the last "
+                        f"{x['seq_q'] - x['seq_k']} queries see all {x['seq_k']} keys.")
+            return msg
         if not _close(got[1], nbytes):
             return f"{op}_cost: bytes {got[1]!r}, expected {nbytes} for {case.inputs}."
     return None
@@ -100,10 +114,12 @@ def _roofline_cases(gen, public):
         pb = 10 ** (10 + 3 * float(torch.rand(1, generator=gen)))
         nbytes = 10 ** (4 + 6 * float(torch.rand(1, generator=gen)))
         ridge = pf / pb
-        ai = ridge * (10 ** (2 * float(torch.rand(1, generator=gen)) - 1))  # 0.1x .. 10x the ridge
-        if abs(math.log10(ai / ridge)) < 0.05:
-            ai *= 2.0  # keep away from the ridge, where "memory" vs "compute" is a tie
-        cases.append(Case(f"random machine #{i}", dict(flops=ai * nbytes, bytes=nbytes, peak_flops=pf, peak_bw=pb)))
+        # 1.1x .. 10x away from the ridge (never a tie), below it (memory-bound) on even cases
+        factor = 10 ** (0.05 + 0.95 * float(torch.rand(1, generator=gen)))
+        ai = ridge / factor if i % 2 == 0 else ridge * factor
+        bound = "memory" if i % 2 == 0 else "compute"
+        cases.append(Case(f"random machine #{i}, {bound}-bound",
+                          dict(flops=ai * nbytes, bytes=nbytes, peak_flops=pf, peak_bw=pb)))
     return cases
 
 
@@ -131,22 +147,48 @@ def _roofline_judge(case, obs):
 
 # --- benchmark: a timer that synchronises and warms up ----------------------------------------
 
+# The simulated GPU runs on a simulated clock (gpulab.simulated.SimulatedClock): nothing sleeps, and
+# a timer that synchronises measures exactly the durations the kernel was given. The warm calls take
+# REPEATS durations in a shuffled cycle, in four tiers: TIERS[t] = (count, multiple of the typical
+# time). Each percentile falls well inside one tier, so every usual definition of a percentile
+# (linear interpolation, nearest rank, numpy's or statistics.quantiles' methods) gives the same value,
+# while the mean, mean + 2 std, or the max are far from it.
+REPEATS = 200
+TIERS = ((180, 1.0), (16, 2.5), (3, 8.0), (1, 20.0))  # median, p95, p99 in tiers 0, 1, 2; tier 3: max
+PERCENTILE_RTOL, PERCENTILE_ATOL_MS = 0.02, 0.05      # a timer's own clock reads add microseconds
+
+
+def _durations(gen, typical_ms: float) -> list:
+    """REPEATS per-call times in ms, the tiers of TIERS in a random order."""
+    values = [mult * typical_ms for count, mult in TIERS for _ in range(count)]
+    return [values[i] for i in torch.randperm(len(values), generator=gen).tolist()]
+
+
 def _benchmark_cases(gen, public):
-    # Real sleeps, so the bounds below are wide (a loaded machine oversleeps by a few ms) and the
-    # cold calls are long enough that every wrong timer still lands far outside them.
-    return [Case("simulated GPU kernel: 4 ms per call, first 3 calls 300 ms",
-                 dict(steady_ms=4.0, cold_ms=300.0, cold_calls=3, warmup=5, repeats=20)),
-            Case("simulated GPU kernel: 8 ms per call, first call 400 ms",
-                 dict(steady_ms=8.0, cold_ms=400.0, cold_calls=1, warmup=3, repeats=12))]
+    specs = [(4.0, 300.0, 3, 5), (8.0, 400.0, 1, 3)]
+    if not public:  # random typical times, the same rules
+        specs = [(1.0 + 7.0 * float(torch.rand(1, generator=gen)), 300.0, 3, 5),
+                 (1.0 + 7.0 * float(torch.rand(1, generator=gen)), 400.0, 1, 3)]
+    cases = []
+    for typical, cold, cold_calls, warmup in specs:
+        first = f"first {cold_calls} calls" if cold_calls > 1 else "first call"
+        cases.append(Case(f"simulated GPU kernel: typically {typical:.3g} ms per call, some slower, "
+                          f"{first} {cold:.0f} ms",
+                          dict(steady_ms=typical, cold_ms=cold, cold_calls=cold_calls, warmup=warmup,
+                               repeats=REPEATS, durations_ms=_durations(gen, typical))))
+    return cases
 
 
 def _benchmark_run(ns, case, device):
-    from gpulab.simulated import SimulatedDevice, SimulatedKernel
+    from gpulab.simulated import SimulatedClock, SimulatedDevice, SimulatedKernel
 
     x = case.inputs
-    sim = SimulatedDevice()
-    kernel = SimulatedKernel(sim, steady_ms=x["steady_ms"], cold_ms=x["cold_ms"], cold_calls=x["cold_calls"])
-    stats = entry(ns, "benchmark")(kernel, torch.zeros(4), device=sim, warmup=x["warmup"], repeats=x["repeats"])
+    clock = SimulatedClock()
+    sim = SimulatedDevice(clock=clock)
+    kernel = SimulatedKernel(sim, steady_ms=x["steady_ms"], cold_ms=x["cold_ms"], cold_calls=x["cold_calls"],
+                             durations_ms=x["durations_ms"])
+    with clock.installed(ns):
+        stats = entry(ns, "benchmark")(kernel, torch.zeros(4), device=sim, warmup=x["warmup"], repeats=x["repeats"])
     get = (lambda k: stats[k]) if isinstance(stats, dict) else (lambda k: getattr(stats, k))
     return {"median_ms": float(get("median_ms")), "p95_ms": float(get("p95_ms")),
             "p99_ms": float(get("p99_ms")), "calls": kernel.calls}
@@ -154,22 +196,51 @@ def _benchmark_run(ns, case, device):
 
 def _benchmark_judge(case, obs):
     x = case.inputs
-    steady = x["steady_ms"]
+    steady, samples = x["steady_ms"], x["durations_ms"]
     if obs["calls"] < x["warmup"] + x["repeats"]:
         return f"fn was called {obs['calls']} times; expected warmup + repeats = {x['warmup'] + x['repeats']}."
     if obs["median_ms"] < 0.75 * steady:
-        return (f"median {obs['median_ms']:.3f} ms, but each call really takes {steady} ms: the clock was read "
-                "before the work finished. Call `synchronize(device)` before reading the clock after each call.")
+        return (f"median {obs['median_ms']:.3f} ms, but a typical call really takes {steady:.3g} ms: the clock was "
+                "read before the work finished. Call `synchronize(device)` before reading the clock after each call.")
     if obs["median_ms"] > 3 * steady + 2.0:
-        return (f"median {obs['median_ms']:.2f} ms, but each warm call takes {steady} ms: the slow first calls "
-                "(compilation, autotuning) leaked into the result. Run `warmup` untimed calls first, then take "
-                "the median of per-call samples.")
-    for key in ("p95_ms", "p99_ms"):  # generous: a busy machine may add many ms to one sample
-        if obs[key] > 10 * steady:
-            return (f"{key} = {obs[key]:.1f} ms, but the steady-state time is {steady} ms: the slow first calls "
-                    "(compilation, autotuning) were timed. Run `warmup` untimed calls first.")
+        return (f"median {obs['median_ms']:.2f} ms, but a typical warm call takes {steady:.3g} ms: the slow first "
+                "calls (compilation, autotuning) leaked into the result. Run `warmup` untimed calls first, then "
+                "take the median of per-call samples.")
+    slowest = max(samples)
+    for key in ("p95_ms", "p99_ms"):
+        if obs[key] > (slowest + x["cold_ms"]) / 2:
+            return (f"{key} = {obs[key]:.1f} ms, but no warm call takes more than {slowest:.3g} ms: the slow first "
+                    "calls (compilation, autotuning) were timed. Run `warmup` untimed calls first.")
     if not obs["median_ms"] <= obs["p95_ms"] <= obs["p99_ms"]:
         return f"expected median <= p95 <= p99, got {obs['median_ms']:.3f}, {obs['p95_ms']:.3f}, {obs['p99_ms']:.3f}."
+    return _percentile_mismatch(obs, samples)
+
+
+def _percentile_mismatch(obs, samples) -> str | None:
+    """A message if the reported median, p95 or p99 are not those of the per-call samples."""
+    from gpulab.bench import percentile
+
+    mean = statistics.fmean(samples)
+    std = statistics.pstdev(samples)
+    for key, q, label in (("median_ms", 50, "median"), ("p95_ms", 95, "95th percentile"),
+                          ("p99_ms", 99, "99th percentile")):
+        want, got = percentile(samples, q), obs[key]
+        if abs(got - want) <= PERCENTILE_RTOL * want + PERCENTILE_ATOL_MS:
+            continue
+        msg = (f"{key} = {got:.3f} ms, but the {label} of the {len(samples)} per-call times your timer measured "
+               f"is {want:.3f} ms (they range from {min(samples):.3g} to {max(samples):.3g} ms).")
+        near = lambda v: abs(got - v) <= PERCENTILE_RTOL * v + PERCENTILE_ATOL_MS  # noqa: E731
+        if near(mean):
+            msg += (" You reported the mean (a total time divided by the number of calls?): time each call "
+                    "separately and take percentiles of those samples.")
+        elif near(max(samples)):
+            msg += " You reported the slowest sample, the max: p99 is the value 99% of the way up the sorted samples."
+        elif key != "median_ms" and any(near(mean + z * std) for z in (1.645, 2.0, 2.326, 3.0)):
+            msg += (" You reported mean + z * std, which assumes normally distributed times; timings have a long "
+                    "tail. Sort the samples and take the value q% of the way up.")
+        else:
+            msg += " Sort the per-call samples and take the value q% of the way up (as numpy.percentile does)."
+        return msg
     return None
 
 
