@@ -13,7 +13,7 @@ LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --ServerApp.port=$(PORT) --ServerApp.root_dir="$(CURDIR)" \
-		--ServerApp.default_url=/lab/tree/notebooks/00_start_here.ipynb $(LAB_ARGS)
+		--LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb $(LAB_ARGS)
 
 test: $(STAMP)
 	$(PY) -m grader release --check
