@@ -8,7 +8,9 @@ Metadata the suite relies on (set in ``solutions/``, never trusted from a submis
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from pathlib import Path
 
 
@@ -29,39 +31,108 @@ class Node(dict):
         self[name] = value
 
 
-def _node(value):
+class InvalidNotebook(ValueError):
+    """The file is not a readable notebook; the message says why and what to do."""
+
+
+MAX_NOTEBOOK_BYTES = 50 * 2**20  # a notebook without outputs is well under 1 MB
+MAX_DEPTH = 100  # nesting of lists and dicts; a real notebook nests under 20 deep
+
+
+def _text(value: str) -> str:
+    """``value`` with lone surrogates (a JSON ``"\\ud800"`` escape) replaced by U+FFFD."""
+    if value.isascii():
+        return value
+    return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def _node(value, depth: int = 0):
+    """JSON data as :class:`Node` objects, strings made valid Unicode; too deep is invalid."""
+    if depth > MAX_DEPTH:
+        raise RecursionError
     if isinstance(value, dict):
-        return Node({k: _node(v) for k, v in value.items()})
+        return Node({_text(k): _node(v, depth + 1) for k, v in value.items()})
     if isinstance(value, list):
-        return [_node(v) for v in value]
+        return [_node(v, depth + 1) for v in value]
+    if isinstance(value, str):
+        return _text(value)
     return value
 
 
-class InvalidNotebook(ValueError):
-    """The file is not a readable notebook; the message says why and what to do."""
+def _read_bytes(path: Path) -> bytes:
+    """The bytes of a regular file of at most :data:`MAX_NOTEBOOK_BYTES`, else InvalidNotebook.
+
+    Opened with ``O_NONBLOCK`` and checked with ``fstat`` before reading, so a FIFO, a device or a
+    directory named ``*.ipynb`` is refused instead of blocking or reading forever.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags)
+    except (OSError, ValueError) as exc:
+        raise InvalidNotebook(f"cannot read {path.name}: {exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+            raise InvalidNotebook(f"{path.name} is {kind}; submit the .ipynb file saved by JupyterLab.")
+        if info.st_size > MAX_NOTEBOOK_BYTES:
+            raise InvalidNotebook(_too_large(path, info.st_size))
+        chunks, size = [], 0
+        while size <= MAX_NOTEBOOK_BYTES:  # read to the end, even if the file grows meanwhile
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_NOTEBOOK_BYTES:
+            raise InvalidNotebook(_too_large(path, size))
+        return b"".join(chunks)
+    except OSError as exc:
+        raise InvalidNotebook(f"cannot read {path.name}: {exc}") from None
+    finally:
+        os.close(fd)
+
+
+def _too_large(path: Path, size: int) -> str:
+    return (f"{path.name} is {size / 2**20:.1f} MB, more than the {MAX_NOTEBOOK_BYTES // 2**20} MB a notebook "
+            "may have: clear all outputs (Edit > Clear Outputs of All Cells), save, and submit again.")
 
 
 def read_notebook(path) -> Node:
     """Read an ``.ipynb`` file as nbformat 4, or raise :class:`InvalidNotebook` with a clear reason."""
     path = Path(path)
+    data = _read_bytes(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidNotebook(f"cannot read {path.name}: {exc}") from None
+        text = data.decode("utf-8-sig")  # a byte-order mark (some editors add one) is harmless
+    except UnicodeDecodeError as exc:
+        raise InvalidNotebook(f"{path.name} is not UTF-8 text (byte {exc.start}): it is not a notebook, or it "
+                              "is damaged. Re-download or re-save it from JupyterLab.") from None
+    damaged = "the file is damaged. Re-download or re-save it from JupyterLab."
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidNotebook(f"{path.name} is not valid JSON (line {exc.lineno}, column {exc.colno}): "
-                              "the file is damaged. Re-download or re-save it from JupyterLab.") from None
+                              f"{damaged}") from None
+    except ValueError as exc:  # e.g. a number of more than 4300 digits
+        raise InvalidNotebook(f"{path.name} is not valid JSON ({exc}): {damaged}") from None
+    except RecursionError:
+        raise InvalidNotebook(f"{path.name} nests lists or objects too deeply to be a notebook: {damaged}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list):
         raise InvalidNotebook(f"{path.name} is JSON but not a Jupyter notebook (no list of cells).")
-    if raw.get("nbformat") != 4:
-        raise InvalidNotebook(f"{path.name} is notebook format {raw.get('nbformat')!r}; save it from "
-                              "JupyterLab (format 4).")
-    nb = _node(raw)
+    fmt = raw.get("nbformat")
+    if fmt != 4:
+        shown = repr(fmt)[:40] if isinstance(fmt, (int, float, str, type(None))) else type(fmt).__name__
+        raise InvalidNotebook(f"{path.name} is notebook format {shown}; save it from JupyterLab (format 4).")
+    try:
+        nb = _node(raw)
+    except RecursionError:
+        raise InvalidNotebook(f"{path.name} nests lists or objects more than {MAX_DEPTH} deep, which no "
+                              f"notebook does: {damaged}") from None
     for i, cell in enumerate(nb.cells):
         if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
             raise InvalidNotebook(f"{path.name}: cell {i} is not a valid cell.")
+        if not isinstance(cell.get("id", ""), str):
+            del cell["id"]  # graders look cells up by id, which must be a string
         source = cell.get("source", "")
         if isinstance(source, list):
             source = "".join(s if isinstance(s, str) else "" for s in source)

@@ -1,17 +1,78 @@
 """Writing a grade: ``result.json`` (schema 1, fixed), ``feedback.md`` for the learner, JUnit XML
-for CI, and a table for the terminal."""
+for CI, and a table for the terminal.
+
+Everything a submission can influence (its file name, exception messages, printed output) is
+passed through :func:`sanitize_text` once per report, so no learner text can break a report's
+format, the terminal, or the file encoding.
+"""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
 _MARK = {"passed": "PASS", "failed": "FAIL", "error": "ERROR", "timeout": "TIMEOUT",
          "crashed": "CRASH", "not_attempted": "TODO"}
 
+MAX_TEXT = 20_000  # characters kept of one message or of the learner's output
+MAX_NAME = 255     # characters kept of one name (a file name is at most 255 bytes anyway)
+_CUT = " … [truncated]"
+# Control characters (C0 but tab and newline, DEL, C1), bidirectional overrides (they reorder what
+# a terminal shows) and U+FFFE/U+FFFF (not allowed in XML): shown escaped, as Python writes them.
+_UNSAFE = "\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ufffe\uffff"
+_UNSAFE_TEXT = re.compile(f"[{_UNSAFE}]")
+_UNSAFE_NAME = re.compile(f"[\t\n{_UNSAFE}]")
+# Fields of a result that are names, kept on one line.
+_NAME_KEYS = frozenset({"lab", "submission", "status", "device", "id", "cell"})
+
+
+def sanitize_text(value, limit: int = MAX_TEXT, single_line: bool = False) -> str:
+    """``value`` as text that is safe in JSON, UTF-8, XML, Markdown, CSV and a terminal.
+
+    Lone surrogates become U+FFFD; ``\\r\\n`` becomes ``\\n``; other control characters are shown
+    escaped (``\\x1b``), as are tab and newline when ``single_line``; the result has at most
+    ``limit`` characters. Applying it twice changes nothing.
+    """
+    text = value if isinstance(value, str) else str(value)
+    truncated = len(text) > limit
+    text = text[:limit]  # escaping only lengthens, so nothing past ``limit`` can be kept
+    if not text.isascii():
+        # utf-16 pairs up surrogates that form a character and replaces the lone ones
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    text = text.replace("\r\n", "\n")
+    text = (_UNSAFE_NAME if single_line else _UNSAFE_TEXT).sub(lambda m: ascii(m.group())[1:-1], text)
+    if truncated or len(text) > limit:
+        text = text[:max(0, limit - len(_CUT))] + _CUT
+    return text
+
+
+def sanitize_result(result: dict) -> dict:
+    """A copy of a result with every string passed through :func:`sanitize_text` (names on one line)."""
+
+    def clean(value, key=None):
+        if isinstance(value, str):
+            return sanitize_text(value, MAX_NAME, single_line=True) if key in _NAME_KEYS else sanitize_text(value)
+        if isinstance(value, dict):
+            return {k: clean(v, k) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v, key) for v in value]
+        return value
+
+    return clean(result)
+
+
+def _fenced(text: str) -> list[str]:
+    """``text`` as a Markdown code block whose fence is longer than any run of backticks inside,
+    so the text cannot close it and turn into Markdown."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence, text, fence]
+
 
 def table(result: dict) -> str:
     """A plain-text table of one result, for the terminal."""
+    result = sanitize_result(result)
     lines = [f"{result['submission']}  lab {result.get('lab')}  status {result['status']}"]
     if result["status"] != "graded":
         lines.append(f"  {result.get('message', '')}")
@@ -31,9 +92,10 @@ def table(result: dict) -> str:
 
 
 def feedback_markdown(result: dict) -> str:
+    result = sanitize_result(result)
     out = [f"# Feedback: {result['submission']}", ""]
     if result["status"] != "graded":
-        out += [f"**Not graded** ({result['status']}): {result.get('message', '')}", ""]
+        out += [f"**Not graded** ({result['status']}):", "", *_fenced(result.get("message", "")), ""]
         return "\n".join(out)
     out += [f"Lab **{result['lab']}**: **{result['score']:g} / {result['max_score']:g}** points "
             f"(device {result['device']}).", "", "| exercise | points | status |", "|---|---|---|"]
@@ -42,12 +104,12 @@ def feedback_markdown(result: dict) -> str:
     out.append("")
     for ex in result["exercises"]:
         if ex["status"] != "passed":
-            out += [f"## `{ex['id']}`: {ex['status']}", "", "```", ex["message"], "```", ""]
+            out += [f"## `{ex['id']}`: {ex['status']}", "", *_fenced(ex["message"]), ""]
     run = result.get("notebook_run")
     if run and run["status"] == "failed":
         out += ["## The notebook does not run top to bottom", "",
-                f"Cell `{run.get('cell')}` failed (this does not change the scores above):", "", "```",
-                run.get("error", ""), "```", ""]
+                f"Cell `{run.get('cell')}` failed (this does not change the scores above):", "",
+                *_fenced(run.get("error", "")), ""]
     return "\n".join(out)
 
 
@@ -55,7 +117,7 @@ def junit_xml(results: list[dict], suite: str = "gpulab") -> str:
     """One test case per exercise of every graded submission; invalid submissions are one error each."""
     cases = []
     failures = errors = 0
-    for r in results:
+    for r in map(sanitize_result, results):
         cls = quoteattr(f"{r.get('lab')}.{Path(r['submission']).stem}")
         if r["status"] != "graded":
             errors += 1
@@ -73,12 +135,16 @@ def junit_xml(results: list[dict], suite: str = "gpulab") -> str:
             elif ex["status"] == "not_attempted":
                 body = "<skipped message=\"not attempted\"/>"
             cases.append(f"  <testcase classname={cls} name={quoteattr(ex['id'])}>{body}</testcase>")
+    suite = sanitize_text(suite, MAX_NAME, single_line=True)
     return (f'<?xml version="1.0" encoding="utf-8"?>\n<testsuite name={quoteattr(suite)} tests="{len(cases)}" '
             f'failures="{failures}" errors="{errors}">\n' + "\n".join(cases) + "\n</testsuite>\n")
 
 
 def write_reports(result: dict, out_dir: Path) -> None:
+    """Write ``result.json``, ``feedback.md`` and ``junit.xml`` of one (sanitized) result into ``out_dir``."""
+    result = sanitize_result(result)
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "result.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out_dir / "feedback.md").write_text(feedback_markdown(result))
-    (out_dir / "junit.xml").write_text(junit_xml([result]))
+    (out_dir / "result.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    (out_dir / "feedback.md").write_text(feedback_markdown(result), encoding="utf-8")
+    (out_dir / "junit.xml").write_text(junit_xml([result]), encoding="utf-8")
