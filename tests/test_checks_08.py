@@ -10,6 +10,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from grader.checks import exercises
+from grader.exercise import evaluate
 from tests.conftest import grade, solution_namespace, with_answer
 
 STEM = "08_quantization"
@@ -374,3 +376,97 @@ def test_forgotten_scales_fail(sol08):
     bad = _with_solution_kernel(sol08, triton.cdiv, scale=torch.ones_like)
     r = grade(STEM, "int8_weight_matmul", with_answer(sol08, int8_weight_matmul=bad), hidden=False)
     assert r.status == "failed" and r.score == 0 and "outputs differ" in r.message
+
+
+@triton.jit
+def _int8_matmul_fp16_accumulator(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float16)  # BUG: the running sum keeps 11 bits
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        w = tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < K), other=0)
+        acc = tl.dot(x, w.to(x.dtype), acc)
+    acc = acc * tl.load(s_ptr + rn, mask=rn < N, other=0.0)[None, :]
+    tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@pytest.mark.parametrize("block_k", [64, 256])
+def test_float16_accumulator_fails_the_cancelling_cases(sol08, block_k):
+    def int8_weight_matmul(x, w_q, w_scale, out=None):
+        M, K = x.shape
+        N = w_q.shape[0]
+        out = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
+        _int8_matmul_fp16_accumulator[(triton.cdiv(M, 16), triton.cdiv(N, 32))](
+            x, w_q, w_scale, out, M, N, K, x.stride(0), w_q.stride(0), out.stride(0),
+            BLOCK_M=16, BLOCK_N=32, BLOCK_K=block_k)
+        return out
+    ex = exercises(STEM)["int8_weight_matmul"]
+    cases = [c for seed in (None, 1, 2) for c in (ex.cases() if seed is None else ex.cases(seed, public=False))
+             if c.name.startswith("partial sums that cancel")]
+    assert len(cases) == 3
+    r = evaluate(ex, with_answer(sol08, int8_weight_matmul=int8_weight_matmul), "cpu", cases)
+    assert r.score == 0 and all(c.status == "failed" for c in r.cases), r.message
+    assert "outputs differ" in r.message and "accumulate in float32" in r.message
+
+
+# --- the 1-D per-channel path ----------------------------------------------------------------------
+
+def test_range_of_a_1d_tensor_per_channel_reduced_to_one_value_fails(sol08):
+    def minmax_range(x, axis=None):
+        if axis is None:
+            return x.min(), x.max()
+        dims = [d for d in range(x.ndim) if d != axis]  # BUG: for a 1-D tensor dims = [], which reduces everything
+        return x.amin(dim=dims), x.amax(dim=dims)
+    r = grade(STEM, "quant_params", with_answer(sol08, minmax_range=minmax_range))
+    failed = [c for c in r.cases if c.status != "passed"]
+    assert failed and all("1-D" in c.name for c in failed), [c.name for c in failed]
+    assert "every *other* dimension" in failed[0].message and "shape ()" in failed[0].message
+
+
+def test_per_channel_scales_reshaped_for_2d_weights_only_fail(sol08):
+    def quantize(x, scale, zero_point, axis=None, qmin=-128, qmax=127):
+        if axis == 0:  # BUG: (C, 1) broadcasts along axis 0 of a matrix only
+            scale, zero_point = scale.view(-1, 1), zero_point.view(-1, 1)
+        return (torch.round(x.float() / scale) + zero_point).clamp(qmin, qmax).to(torch.int8)
+    r = grade(STEM, "quant_roundtrip", with_answer(sol08, quantize=quantize), hidden=False)
+    failed = {c.name.split(":")[0]: c for c in r.cases if c.status != "passed"}
+    assert set(failed) == {"per-channel on a 1-D tensor", "per-channel axis=0 of a 3-D cube (7, 7, 7)"}, set(failed)
+    assert "returned shape (37, 37)" in failed["per-channel on a 1-D tensor"].message
+    for seed in (1, 2, 3):  # and in every hidden set
+        ex = exercises(STEM)["quant_roundtrip"]
+        r = evaluate(ex, with_answer(sol08, quantize=quantize), "cpu", ex.cases(seed, public=False))
+        assert any(c.name.startswith("per-channel on a 1-D tensor") and c.status != "passed" for c in r.cases)
+
+
+# --- answers that compute nothing earn nothing; every rule in every hidden set ----------------------
+
+_DO_NOTHING = {"return []": lambda *a, **k: [], "return None": lambda *a, **k: None,
+               "return True": lambda *a, **k: True, "return 0.0": lambda *a, **k: 0.0,
+               "return the input": lambda *a, **k: a[0] if a else None}
+
+
+@pytest.mark.parametrize("eid", sorted(exercises(STEM)))
+def test_answers_that_compute_nothing_score_zero(eid):
+    ex = exercises(STEM)[eid]
+    cases = ex.cases() + ex.cases(1, public=False) + ex.cases(2, public=False)
+    for stub, fn in _DO_NOTHING.items():
+        r = evaluate(ex, {name: fn for name in ex.entries}, "cpu", cases)
+        assert r.score == 0, (stub, r.message)
+
+
+def _rules(ex, seed):
+    return sorted(c.name.split(":")[0] for c in ex.cases(seed, public=False))
+
+
+@pytest.mark.parametrize("eid", sorted(exercises(STEM)))
+def test_every_hidden_set_covers_the_same_rules(eid):
+    ex = exercises(STEM)[eid]
+    rules = _rules(ex, 1)
+    assert not any(r.startswith("random") for r in rules), rules
+    assert len(set(rules)) == len(rules), rules  # one case per rule, named by it
+    for seed in (2, 3, 20261122, 987654321):
+        assert _rules(ex, seed) == rules
