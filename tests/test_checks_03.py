@@ -12,7 +12,11 @@ import torch
 import triton
 import triton.language as tl
 
+from grader.checks import exercises
+from grader.exercise import evaluate
+from grader.notebooks import exec_source
 from tests.conftest import grade, solution_namespace, with_answer
+from tests.graderkit import solution_with
 
 STEM = "03_reductions"
 
@@ -32,7 +36,7 @@ def test_solution_passes_public_and_hidden_cases(sol03, eid):
 # --- a softmax kernel with a switch per bug -----------------------------------------------------------
 
 @triton.jit
-def _softmax_variant(x_ptr, out_ptr, N, BLOCK_N: tl.constexpr, SUB_MAX: tl.constexpr, RESCALE: tl.constexpr,
+def _softmax_variant(x_ptr, out_ptr, N, stride_xm, stride_om, BLOCK_N: tl.constexpr, SUB_MAX: tl.constexpr, RESCALE: tl.constexpr,
                      GUARD_LANES: tl.constexpr, GUARD_ROW: tl.constexpr, LOAD_LE: tl.constexpr,
                      STORE_LE: tl.constexpr, LOOP: tl.constexpr, ACC: tl.constexpr, STATS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -45,7 +49,7 @@ def _softmax_variant(x_ptr, out_ptr, N, BLOCK_N: tl.constexpr, SUB_MAX: tl.const
             mask = start + cols <= N  # BUG: one element past the row
         else:
             mask = start + cols < N
-        x = tl.load(x_ptr + row * N + start + cols, mask=mask, other=float("-inf")).to(ACC)
+        x = tl.load(x_ptr + row * stride_xm + start + cols, mask=mask, other=float("-inf")).to(ACC)
         if SUB_MAX:
             m_new = tl.maximum(m_lane, x)
         else:
@@ -72,10 +76,10 @@ def _softmax_variant(x_ptr, out_ptr, N, BLOCK_N: tl.constexpr, SUB_MAX: tl.const
             mask = start + cols < N
             if STORE_LE:
                 mask = start + cols <= N  # BUG: writes one element past the row
-            x = tl.load(x_ptr + row * N + start + cols, mask=mask & (start + cols < N + 1),
+            x = tl.load(x_ptr + row * stride_xm + start + cols, mask=mask & (start + cols < N + 1),
                         other=float("-inf")).to(ACC)
             y = tl.exp((x - m_use.to(ACC)).to(tl.float32)) * inv.to(tl.float32)
-            tl.store(out_ptr + row * N + start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.store(out_ptr + row * stride_om + start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 RIGHT = dict(SUB_MAX=True, RESCALE=True, GUARD_LANES=True, GUARD_ROW=True, LOAD_LE=False, STORE_LE=False,
@@ -92,7 +96,7 @@ def _softmax_with(stats=False, **bugs):
                if out is None else out)
         block = BLOCK_N or max(16, triton.next_power_of_2(N))
         acc = tl.float16 if fp16_acc and x.dtype == torch.float16 else tl.float32
-        _softmax_variant[(M,)](x, out, N, BLOCK_N=block, ACC=acc, STATS=stats, **flags)
+        _softmax_variant[(M,)](x, out, N, x.stride(0), out.stride(0), BLOCK_N=block, ACC=acc, STATS=stats, **flags)
         return out
     return fn
 
@@ -249,7 +253,7 @@ def test_stats_in_pytorch_earns_nothing(sol03):
 # --- a norm kernel with a switch per bug -------------------------------------------------------------
 
 @triton.jit
-def _norm_variant(x_ptr, w_ptr, b_ptr, out_ptr, N, eps, BLOCK_N: tl.constexpr, LAYER: tl.constexpr,
+def _norm_variant(x_ptr, w_ptr, b_ptr, out_ptr, N, stride_xm, stride_om, eps, BLOCK_N: tl.constexpr, LAYER: tl.constexpr,
                   ACC: tl.constexpr, EPS_INSIDE: tl.constexpr, UNBIASED: tl.constexpr, LOOP: tl.constexpr,
                   STORE_MASK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -257,12 +261,12 @@ def _norm_variant(x_ptr, w_ptr, b_ptr, out_ptr, N, eps, BLOCK_N: tl.constexpr, L
     end = N if LOOP else 1
     s = tl.zeros([BLOCK_N], ACC)
     for start in range(0, end, BLOCK_N):
-        s += tl.load(x_ptr + row * N + start + cols, mask=start + cols < N, other=0.0).to(ACC)
+        s += tl.load(x_ptr + row * stride_xm + start + cols, mask=start + cols < N, other=0.0).to(ACC)
     mean = tl.sum(s, axis=0) / N if LAYER else 0.0
     q = tl.zeros([BLOCK_N], ACC)
     for start in range(0, end, BLOCK_N):
         mask = start + cols < N
-        x = tl.load(x_ptr + row * N + start + cols, mask=mask, other=0.0).to(ACC)
+        x = tl.load(x_ptr + row * stride_xm + start + cols, mask=mask, other=0.0).to(ACC)
         xc = tl.where(mask, x - mean, 0.0).to(ACC)
         q += xc * xc
     var = tl.sum(q, axis=0) / ((N - 1) if UNBIASED else N)
@@ -272,14 +276,14 @@ def _norm_variant(x_ptr, w_ptr, b_ptr, out_ptr, N, eps, BLOCK_N: tl.constexpr, L
         rstd = 1.0 / (tl.sqrt(var.to(tl.float32)) + eps)  # BUG: eps outside the square root
     for start in range(0, end, BLOCK_N):
         mask = start + cols < N
-        x = tl.load(x_ptr + row * N + start + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + row * stride_xm + start + cols, mask=mask, other=0.0).to(tl.float32)
         y = (x - mean) * rstd * tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
         if LAYER:
             y += tl.load(b_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
         if STORE_MASK:
-            tl.store(out_ptr + row * N + start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.store(out_ptr + row * stride_om + start + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
         else:
-            tl.store(out_ptr + row * N + start + cols, y.to(out_ptr.dtype.element_ty))  # BUG: no mask
+            tl.store(out_ptr + row * stride_om + start + cols, y.to(out_ptr.dtype.element_ty))  # BUG: no mask
 
 
 NORM_RIGHT = dict(FP16_ACC=False, EPS_INSIDE=True, UNBIASED=False, LOOP=True, STORE_MASK=True)
@@ -293,7 +297,8 @@ def _norm_with(layer, **bugs):
         out = torch.empty_like(x) if out is None else out
         block = BLOCK_N or max(16, triton.next_power_of_2(x.shape[1]))
         acc = tl.float16 if fp16_acc and x.dtype == torch.float16 else tl.float32
-        _norm_variant[(x.shape[0],)](x, w, w if b is None else b, out, x.shape[1], eps, BLOCK_N=block,
+        _norm_variant[(x.shape[0],)](x, w, w if b is None else b, out, x.shape[1], x.stride(0), out.stride(0), eps,
+                                     BLOCK_N=block,
                                      LAYER=layer, ACC=acc, **flags)
         return out
     if layer:
@@ -359,7 +364,7 @@ def test_eager_layernorm_earns_nothing(sol03):
 # --- stretch: RMSNorm backward -------------------------------------------------------------------------
 
 @triton.jit
-def _rms_bwd_variant(x_ptr, w_ptr, dy_ptr, dx_ptr, dw_ptr, M, N, eps, BLOCK_N: tl.constexpr,
+def _rms_bwd_variant(x_ptr, w_ptr, dy_ptr, dx_ptr, dw_ptr, M, N, stride_xm, stride_dym, eps, BLOCK_N: tl.constexpr,
                      RSTD_TERM: tl.constexpr, DW_RSTD: tl.constexpr, DW_ALL_ROWS: tl.constexpr):
     """One program per block of columns, rows in a loop: slow but simple (whole rows: BLOCK_N >= N)."""
     cols = tl.arange(0, BLOCK_N)
@@ -367,8 +372,8 @@ def _rms_bwd_variant(x_ptr, w_ptr, dy_ptr, dx_ptr, dw_ptr, M, N, eps, BLOCK_N: t
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     dw = tl.zeros([BLOCK_N], tl.float32)
     for row in range(0, M):
-        x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * stride_dym + cols, mask=mask, other=0.0).to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
         dx = rstd * w * dy
         if RSTD_TERM:
@@ -387,7 +392,7 @@ def _rms_bwd_with(**bugs):
 
     def rmsnorm_backward(x, weight, dy, eps=1e-6, out=None, BLOCK_N=None):
         dx, dw = (torch.empty_like(x), torch.empty_like(weight)) if out is None else out
-        _rms_bwd_variant[(1,)](x, weight, dy, dx, dw, x.shape[0], x.shape[1], eps,
+        _rms_bwd_variant[(1,)](x, weight, dy, dx, dw, x.shape[0], x.shape[1], x.stride(0), dy.stride(0), eps,
                                BLOCK_N=max(16, triton.next_power_of_2(x.shape[1])), **flags)
         return dx, dw
     return rmsnorm_backward
@@ -424,3 +429,76 @@ def test_backward_by_autograd_earns_nothing(sol03):
         return out[0].copy_(dx), out[1].copy_(dw)
     r = grade(STEM, "rmsnorm_backward", with_answer(sol03, rmsnorm_backward=rmsnorm_backward), hidden=False)
     assert r.status == "failed" and r.score == 0 and "no Triton kernel" in r.message
+
+
+# --- row-padded inputs: rows are x.stride(0) apart, not N ---------------------------------------------
+
+def _padded_cases(eid, seeds=(1, 2)):
+    """The row-padded cases of ``eid``: the public one and those of a few hidden seeds."""
+    ex = exercises(STEM)[eid]
+    cases = ex.cases() + [c for seed in seeds for c in ex.cases(seed=seed, public=False)]
+    return [c for c in cases if c.inputs.get("row_pad")]
+
+
+def _wrong_solution(sol03, eid, old, new):
+    """The solution with one piece of its answer to ``eid`` replaced (a plausible bug)."""
+    return exec_source(solution_with(STEM, eid, old, new), f"<wrong {eid}: {new}>", dict(sol03))
+
+
+@pytest.mark.parametrize("eid, old, new", [
+    ("softmax_rows", "(x, out, N, x.stride(0), out.stride(0)", "(x, out, N, N, out.stride(0)"),
+    ("softmax_online_state", "(x, out, N, x.stride(0), out.stride(0)", "(x, out, N, N, out.stride(0)"),
+    ("rmsnorm_forward", "(x, weight, out, N, x.stride(0), out.stride(0)", "(x, weight, out, N, N, out.stride(0)"),
+    ("layernorm_forward", "(x, weight, bias, out, N, x.stride(0), out.stride(0)",
+     "(x, weight, bias, out, N, N, out.stride(0)"),
+], ids=["softmax", "softmax_stats", "rmsnorm", "layernorm"])
+def test_rows_offset_by_n_instead_of_the_stride_fail_on_padded_rows(sol03, eid, old, new):
+    wrong = _wrong_solution(sol03, eid, old, new)
+    cases = _padded_cases(eid)
+    assert len(cases) == 3
+    r = evaluate(exercises(STEM)[eid], wrong, "cpu", cases)
+    assert r.score == 0 and all(c.status == "failed" for c in r.cases), r.message
+    assert "row-padded view" in r.message and "x.stride(0)" in r.message
+
+
+def test_backward_with_x_row_stride_for_dy_fails(sol03):
+    wrong = _wrong_solution(sol03, "rmsnorm_backward", "x.stride(0), dy.stride(0), dx.stride(0)",
+                            "x.stride(0), x.stride(0), dx.stride(0)")
+    r = evaluate(exercises(STEM)["rmsnorm_backward"], wrong, "cpu", _padded_cases("rmsnorm_backward"))
+    assert r.score == 0 and "different row strides" in r.message, r.message
+
+
+# --- hidden cases hold every rule, on every seed ---------------------------------------------------------
+
+def _rules(case) -> set:
+    """The rules a case exercises, read from its inputs (not its name)."""
+    x = case.inputs
+    if x.get("kind") == "combine":
+        return {"combine: hand-made states"}
+    t = x["x"]
+    rules = {f"kind {x['kind']}", f"{x['kind']} in {str(t.dtype).replace('torch.', '')}"}
+    block, N = x.get("block_n"), t.shape[1]
+    if block and N > block:
+        rules.add("rows wider than BLOCK_N")
+    if N % (block or 16) and N > 1:
+        rules.add("a partial last block")
+    if x.get("row_pad"):
+        rules.add("row-padded view" + (" (dy padded differently)" if x.get("dy_row_pad") != x.get("row_pad") and
+                                       "dy_row_pad" in x else ""))
+    if torch.isneginf(t).any():
+        rules.add("-inf entries")
+    if t.abs().max() > 500:
+        rules.add("large magnitudes")
+    return rules
+
+
+@pytest.mark.parametrize("eid", ["softmax_rows", "softmax_online_state", "rmsnorm_forward", "layernorm_forward",
+                                 "rmsnorm_backward"])
+def test_every_seed_hides_cases_of_every_rule(eid):
+    ex = exercises(STEM)[eid]
+    seen = [set().union(*map(_rules, ex.cases(seed=seed, public=False))) for seed in (1, 2, 3, 20261122, 4242)]
+    assert all(s == seen[0] for s in seen), [s ^ seen[0] for s in seen]
+    assert {"rows wider than BLOCK_N", "a partial last block"} <= seen[0]
+    assert any(r.startswith("row-padded view") for r in seen[0])
+    public = set().union(*map(_rules, ex.cases()))
+    assert {r for r in public if r.startswith("kind")} == {r for r in seen[0] if r.startswith("kind")}

@@ -18,7 +18,12 @@ from the curriculum's "C:" line:
 - the stretch RMSNorm backward: dx with the gradient through rstd, dweight summed over every row.
 
 Inputs sit at the start of a larger buffer padded with large values, so a load mask that is off by
-one (``<=``) reads a value that changes the result rather than memory nobody owns.
+one (``<=``) reads a value that changes the result rather than memory nobody owns. Some cases pass
+**row-padded views** (an (M, N + pad) buffer sliced to (M, N), the gaps holding the same large
+values): a kernel that offsets rows by N instead of ``x.stride(0)`` reads them.
+
+Hidden cases are random sizes inside fixed rules: every seed's hidden set holds every rule above
+(tests/test_checks_03.py checks it).
 """
 from __future__ import annotations
 
@@ -45,6 +50,34 @@ def _padded(x: torch.Tensor, device) -> torch.Tensor:
     storage = torch.full((x.numel() + PAD,), PAD_VALUE, dtype=x.dtype, device=device)
     storage[: x.numel()].copy_(x.reshape(-1))
     return storage[: x.numel()].view(x.shape)
+
+
+def _place(x: torch.Tensor, device, row_pad: int = 0) -> torch.Tensor:
+    """``x`` as the kernel sees it: ``_padded``, or with ``row_pad`` > 0 a row-padded view, rows
+    N + row_pad elements apart (stride(0) > N), the gaps and the tail holding PAD_VALUE."""
+    if not row_pad:
+        return _padded(x, device)
+    M, N = x.shape
+    storage = torch.full((M * (N + row_pad) + PAD,), PAD_VALUE, dtype=x.dtype, device=device)
+    view = storage[: M * (N + row_pad)].view(M, N + row_pad)[:, :N]
+    view.copy_(x)
+    return view
+
+
+def _row_pad_note(case) -> str:
+    pad = case.inputs.get("row_pad", 0)
+    if not pad:
+        return ""
+    n = case.inputs["x"].shape[1]
+    return (f"\n  x here is a row-padded view: its rows are x.stride(0) = {n + pad} elements apart, not N = {n} "
+            f"(an (M, N + {pad}) buffer sliced to (M, N)). Pass x.stride(0) to the kernel and offset row r by "
+            "r * stride_xm.")
+
+
+def _int_not_multiple(gen, lo, hi, block) -> int:
+    """A random integer in [lo, hi] that is not a multiple of ``block`` (the last block is partial)."""
+    n = _int(gen, lo, hi)
+    return n + 1 if block and n % block == 0 else n
 
 
 def _call_kernel(fn, args: tuple, kwargs: dict, out_shape, out_dtype, device) -> dict:
@@ -137,6 +170,7 @@ _SOFTMAX_KINDS = {
     "large": ": values near +-1000 (exp overflows without max subtraction)",
     "masked": ": -inf (masked) entries in every row",
     "fully_masked": ": a fully masked row (all -inf) must give all zeros",
+    "padded": ": rows of a row-padded view (stride(0) > N)",
 }
 
 
@@ -145,24 +179,29 @@ def _softmax_cases(gen, public):
         specs = [(1, 1, None, "float32", "normal"), (5, 77, None, "float32", "normal"),
                  (6, 1000, 128, "float32", "wide"), (4, 4000, 512, "float16", "fp16_long"),
                  (3, 257, 64, "float32", "large"), (6, 300, 64, "float32", "masked"),
-                 (3, 100, 32, "float32", "fully_masked")]
-    else:
-        specs = [(_int(gen, 1, 12), _int(gen, 1, 700), None, "float32", "normal"),
-                 (_int(gen, 1, 8), _int(gen, 300, 2500), [64, 128, 256][_int(gen, 0, 2)], "float32", "wide"),
-                 (_int(gen, 2, 4), _int(gen, 2500, 4096), [256, 512][_int(gen, 0, 1)], "float16", "fp16_long"),
-                 (_int(gen, 1, 6), _int(gen, 65, 800), 64, ["float32", "float16"][_int(gen, 0, 1)], "large"),
-                 (_int(gen, 3, 8), _int(gen, 100, 600), [32, 64][_int(gen, 0, 1)], "float32", "masked"),
-                 (_int(gen, 2, 6), _int(gen, 40, 300), 32, "float16", "fully_masked")]
+                 (3, 100, 32, "float32", "fully_masked"), (4, 300, 64, "float32", "padded")]
+    else:  # every rule, random sizes; blocked rows never a multiple of the block
+        b_wide, b_long, b_masked = [64, 128, 256][_int(gen, 0, 2)], [256, 512][_int(gen, 0, 1)], [32, 64][_int(gen, 0, 1)]
+        specs = [(_int(gen, 1, 12), _int_not_multiple(gen, 1, 700, 16), None, "float32", "normal"),
+                 (_int(gen, 1, 8), _int_not_multiple(gen, 300, 2500, b_wide), b_wide, "float32", "wide"),
+                 (_int(gen, 2, 4), _int_not_multiple(gen, 2500, 4096, b_long), b_long, "float16", "fp16_long"),
+                 (_int(gen, 1, 6), _int_not_multiple(gen, 65, 800, 64), 64, "float32", "large"),
+                 (_int(gen, 3, 8), _int_not_multiple(gen, 100, 600, b_masked), b_masked, "float32", "masked"),
+                 (_int(gen, 2, 6), _int_not_multiple(gen, 40, 300, 32), 32, "float16", "fully_masked"),
+                 (_int(gen, 2, 6), _int_not_multiple(gen, 65, 400, 64), 64, "float16", "padded")]
     cases = []
     for M, N, block_n, dtype, kind in specs:
         x = _softmax_x(gen, M, N, getattr(torch, dtype), kind)
         blk = "" if block_n is None else f", BLOCK_N={block_n}"
-        cases.append(Case(f"({M}, {N}) {dtype}{blk}{_SOFTMAX_KINDS[kind]}", dict(x=x, block_n=block_n, kind=kind)))
+        inputs = dict(x=x, block_n=block_n, kind=kind)
+        if kind == "padded":
+            inputs["row_pad"] = 13 if public else _int(gen, 1, 40)
+        cases.append(Case(f"({M}, {N}) {dtype}{blk}{_SOFTMAX_KINDS[kind]}", inputs))
     return cases
 
 
 def _softmax_run(ns, case, device):
-    x = _padded(case.inputs["x"], device)
+    x = _place(case.inputs["x"], device, case.inputs.get("row_pad", 0))
     obs = _call_kernel(entry(ns, "softmax"), (x,), _block_kwargs(case.inputs["block_n"]), x.shape, x.dtype, device)
     obs["inputs_after"] = {"x": x.cpu()}
     return obs
@@ -181,6 +220,8 @@ def _softmax_judge(case, obs):
     if off.any():
         r = int(off.nonzero()[0])
         message += f"\n  Row {r} of your output sums to {float(sums[r]):.4g}, not 1: its normaliser l is wrong."
+    if kind == "padded":
+        return message + _row_pad_note(case)
     if kind == "large":
         return message + ("\n  Entries near +-1000: exp(1000) = inf in float32 (exp overflows above ~88.7), and "
                           "inf / inf = NaN. Subtract the row max before exp: softmax(x) = softmax(x - max(x)).")
@@ -279,19 +320,24 @@ def _stats_cases(gen, public):
         specs = [(4, 1000, 128, "float32", "normal", [0, 300, 301, 777, 1000]),
                  (3, 600, 64, "float32", "large", [0, 100, 450, 600]),
                  (3, 512, 64, "float32", "masked", [0, 128, 256, 384, 512]),
-                 (4, 2048, 256, "float16", "normal", [0, 512, 1024, 1536, 2048])]
-    else:
+                 (4, 2048, 256, "float16", "normal", [0, 512, 1024, 1536, 2048]),
+                 (3, 300, 64, "float32", "padded", [0, 77, 300])]
+    else:  # every rule, random sizes
         specs = []
-        for kind, dtype in (("normal", "float32"), ("large", "float16"), ("masked", "float32")):
-            N = _int(gen, 50, 1500)
-            specs.append((_int(gen, 3, 8), N, [32, 64, 128][_int(gen, 0, 2)], dtype, kind,
-                          _random_splits(gen, N, _int(gen, 2, 5))))
+        for kind, dtype, hi in (("normal", "float32", 1500), ("large", "float16", 1500), ("masked", "float32", 1500),
+                                ("padded", "float32", 400)):
+            block_n = [32, 64, 128][_int(gen, 0, 2)]
+            N = _int_not_multiple(gen, 50, hi, block_n)
+            specs.append((_int(gen, 3, 8), N, block_n, dtype, kind, _random_splits(gen, N, _int(gen, 2, 5))))
     cases = []
     for M, N, block_n, dtype, kind, splits in specs:
         x = _stats_x(gen, M, N, getattr(torch, dtype), kind)
-        what = {"normal": "", "large": ", values near +-1000", "masked": ", -inf entries and a fully -inf row"}[kind]
-        cases.append(Case(f"({M}, {N}) {dtype}, BLOCK_N={block_n}, chunks at {splits}{what}",
-                          dict(x=x, block_n=block_n, splits=splits, kind=kind)))
+        what = {"normal": "", "large": ", values near +-1000", "masked": ", -inf entries and a fully -inf row",
+                "padded": ", x a row-padded view (stride(0) > N), the chunks its column slices"}[kind]
+        inputs = dict(x=x, block_n=block_n, splits=splits, kind=kind)
+        if kind == "padded":
+            inputs["row_pad"] = 11 if public else _int(gen, 1, 40)
+        cases.append(Case(f"({M}, {N}) {dtype}, BLOCK_N={block_n}, chunks at {splits}{what}", inputs))
     a, b, c = _combine_public_states() if public else (_state_rows(gen, 9), _state_rows(gen, 9), _state_rows(gen, 9))
     cases.append(Case(f"combine_stats on {a.shape[0]} hand-made states, (-inf, 0) ones included",
                       dict(a=a, b=b, c=c, kind="combine")))
@@ -321,15 +367,17 @@ def _stats_run(ns, case, device):
         return {"ab": ab.cpu(), "ba": ba.cpu(), "left": left.cpu(), "right": right.cpu(),
                 "combine_mutated": any(mutated)}
     x, splits, kw = inp["x"], inp["splits"], _block_kwargs(inp["block_n"])
+    row_pad = inp.get("row_pad", 0)
+    whole = _place(x, device, row_pad)
     obs = {"chunks": [], "launches": [], "guard": None, "returned_out": True}
     for lo, hi in zip(splits[:-1], splits[1:]):
-        chunk = _padded(x[:, lo:hi].contiguous(), device)  # (M, hi - lo)
+        # (M, hi - lo); with row_pad, a column slice of the row-padded whole
+        chunk = whole[:, lo:hi] if row_pad else _padded(x[:, lo:hi].contiguous(), device)
         r = _call_kernel(stats, (chunk,), kw, (x.shape[0], 2), torch.float32, device)
         obs["chunks"].append(r["out"])
         obs["launches"] += r["launches"]
         obs["guard"] = obs["guard"] or r["guard"]
         obs["returned_out"] &= r["returned_out"]
-    whole = _padded(x, device)
     r = _call_kernel(stats, (whole,), kw, (x.shape[0], 2), torch.float32, device)
     obs["whole"] = r["out"]
     obs["inputs_after"] = {"x": whole.cpu()}
@@ -381,7 +429,7 @@ def _stats_judge(case, obs):
         return ("softmax_stats must write its result into `out` when `out` is given, and return `out` "
                 "(the check passes a (M, 2) float32 buffer pre-filled with NaN).")
     x, splits = inp["x"], inp["splits"]
-    notes = _wide_note(Case(case.name, {"x": x, "block_n": inp["block_n"]}))
+    notes = _wide_note(Case(case.name, {"x": x, "block_n": inp["block_n"]})) + _row_pad_note(case)
     if inp["kind"] == "large":
         notes += "\n  Entries near +-1000: exp(x) overflows float32 unless you subtract the running max first."
     if inp["kind"] == "masked":
@@ -429,6 +477,7 @@ _NORM_KINDS = {
     "wide": ": rows wider than one block",
     "fp16_long": ": long float16 rows with a large mean (an fp16 sum overflows at 65504)",
     "eps": ": small values where eps matters, and a constant row",
+    "padded": ": rows of a row-padded view (stride(0) > N)",
 }
 
 
@@ -449,13 +498,16 @@ def _norm_cases(op):
         if public:
             specs = [(1, 1, None, "float32", "tiny"), (6, 7, None, "float32", "tiny"),
                      (7, 333, None, "float32", "normal"), (5, 1500, 256, "float32", "wide"),
-                     (4, 4000, 1024, "float16", "fp16_long"), (4, 200, 64, "float32", "eps")]
-        else:
+                     (4, 4000, 1024, "float16", "fp16_long"), (4, 200, 64, "float32", "eps"),
+                     (4, 150, 64, "float32", "padded")]
+        else:  # every rule, random sizes; blocked rows never a multiple of the block
+            b_wide, b_long, b_eps = [128, 256, 512][_int(gen, 0, 2)], [512, 1024][_int(gen, 0, 1)], [64, 128][_int(gen, 0, 1)]
             specs = [(_int(gen, 1, 8), _int(gen, 1, 9), None, "float32", "tiny"),
-                     (_int(gen, 1, 12), _int(gen, 10, 900), None, ["float32", "float16"][_int(gen, 0, 1)], "normal"),
-                     (_int(gen, 1, 6), _int(gen, 600, 3000), [128, 256, 512][_int(gen, 0, 2)], "float32", "wide"),
-                     (_int(gen, 2, 4), _int(gen, 2500, 4096), [512, 1024][_int(gen, 0, 1)], "float16", "fp16_long"),
-                     (_int(gen, 2, 6), _int(gen, 50, 500), [64, 128][_int(gen, 0, 1)], "float32", "eps")]
+                     (_int(gen, 1, 12), _int_not_multiple(gen, 10, 900, 16), None, "float16", "normal"),
+                     (_int(gen, 1, 6), _int_not_multiple(gen, 600, 3000, b_wide), b_wide, "float32", "wide"),
+                     (_int(gen, 2, 4), _int_not_multiple(gen, 2500, 4096, b_long), b_long, "float16", "fp16_long"),
+                     (_int(gen, 2, 6), _int_not_multiple(gen, 50, 500, b_eps), b_eps, "float32", "eps"),
+                     (_int(gen, 2, 6), _int_not_multiple(gen, 65, 400, 64), 64, "float32", "padded")]
         cases = []
         for M, N, block_n, dtype, kind in specs:
             dt = getattr(torch, dtype)
@@ -463,6 +515,8 @@ def _norm_cases(op):
             eps = (0.1 if op == "rmsnorm" else 0.05) if kind == "eps" else (1e-6 if op == "rmsnorm" else 1e-5)
             w = (1 + 0.5 * torch.randn(N, generator=gen)).to(dt)
             inputs = dict(x=x, weight=w, eps=eps, block_n=block_n, kind=kind)
+            if kind == "padded":
+                inputs["row_pad"] = 9 if public else _int(gen, 1, 40)
             if op == "layernorm":
                 inputs["bias"] = (0.5 * torch.randn(N, generator=gen)).to(dt)
             blk = "" if block_n is None else f", BLOCK_N={block_n}"
@@ -474,7 +528,7 @@ def _norm_cases(op):
 def _norm_run(op):
     def run(ns, case, device):
         inp = case.inputs
-        x = _padded(inp["x"], device)
+        x = _place(inp["x"], device, inp.get("row_pad", 0))
         w = inp["weight"].to(device)
         args = (x, w) if op == "rmsnorm" else (x, w, inp["bias"].to(device))
         kwargs = {"eps": inp["eps"], **_block_kwargs(inp["block_n"])}
@@ -520,6 +574,7 @@ def _norm_judge(op):
             message += "\n  A constant row has zero variance: eps inside the square root keeps it finite."
         if inp["kind"] == "wide":
             message += _wide_note(case)
+        message += _row_pad_note(case)
         if x.dtype == torch.float16:
             message += _FP16_NOTE
         return message
@@ -541,12 +596,16 @@ def _rms_bwd_cases(gen, public):
     if public:
         specs = [(1, 1, None, "float32", "tiny"), (6, 7, None, "float32", "tiny"),
                  (5, 1500, 256, "float32", "wide"), (40, 256, None, "float32", "normal"),
-                 (3, 3000, 1024, "float16", "fp16_long"), (4, 200, 64, "float32", "eps")]
-    else:
+                 (3, 3000, 1024, "float16", "fp16_long"), (4, 200, 64, "float32", "eps"),
+                 (4, 100, None, "float32", "padded")]
+    else:  # every rule, random sizes; blocked rows never a multiple of the block
+        b_wide = [128, 256][_int(gen, 0, 1)]
         specs = [(_int(gen, 1, 8), _int(gen, 1, 9), None, "float32", "tiny"),
-                 (_int(gen, 20, 50), _int(gen, 10, 300), None, "float32", "normal"),
-                 (_int(gen, 1, 6), _int(gen, 600, 2500), [128, 256][_int(gen, 0, 1)], "float32", "wide"),
-                 (_int(gen, 2, 3), _int(gen, 1500, 3000), 1024, "float16", "fp16_long")]
+                 (_int(gen, 20, 50), _int_not_multiple(gen, 10, 300, 16), None, "float32", "normal"),
+                 (_int(gen, 1, 6), _int_not_multiple(gen, 600, 2500, b_wide), b_wide, "float32", "wide"),
+                 (_int(gen, 2, 3), _int_not_multiple(gen, 1500, 3000, 1024), 1024, "float16", "fp16_long"),
+                 (_int(gen, 2, 5), _int_not_multiple(gen, 30, 200, 16), None, "float32", "eps"),
+                 (_int(gen, 2, 5), _int_not_multiple(gen, 30, 200, 16), None, "float32", "padded")]
     cases = []
     for M, N, block_n, dtype, kind in specs:
         dt = getattr(torch, dtype)
@@ -556,14 +615,17 @@ def _rms_bwd_cases(gen, public):
         dy = torch.randn(M, N, generator=gen).to(dt)
         blk = "" if block_n is None else f", BLOCK_N={block_n}"
         what = "" if kind == "normal" else _NORM_KINDS[kind]
-        cases.append(Case(f"({M}, {N}) {dtype}, eps={eps:g}{blk}{what or ': many rows for dweight'}",
-                          dict(x=x, weight=w, dy=dy, eps=eps, block_n=block_n, kind=kind)))
+        inputs = dict(x=x, weight=w, dy=dy, eps=eps, block_n=block_n, kind=kind)
+        if kind == "padded":  # x and dy padded differently: each needs its own row stride
+            inputs["row_pad"], inputs["dy_row_pad"] = (5, 21) if public else (_int(gen, 1, 20), _int(gen, 21, 40))
+            what = ": x and dy row-padded views with different row strides"
+        cases.append(Case(f"({M}, {N}) {dtype}, eps={eps:g}{blk}{what or ': many rows for dweight'}", inputs))
     return cases
 
 
 def _rms_bwd_run(ns, case, device):
     inp = case.inputs
-    x, dy = _padded(inp["x"], device), _padded(inp["dy"], device)
+    x, dy = _place(inp["x"], device, inp.get("row_pad", 0)), _place(inp["dy"], device, inp.get("dy_row_pad", 0))
     w = inp["weight"].to(device)
     M, N = x.shape
     (dx, dx_store), (dw, dw_store) = poisoned((M, N), x.dtype, device), poisoned((N,), w.dtype, device)
@@ -601,6 +663,11 @@ def _rms_bwd_judge(case, obs):
                        "accumulate in float32.")
         elif inp["kind"] == "wide":
             report += _wide_note(case)
+        elif inp["kind"] == "padded":
+            n = x.shape[1]
+            report += (f"\n  x and dy here are row-padded views with different row strides: x.stride(0) = "
+                       f"{n + inp['row_pad']}, dy.stride(0) = {n + inp['dy_row_pad']}, both more than N = {n}. "
+                       "Pass each tensor's own stride(0) and offset its rows with it.")
         return report
     report = compare(obs["dweight"], dw_ref, dtype=w.dtype, name="dweight")
     if report:
