@@ -98,7 +98,22 @@ def assert_close(actual, expected, **kwargs) -> None:
 
 
 POISON = float("nan")
-GUARD = 257  # elements of guard region after an output; odd so no block size hides an overflow
+# The most elements one Triton block can hold (``TRITON_MAX_TENSOR_NUMEL`` in ``triton/_utils.py``,
+# 2**20 from Triton 3.x through 3.9; ``tl.arange(0, 2**21)`` raises). A guard region this long after
+# a buffer holds everything an unmasked 1-D block can write or read past its end, whatever BLOCK the
+# learner picks; in the CPU interpreter ``gpulab.launches`` also stops any access beyond it.
+MAX_BLOCK = 1 << 20
+GUARD = MAX_BLOCK  # elements of guard region after an output (4 MiB of float32; filled in ~1 ms)
+
+
+# The guard region holds a NaN with a payload no arithmetic produces, compared bit for bit: a store of
+# any value into it shows, NaN included (an unmasked kernel that reads NaN padding stores NaN).
+_GUARD_BITS = {torch.float64: (torch.int64, 0x7FF80000BAD0BAD0), torch.float32: (torch.int32, 0x7FC0BAD0),
+               torch.float16: (torch.int16, 0x7EAD), torch.bfloat16: (torch.int16, 0x7FCB)}
+
+
+def _poison_value(dtype: torch.dtype):
+    return POISON if dtype.is_floating_point else torch.iinfo(dtype).min
 
 
 def poisoned(shape, dtype=torch.float32, device="cpu", guard: int = GUARD):
@@ -106,18 +121,24 @@ def poisoned(shape, dtype=torch.float32, device="cpu", guard: int = GUARD):
 
     Returns ``(out, storage)``: ``out`` is a contiguous view of ``shape`` at the start of
     ``storage``; pass ``out`` to the kernel, then :func:`guard_report` on ``storage``.
-    Integer dtypes are poisoned with their minimum value, floats with NaN.
+    Integer dtypes are poisoned with their minimum value, floats with NaN (the guard region with
+    a NaN of its own bit pattern).
     """
     numel = math.prod(shape)
-    fill = POISON if dtype.is_floating_point else torch.iinfo(dtype).min
-    storage = torch.full((numel + guard,), fill, dtype=dtype, device=device)
+    storage = torch.full((numel + guard,), _poison_value(dtype), dtype=dtype, device=device)
+    if dtype in _GUARD_BITS:
+        int_dtype, bits = _GUARD_BITS[dtype]
+        storage.view(int_dtype)[numel:] = bits
     return storage[:numel].view(shape), storage
 
 
 def guard_report(storage: torch.Tensor, numel: int, name: str = "output") -> str | None:
     """``None`` if the guard region after the first ``numel`` elements is untouched, else a report."""
-    guard = storage[numel:].detach().cpu()
-    if guard.dtype.is_floating_point:
+    guard = storage[numel:].detach()  # checked where it lives: only two numbers cross to the host
+    if guard.dtype in _GUARD_BITS:
+        int_dtype, bits = _GUARD_BITS[guard.dtype]
+        touched = guard.view(int_dtype) != bits
+    elif guard.dtype.is_floating_point:
         touched = ~torch.isnan(guard)
     else:
         touched = guard != torch.iinfo(guard.dtype).min
@@ -127,6 +148,20 @@ def guard_report(storage: torch.Tensor, numel: int, name: str = "output") -> str
     first = int(touched.nonzero()[0])
     return (f"{name}: the kernel wrote {n} element(s) past the end of the tensor (first at offset "
             f"{numel + first}, {first} past the end). A store is missing its mask `offs < n`.")
+
+
+def padded(x: torch.Tensor, device=None, guard: int = GUARD, fill=None) -> torch.Tensor:
+    """A copy of ``x`` (same shape, contiguous) at the start of a buffer with ``guard`` more elements.
+
+    Inputs travel this way, so a load without a mask reads the padding (``fill``: poison by
+    default), never memory nobody owns. The result is a view; its storage holds the padding.
+    """
+    device = x.device if device is None else device
+    if fill is None:
+        fill = POISON if x.dtype.is_floating_point else (0 if x.dtype == torch.bool else torch.iinfo(x.dtype).max)
+    storage = torch.full((x.numel() + guard,), fill, dtype=x.dtype, device=device)
+    storage[: x.numel()].copy_(x.reshape(-1))
+    return storage[: x.numel()].view(x.shape)
 
 
 def validate(x, name: str, *, dtype=None, device=None, ndim: int | None = None,

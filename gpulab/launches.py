@@ -1,35 +1,351 @@
-"""Counting Triton kernel launches, so a check can tell a kernel from a PyTorch one-liner (lesson 02).
+"""Watching Triton kernel launches, so a check can tell the learner's kernel from anything else (lesson 02).
 
 Every Triton kernel object (compiled ``JITFunction``, the CPU ``InterpretedFunction``, the
 ``Autotuner`` and ``Heuristics`` wrappers) is launched through ``KernelInterface.__getitem__``
-(``kernel[grid](...)``), so counting calls there counts launches in both modes.
+(``kernel[grid](...)``), so patching it sees every launch in both modes.
+
+- :func:`record_launches` lists the names of the kernels launched (lesson 02 prints them).
+- :func:`watch_launches` is what the checks use. Per launch it records the name and whether the
+  kernel is the learner's *own*: defined outside ``gpulab/``, ``grader/``, Triton, PyTorch and every
+  other installed package (see :func:`is_own_kernel`). In Triton's CPU interpreter it also checks
+  every load and store against the tensors passed to the kernel: an access outside all of them is
+  recorded (an :class:`OutOfBounds`), and one outside all of their *storages* is not performed, so a
+  missing mask never reads unmapped memory or corrupts the heap, whatever the block size. (Pointers
+  carry no provenance in the interpreter, so an overflow that lands inside *another* argument is
+  not seen; the checks' own buffers are followed by ``MAX_BLOCK`` elements of padding, so theirs
+  cannot.)
+  With ``ablate=True`` the learner's kernels do not run at all: each launch poisons the scratch
+  tensors it was given (never the check's inputs) and returns, so a check can see whether the
+  output was really computed by those kernels.
+
+How the interpreter touches memory (Triton 3.9, ``triton/runtime/interpreter.py``): a tensor
+argument becomes its raw address (``data_ptr()``; CPU storages are used in place, not copied),
+``tl.load``/``tl.store`` become ``_interpreter.load(ptrs, mask, other, dtype)`` and
+``_interpreter.store(ptrs, value, mask)`` in C++, which dereference every address whose mask is
+true with no bounds check. An unmasked store past the end therefore writes into whatever the
+allocator put there (a crash later, or nothing visible), and a load past the end of a mapping
+segfaults. The watch replaces that module (``_interpreter``) with a checking stand-in while a
+watched kernel runs.
 """
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import inspect
+import os
+import sysconfig
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+def _python_function(kernel):
+    """The Python function behind a kernel object (Autotuner -> Heuristics -> JITFunction -> fn)."""
+    inner = kernel
+    for _ in range(6):
+        nxt = getattr(inner, "fn", None)
+        if nxt is None:
+            break
+        inner = nxt
+    return inner
 
 
 def _kernel_name(kernel) -> str:
-    inner = kernel
-    for _ in range(4):  # Autotuner -> Heuristics -> JITFunction -> python function
-        inner = getattr(inner, "fn", inner)
-    return getattr(inner, "__name__", type(kernel).__name__)
+    return getattr(_python_function(kernel), "__name__", type(kernel).__name__)
+
+
+def _not_own_dirs() -> tuple[str, ...]:
+    """Folders whose kernels are never the learner's: the helper and grader packages, and the
+    Python installation (standard library, site-packages: Triton, PyTorch, anything installed)."""
+    dirs = {os.path.dirname(os.path.abspath(__file__))}
+    spec = importlib.util.find_spec("grader")  # located, not imported: gpulab never imports grader
+    if spec is not None and spec.origin:
+        dirs.add(os.path.dirname(os.path.abspath(spec.origin)))
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            dirs.add(os.path.abspath(path))
+    return tuple(sorted(d.rstrip(os.sep) + os.sep for d in dirs))
+
+
+_NOT_OWN = _not_own_dirs()
+# Files that hold code the learner did not write although they live outside those folders: the
+# lab's locked cells in the grader, and kernels that torch.compile generates into its cache.
+_NOT_OWN_FILES = ("<lab setup>",)
+_NOT_OWN_PARTS = ("torchinductor",)
+
+
+def is_own_kernel(kernel) -> bool:
+    """True when ``kernel`` was defined by the learner: in an answer cell (the grader executes them
+    as ``<answer cell ID>``), a notebook cell, or a file of their own; False for kernels defined in
+    gpulab, the grader, Triton, PyTorch or any installed package."""
+    code = getattr(_python_function(kernel), "__code__", None)
+    if code is None:
+        return False
+    filename = code.co_filename
+    if filename in _NOT_OWN_FILES or any(part in filename for part in _NOT_OWN_PARTS):
+        return False
+    if filename.startswith("<"):
+        return True
+    return not os.path.abspath(filename).startswith(_NOT_OWN)
+
+
+@dataclass
+class Launch:
+    name: str
+    own: bool
+
+
+@dataclass
+class OutOfBounds:
+    """Accesses of one kind (load, store, atomic) by one kernel outside every tensor it was given,
+    described relative to the nearest tensor argument ``arg`` (the kernel's parameter name)."""
+
+    kernel: str
+    access: str          # "load" | "store" | "atomic"
+    arg: str
+    arg_numel: int       # elements of that tensor's extent
+    first: int           # first bad element, as an index into that tensor (< 0: before its start)
+    count: int = 0       # bad element accesses, summed over the kernel's programs
+
+    @property
+    def writes(self) -> bool:
+        return self.access != "load"
+
+    def message(self) -> str:
+        verb = "read" if self.access == "load" else "wrote"
+        if self.first >= 0:
+            size = f"{self.arg_numel} element{'s' if self.arg_numel != 1 else ''}"
+            where = f"past the end of `{self.arg}`, which has {size} (the first at index {self.first})"
+        else:
+            where = f"before the start of `{self.arg}` (the first at index {self.first})"
+        what = "A load is missing its mask `offs < n` (give it mask= and other=)." if self.access == "load" \
+            else "A store is missing its mask `offs < n`."
+        return f"kernel `{self.kernel}` {verb} {self.count} element(s) {where}. {what}"
+
+
+@dataclass
+class LaunchWatch:
+    """What :func:`watch_launches` saw. ``names`` grows as kernels launch."""
+
+    names: list = field(default_factory=list)
+    launches: list = field(default_factory=list)          # Launch per launch, in order
+    out_of_bounds: list = field(default_factory=list)     # OutOfBounds, first occurrence order
+    poisoned: list = field(default_factory=list)          # (tensor, saved copy) under ablation
+
+    @property
+    def own(self) -> list[str]:
+        return [launch.name for launch in self.launches if launch.own]
+
+    def first_out_of_bounds(self, writes: bool) -> str | None:
+        bad = [o for o in self.out_of_bounds if o.writes == writes]
+        return bad[0].message() if bad else None
+
+    def restore_poisoned(self) -> None:
+        """Give back what ablated launches overwrote (a scratch tensor may be the learner's cache)."""
+        import torch
+
+        with torch.no_grad():
+            for tensor, saved in reversed(self.poisoned):
+                tensor.copy_(saved)
+        self.poisoned.clear()
 
 
 @contextlib.contextmanager
 def record_launches():
     """Context manager yielding a list that collects the name of every Triton kernel launched."""
+    with watch_launches(check_bounds=False) as watch:
+        yield watch.names
+
+
+# --- tensors a launch was given ------------------------------------------------------------------
+
+def _tensor_args(pyfn, args, kwargs):
+    """``(parameter name, tensor)`` for every tensor argument of a launch (tuples and tensor
+    descriptors included)."""
+    import torch
+
+    try:
+        names = list(inspect.signature(pyfn).parameters)
+    except (TypeError, ValueError):
+        names = []
+    pairs = [(names[i] if i < len(names) else f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+    found = []
+
+    def visit(name, value):
+        if isinstance(value, torch.Tensor):
+            found.append((name, value))
+        elif isinstance(value, (tuple, list)):
+            for i, v in enumerate(value):
+                visit(f"{name}[{i}]", v)
+        elif isinstance(getattr(value, "base", None), torch.Tensor):  # TensorDescriptor, TensorWrapper
+            found.append((name, value.base))
+
+    for name, value in pairs:
+        visit(name, value)
+    return found
+
+
+def _extent(t) -> int:
+    """Elements from the first to the last element of ``t`` (its strides included)."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+
+
+# --- the interpreter's memory, checked --------------------------------------------------------------
+
+class _Bounds:
+    """The tensors of one launch: their extents (what the kernel may touch) and storages (what
+    memory exists)."""
+
+    def __init__(self, kernel: str, tensors, watch: LaunchWatch):
+        self.kernel, self.watch = kernel, watch
+        self.spans = []     # (name, lo, hi, itemsize, extent)
+        self.storages = []  # (lo, hi)
+        for name, t in tensors:
+            n = _extent(t)
+            if n:
+                self.spans.append((name, t.data_ptr(), t.data_ptr() + n * t.element_size(), t.element_size(), n))
+            st = t.untyped_storage()
+            self.storages.append((st.data_ptr(), st.data_ptr() + st.nbytes()))
+
+    def check(self, access: str, ptrs, mask, itemsize: int):
+        """The mask with every lane outside all storages turned off; records lanes outside all extents."""
+        addrs = np.asarray(ptrs, dtype=np.uint64)
+        mask = np.broadcast_to(np.asarray(mask, dtype=bool), addrs.shape)
+        end = addrs + np.uint64(itemsize)
+        in_span = np.zeros(addrs.shape, dtype=bool)
+        for _, lo, hi, _, _ in self.spans:
+            in_span |= (addrs >= np.uint64(lo)) & (end <= np.uint64(hi))
+        bad = mask & ~in_span
+        if not bad.any():
+            return np.ascontiguousarray(mask)
+        self._record(access, addrs[bad], itemsize)
+        in_storage = np.zeros(addrs.shape, dtype=bool)
+        for lo, hi in self.storages:
+            in_storage |= (addrs >= np.uint64(lo)) & (end <= np.uint64(hi))
+        return np.ascontiguousarray(mask & in_storage)
+
+    def _record(self, access: str, bad_addrs, itemsize: int) -> None:
+        first = int(bad_addrs.min())
+        if not self.spans:
+            name, index, numel = "?", 0, 0
+        else:
+            def distance(span):
+                _, lo, hi, _, _ = span
+                return first - hi if first >= hi else lo - first
+            name, lo, _, size, numel = min(self.spans, key=distance)
+            index = (first - lo) // size if first >= lo else -((lo - first + size - 1) // size)
+        for o in self.watch.out_of_bounds:
+            if (o.kernel, o.access, o.arg) == (self.kernel, access, name):
+                o.count += int(bad_addrs.size)
+                return
+        self.watch.out_of_bounds.append(OutOfBounds(self.kernel, access, name, numel, index, int(bad_addrs.size)))
+
+
+class _CheckedMemory:
+    """Stands in for the interpreter's C++ memory module (``_interpreter``) during a watched launch."""
+
+    class OutOfBoundsError(RuntimeError):
+        pass
+
+    def __init__(self, real, bounds: _Bounds):
+        self._real, self._bounds = real, bounds
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def load(self, ptrs, mask, other, dtype):
+        return self._real.load(ptrs, self._bounds.check("load", ptrs, mask, np.dtype(dtype).itemsize), other, dtype)
+
+    def store(self, ptrs, value, mask):
+        return self._real.store(ptrs, value, self._bounds.check("store", ptrs, mask, np.asarray(value).itemsize))
+
+    def atomic_rmw(self, op, ptrs, val, mask, sem):
+        return self._real.atomic_rmw(op, ptrs, val, self._bounds.check("atomic", ptrs, mask, np.asarray(val).itemsize),
+                                     sem)
+
+    def atomic_cas(self, ptrs, cmp, val, sem):
+        ones = np.ones(np.shape(ptrs), dtype=bool)
+        if not self._bounds.check("atomic", ptrs, ones, np.asarray(val).itemsize).all():
+            raise self.OutOfBoundsError("atomic_cas outside the tensors passed to the kernel (it has no mask)")
+        return self._real.atomic_cas(ptrs, cmp, val, sem)
+
+
+@contextlib.contextmanager
+def _checked_memory(bounds: _Bounds):
+    try:
+        from triton.runtime import interpreter
+        real = interpreter._interpreter
+    except (ImportError, AttributeError):  # not this Triton's interpreter: the guard regions remain
+        yield
+        return
+    interpreter._interpreter = _CheckedMemory(real, bounds)
+    try:
+        yield
+    finally:
+        interpreter._interpreter = real
+
+
+# --- ablation ----------------------------------------------------------------------------------------
+
+def _poison(watch: LaunchWatch, tensors, protect: set) -> None:
+    """Fill every tensor a skipped launch was given, except the check's own buffers, with poison,
+    as if the kernel had written garbage: so a scratch buffer never still holds an earlier run's
+    values. What is overwritten is saved and restored after the call."""
+    import torch
+
+    with torch.no_grad():
+        for _, t in tensors:
+            if t.numel() == 0 or t.untyped_storage().data_ptr() in protect or t.dtype == torch.bool:
+                continue
+            watch.poisoned.append((t, t.detach().clone()))
+            fill = float("nan") if t.dtype.is_floating_point else torch.iinfo(t.dtype).min
+            try:
+                t.detach().fill_(fill)
+            except RuntimeError:  # a dtype that cannot hold the fill (complex ...): zeros will do
+                t.detach().zero_()
+
+
+# --- the watch ----------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def watch_launches(*, check_bounds: bool = True, ablate: bool = False, protect=()):
+    """Context manager yielding a :class:`LaunchWatch` of every Triton launch inside it.
+
+    ``check_bounds``: in the CPU interpreter, record accesses outside the launch's tensors and skip
+    those outside their storages. ``ablate``: the learner's own kernels do not run; they poison
+    their tensor arguments except those sharing storage with a tensor in ``protect`` (the check's
+    inputs and outputs). Call ``watch.restore_poisoned()`` after reading the outputs.
+    """
     from triton.runtime.jit import KernelInterface
 
-    launched: list[str] = []
+    watch = LaunchWatch()
+    protected = {t.untyped_storage().data_ptr() for t in protect}
     original = KernelInterface.__getitem__
 
-    def counting_getitem(self, grid):
-        launched.append(_kernel_name(self))
-        return original(self, grid)
+    def watching_getitem(self, grid):
+        pyfn = _python_function(self)
+        launch = Launch(_kernel_name(self), is_own_kernel(self))
+        watch.names.append(launch.name)
+        watch.launches.append(launch)
+        if ablate and launch.own:
+            return lambda *args, **kwargs: _poison(watch, _tensor_args(pyfn, args, kwargs), protected)
+        launcher = original(self, grid)
+        if not check_bounds:
+            return launcher
 
-    KernelInterface.__getitem__ = counting_getitem
+        def run(*args, **kwargs):
+            tensors = _tensor_args(pyfn, args, kwargs)
+            if not tensors or any(t.device.type != "cpu" for _, t in tensors):
+                return launcher(*args, **kwargs)  # compiled on a GPU: the guard regions remain
+            with _checked_memory(_Bounds(launch.name, tensors, watch)):
+                return launcher(*args, **kwargs)
+        return run
+
+    KernelInterface.__getitem__ = watching_getitem
     try:
-        yield launched
+        yield watch
     finally:
         KernelInterface.__getitem__ = original

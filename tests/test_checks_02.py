@@ -143,3 +143,141 @@ def test_rejecting_every_input_earns_nothing(sol02):
         raise ValueError("not supported")
     r = grade(STEM, "vector_add", with_answer(sol02, vector_add=vector_add), hidden=False)
     assert r.status == "error" and r.score == 0 and "not supported" in r.message
+
+
+# --- missing masks at any block size, and answers that let PyTorch do the work --------------------
+
+@triton.jit
+def _add_unmasked(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs) + tl.load(y_ptr + offs))  # BUG: no mask anywhere
+
+
+@triton.jit
+def _does_nothing(out_ptr):
+    pass
+
+
+def _unmasked_add(block):
+    def vector_add(x, y, out=None, BLOCK=block):
+        out = torch.empty_like(x) if out is None else out
+        _add_unmasked[(triton.cdiv(x.numel(), BLOCK),)](x, y, out, x.numel(), BLOCK=BLOCK)
+        return out
+    return vector_add
+
+
+@pytest.mark.parametrize("block", [1024, 4096, 1 << 20], ids=["1024", "4096", "max"])
+def test_no_mask_at_any_block_size_is_an_out_of_bounds_verdict(sol02, block):
+    # The public cases are what the inline `check` runs, in the learner's own process.
+    r = grade(STEM, "vector_add", with_answer(sol02, vector_add=_unmasked_add(block)), hidden=False)
+    assert r.status == "failed" and "past the end of `out_ptr`" in r.message and "missing its mask" in r.message
+    assert torch.equal(torch.arange(4.0) + 1, torch.ones(4) + torch.arange(4.0))  # this process lives on
+
+
+def test_no_mask_through_the_inline_check_shows_a_verdict(sol02):
+    from gpulab.feedback import check_result
+
+    ns = with_answer(sol02, vector_add=_unmasked_add(1024))
+    r = check_result("vector_add", ns, device="cpu", quiet=True, record=False)
+    assert r.status == "failed" and "A store is missing its mask" in r.message
+
+
+def test_no_mask_leaves_a_fresh_process_alive_at_every_block_size(tmp_path):
+    # Heap corruption shows at exit, if not before: run the inline check where a crash would show.
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    script = tmp_path / "nomask.py"
+    script.write_text(
+        "import gpulab, torch, triton, triton.language as tl\n"
+        "gpulab.setup('cpu', 0)\n"
+        "@triton.jit\n"
+        "def vector_add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):\n"
+        "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n"
+        "    tl.store(out_ptr + offs, tl.load(x_ptr + offs) + tl.load(y_ptr + offs))\n"
+        "for BLOCK in (1024, 4096, 1 << 20):\n"
+        "    def vector_add(x, y, out=None):\n"
+        "        out = torch.empty_like(x) if out is None else out\n"
+        "        vector_add_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, y, out, x.numel(), BLOCK=BLOCK)\n"
+        "        return out\n"
+        "    r = gpulab.feedback.check_result('vector_add', globals(), 'cpu', quiet=True, record=False)\n"
+        "    print(BLOCK, r.status, 'missing its mask' in r.message)\n")
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-3:] == ["1024 failed True", "4096 failed True", "1048576 failed True"]
+
+
+def test_loads_without_masks_fail_even_when_the_output_is_right(sol02):
+    @triton.jit
+    def add_loads_unmasked(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs) + tl.load(y_ptr + offs), mask=offs < n)  # BUG: loads
+
+    r = grade(STEM, "vector_add", with_answer(sol02, vector_add=_launcher(add_loads_unmasked, triton.cdiv)),
+              hidden=False)
+    assert r.status == "failed" and "read" in r.message and "past the end of `x_ptr`" in r.message
+
+
+def test_no_op_kernel_next_to_pytorch_earns_nothing(sol02):
+    def vector_add(x, y, out=None):  # attack (a): a launch for show, the sum by PyTorch
+        out = torch.empty_like(x) if out is None else out
+        _does_nothing[(1,)](out)
+        out.copy_(x + y)
+        return out
+    r = grade(STEM, "vector_add", with_answer(sol02, vector_add=vector_add))
+    assert r.status == "failed" and r.score == 0 and "even when your kernels do not run" in r.message
+    assert "PyTorch wrote into the output in place" in r.message
+
+
+def test_pytorch_writing_through_numpy_next_to_a_kernel_earns_nothing(sol02):
+    def vector_add(x, y, out=None):  # no version-counter trace: only the ablated run can tell
+        out = torch.empty_like(x) if out is None else out
+        _does_nothing[(1,)](out)
+        out.numpy()[:] = (x + y).numpy()
+        return out
+    r = grade(STEM, "vector_add", with_answer(sol02, vector_add=vector_add))
+    assert r.status == "failed" and r.score == 0 and "even when your kernels do not run" in r.message
+
+
+def test_a_launch_forged_through_the_call_stack_earns_nothing(sol02):
+    import inspect
+
+    from gpulab.launches import Launch, LaunchWatch
+
+    def vector_add(x, y, out=None):  # attack (b): append to the recorder, launch nothing
+        out = torch.empty_like(x) if out is None else out
+        for frame in inspect.stack():
+            for value in list(frame.frame.f_locals.values()):
+                if isinstance(value, LaunchWatch):
+                    value.names.append("vector_add_kernel")
+                    value.launches.append(Launch("vector_add_kernel", True))
+        out.data.copy_(x + y)
+        return out
+    r = grade(STEM, "vector_add", with_answer(sol02, vector_add=vector_add))
+    assert r.status == "failed" and r.score == 0 and "even when your kernels do not run" in r.message
+
+
+def test_out_copy_of_a_pytorch_sum_earns_nothing(sol02):
+    def vector_add(x, y, out=None):  # attack (c)
+        out = torch.empty_like(x) if out is None else out
+        return out.copy_(x + y)
+    r = grade(STEM, "vector_add", with_answer(sol02, vector_add=vector_add))
+    assert r.status == "failed" and r.score == 0 and "no Triton kernel" in r.message
+
+
+def test_a_kernel_that_is_not_yours_earns_nothing(sol02):
+    import os
+
+    @triton.jit
+    def borrowed(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+    # As if it shipped with Triton (or gpulab, or the grader): right results, but not the learner's work.
+    borrowed.fn.__code__ = borrowed.fn.__code__.replace(
+        co_filename=os.path.join(os.path.dirname(triton.__file__), "ops", "add.py"))
+    r = grade(STEM, "vector_add", with_answer(sol02, vector_add=_launcher(borrowed, triton.cdiv)), hidden=False)
+    assert r.status == "failed" and r.score == 0 and "are not yours" in r.message

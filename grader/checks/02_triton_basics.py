@@ -1,24 +1,21 @@
 """Checks of lab 02, Triton basics: vector add, fused bias+GELU, strided 2-D copy, fusion bytes.
 
-Every kernel check passes a *poisoned* output buffer followed by a guard region (so unwritten
-elements and out-of-bounds stores both show), records which Triton kernels launched (so a
-PyTorch one-liner earns nothing), and verifies the inputs were not modified.
+Every kernel check observes the learner's wrapper with ``grader.kernelcheck``: a *poisoned* output
+buffer followed by a guard region and padded inputs (so unwritten elements and out-of-bounds
+accesses both show, at any block size), the learner's own Triton kernels launched and really
+computing the output (so a PyTorch one-liner earns nothing), and the inputs not modified.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from gpulab.compare import compare, guard_report, poisoned
-from gpulab.device import synchronize
-from gpulab.launches import record_launches
-from grader.exercise import Case, Exercise, Neutral, changed_inputs, entry
+from gpulab.compare import compare, padded
+from grader.exercise import Case, Exercise, entry
+from grader.kernelcheck import judge_kernel, observe_kernel
 
 LAB = "02_triton_basics"
 TITLE = "Triton basics: programs, masks, fusion"
-
-_REJECTABLE = (ValueError, TypeError, AssertionError)
-
 
 def _randn(gen, *shape, scale=1.0):
     return torch.randn(*shape, generator=gen) * scale
@@ -35,39 +32,16 @@ def _layout(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t
 
 
-def _call_kernel(fn, args: dict, out_shape, out_dtype, device, may_reject: bool) -> dict:
-    """Call ``fn(**args, out=out)`` with a poisoned ``out``; observe everything a check needs."""
-    out, storage = poisoned(tuple(out_shape), out_dtype, device)
-    with record_launches() as launched:
-        try:
-            ret = fn(*args.values(), out=out)
-        except _REJECTABLE as exc:
-            if not may_reject:
-                raise
-            return {"rejected": f"{type(exc).__name__}: {exc}", "launches": list(launched)}
-    synchronize(device)
-    same = isinstance(ret, torch.Tensor) and ret.data_ptr() == out.data_ptr() and ret.shape == out.shape
-    return {"out": out.cpu(), "returned_out": same, "launches": list(launched),
-            "guard": guard_report(storage, out.numel()), "rejected": None}
+def _call_kernel(fn, args: dict, out_shape, out_dtype, device, may_reject: bool, inputs: dict) -> dict:
+    """Call ``fn(*args, out=out)`` with a poisoned ``out``; observe everything a check needs.
+    ``inputs``: the (padded) tensors behind ``args``."""
+    return observe_kernel(lambda out: fn(*args.values(), out=out), {"out": (out_shape, out_dtype)}, device,
+                          inputs=inputs, may_reject=may_reject).as_obs()
 
 
 def _judge_kernel(case, obs, expected, dtype, fn_name: str, may_reject: bool) -> str | None:
-    if obs.get("rejected") is not None:
-        if may_reject:  # allowed, but worth nothing on its own
-            return Neutral(f"rejected with {obs['rejected'][:120]} (allowed; not scored)")
-        return f"{fn_name} raised {obs['rejected']}, but this input is valid."
-    if not obs["launches"]:
-        return (f"no Triton kernel was launched: {fn_name} must compute its result with your "
-                f"@triton.jit kernel, not with PyTorch operations.")
-    if obs["guard"]:
-        return obs["guard"]
-    if not obs["returned_out"]:
-        return (f"{fn_name} must write its result into `out` when `out` is given, and return `out` "
-                "(the check passes a buffer pre-filled with NaN).")
-    report = compare(obs["out"], expected, dtype=dtype, name=fn_name)
-    if report:
-        return report
-    return changed_inputs(case, obs.get("inputs_after", {}))
+    return judge_kernel(case, obs, fn_name, lambda outs: compare(outs["out"], expected, dtype=dtype, name=fn_name),
+                        may_reject=may_reject)
 
 
 # --- vector add ---------------------------------------------------------------------------------
@@ -87,12 +61,10 @@ def _vector_add_cases(gen, public):
 
 
 def _vector_add_run(ns, case, device):
-    x_base, y_base = case.inputs["x"].to(device), case.inputs["y"].to(device)
+    x_base, y_base = padded(case.inputs["x"], device), padded(case.inputs["y"], device)
     x, y = _layout(x_base, case.inputs["layout"]), _layout(y_base, case.inputs["layout"])
-    obs = _call_kernel(entry(ns, "vector_add"), {"x": x, "y": y}, x.shape, x.dtype, device,
-                       may_reject=case.inputs["layout"] != "contiguous")
-    obs["inputs_after"] = {"x": x_base.cpu(), "y": y_base.cpu()}
-    return obs
+    return _call_kernel(entry(ns, "vector_add"), {"x": x, "y": y}, x.shape, x.dtype, device,
+                        may_reject=case.inputs["layout"] != "contiguous", inputs={"x": x_base, "y": y_base})
 
 
 def _vector_add_judge(case, obs):
@@ -132,15 +104,13 @@ def _bias_gelu_cases(gen, public):
 
 
 def _bias_gelu_run(ns, case, device):
-    x_base, bias = case.inputs["x"].to(device), case.inputs["bias"].to(device)
+    x_base, bias = padded(case.inputs["x"], device), padded(case.inputs["bias"], device)
     x = _layout(x_base, case.inputs["layout"])
     fn = entry(ns, "bias_gelu")
     approx = case.inputs["approximate"]
-    obs = _call_kernel(lambda x, bias, out: fn(x, bias, approximate=approx, out=out),
-                       {"x": x, "bias": bias}, x.shape, x.dtype, device,
-                       may_reject=case.inputs["layout"] != "contiguous")
-    obs["inputs_after"] = {"x": x_base.cpu(), "bias": bias.cpu()}
-    return obs
+    return _call_kernel(lambda x, bias, out: fn(x, bias, approximate=approx, out=out),
+                        {"x": x, "bias": bias}, x.shape, x.dtype, device,
+                        may_reject=case.inputs["layout"] != "contiguous", inputs={"x": x_base, "bias": bias})
 
 
 def _bias_gelu_judge(case, obs):
@@ -175,11 +145,10 @@ def _copy_2d_cases(gen, public):
 
 
 def _copy_2d_run(ns, case, device):
-    base = case.inputs["src"].to(device)
+    base = padded(case.inputs["src"], device)
     src = _layout(base, case.inputs["layout"])
-    obs = _call_kernel(entry(ns, "copy_2d"), {"src": src}, src.shape, src.dtype, device, may_reject=False)
-    obs["inputs_after"] = {"src": base.cpu()}
-    return obs
+    return _call_kernel(entry(ns, "copy_2d"), {"src": src}, src.shape, src.dtype, device, may_reject=False,
+                        inputs={"src": base})
 
 
 def _copy_2d_judge(case, obs):
