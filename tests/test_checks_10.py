@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from gpulab.models import RECOMPUTE_CANDIDATES, make_block
+from grader.checks import exercises
+from grader.exercise import evaluate
 from tests.conftest import ROOT, grade, solution_namespace, with_answer
 
 STEM = "10_memory_checkpointing"
@@ -96,6 +98,18 @@ def test_korthikanti_formula_taken_literally_fails(sol10):
     assert r.status == "failed" and "Korthikanti" in r.message
 
 
+def test_statistics_defaulting_to_4_bytes_fail_for_2_byte_activations(sol10):
+    real = sol10["block_activation_bytes"]
+
+    def block_activation_bytes(b, s, h, a, f, p, e, stats_bytes=None):
+        return real(b, s, h, a, f, p, e, 4 if stats_bytes is None else stats_bytes)  # BUG: float32 statistics
+    r = grade(STEM, "activation_formula", with_answer(sol10, block_activation_bytes=block_activation_bytes))
+    failed = [c for c in r.cases if c.status != "passed"]
+    assert failed and all("left out" in c.name and "float32" not in c.name for c in failed), [c.name for c in failed]
+    assert any(c.name.startswith("bfloat16") for c in failed) and any(c.name.startswith("float64") for c in failed)
+    assert "stats_bytes=None means" in failed[0].message and "dtype_bytes each" in failed[0].message
+
+
 @pytest.mark.parametrize("wrong, phrase", [(dict(stats=False), "mean and rstd"),
                                            (dict(mask_bytes=4), "1 byte per element"),
                                            (dict(dedupe_p=False), "counted once")])
@@ -131,6 +145,8 @@ def _checkpoint(rng="restore", recompute_times=1, keep_graph=False, input_grads=
                 torch.autograd.backward(ctx.out, grads)
                 return (None, *[a.grad for a in ctx.inputs])
             inputs = [a.detach().requires_grad_() for a in ctx.saved_tensors]
+            if rng == "no_fork":  # BUG: the masks are right, but the caller's stream is reset to ctx.rng
+                torch.set_rng_state(ctx.rng)
             with torch.random.fork_rng():
                 for _ in range(recompute_times - 1):  # BUG: an extra "sanity" recompute of the output
                     torch.set_rng_state(ctx.rng)
@@ -159,6 +175,12 @@ def test_recompute_without_restoring_the_rng_gets_other_dropout_masks(sol10):
     r = grade(STEM, "checkpoint_function", with_answer(sol10, checkpoint=_checkpoint(rng="none")), hidden=False)
     assert r.status == "failed" and "gradients differ" in r.message and "RNG state" in r.message
     assert 0 < r.score < r.points  # the case without dropout still passes
+
+
+def test_rng_state_restored_outside_fork_rng_moves_the_callers_stream(sol10):
+    r = grade(STEM, "checkpoint_function", with_answer(sol10, checkpoint=_checkpoint(rng="no_fork")))
+    assert r.status == "failed" and r.score == 0, r.message
+    assert "caller's random number generator" in r.message and "fork_rng" in r.message
 
 
 def test_rng_state_saved_at_the_wrong_time_is_caught(sol10):
@@ -214,8 +236,9 @@ def test_checkpointing_the_whole_attention_for_attn_core_fails(sol10):
 
 def test_ignoring_the_recompute_choice_fails(sol10):
     ignore = lambda block, x, recompute=(): block(x)  # noqa: E731
-    r = grade(STEM, "selective_checkpoint", with_answer(sol10, selective_forward=ignore), hidden=False)
+    r = grade(STEM, "selective_checkpoint", with_answer(sol10, selective_forward=ignore))
     assert r.status == "failed" and "bytes saved" in r.message
+    assert r.score == 0  # recompute={} passes, but block(x) itself earns nothing there
 
 
 # --- 5. the recompute planner -----------------------------------------------------------------------------------
@@ -291,6 +314,36 @@ def test_offload_time_adding_overlapped_transfers_fails(sol10):
         return {"transfer_s": t, "step_s": compute_s + t, "hidden": t <= compute_s}  # BUG: never overlaps
     r = grade(STEM, "offload_model", with_answer(sol10, offload_step_time=offload_step_time), hidden=False)
     assert r.status == "failed" and "step_s" in r.message
+
+
+# --- answers that compute nothing earn nothing; every rule in every hidden set ---------------------------------
+
+_DO_NOTHING = {"return []": lambda *a, **k: [], "return None": lambda *a, **k: None,
+               "return True": lambda *a, **k: True, "return 0.0": lambda *a, **k: 0.0, "return {}": lambda *a, **k: {},
+               "return the first argument": lambda *a, **k: a[0] if a else None}
+
+
+@pytest.mark.parametrize("eid", sorted(exercises(STEM)))
+def test_answers_that_compute_nothing_score_zero(eid):
+    ex = exercises(STEM)[eid]
+    cases = ex.cases() + ex.cases(1, public=False) + ex.cases(2, public=False)
+    for stub, fn in _DO_NOTHING.items():
+        r = evaluate(ex, {name: fn for name in ex.entries}, "cpu", cases)
+        assert r.score == 0, (stub, r.message)
+
+
+def _rules(ex, seed):
+    return sorted(c.name.split(":")[0] for c in ex.cases(seed, public=False))
+
+
+@pytest.mark.parametrize("eid", sorted(exercises(STEM)))
+def test_every_hidden_set_covers_the_same_rules(eid):
+    ex = exercises(STEM)[eid]
+    rules = _rules(ex, 1)
+    assert not any(r.startswith("random") for r in rules), rules
+    assert len(set(rules)) == len(rules), rules  # one case per rule, named by it
+    for seed in (2, 3, 20261122, 987654321):
+        assert _rules(ex, seed) == rules
 
 
 # --- the GPU benchmark script runs on a CPU at tiny sizes -------------------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 from gpulab.compare import compare
 from gpulab.models import RECOMPUTE_CANDIDATES as CANDIDATES
 from gpulab.models import make_block
-from grader.exercise import Case, Exercise, entry
+from grader.exercise import Case, Exercise, Neutral, entry
 
 LAB = "10_memory_checkpointing"
 TITLE = "Where memory goes: activations, checkpointing, ZeRO and offload"
@@ -191,14 +191,16 @@ def _saved_cases(gen, public):
              Case("relu(linear(x, w)).exp(), w excluded", dict(kind="linear", n=8, m=16, seed=3)),
              Case("the lesson's block (b=2, s=16, h=32, dropout 0.1)",
                   dict(kind="block", n=2, m=16, d_model=32, n_heads=2, dropout=0.1, seed=4))]
-    if not public:
+    if not public:  # one case per rule, every seed (the rule is the name before ':'), random sizes
+        rules = {"square": "x * x saves x twice", "views": "a matmul of two overlapping views",
+                 "linear": "a parameter to exclude", "block": "the lesson's block"}
         cases = []
-        for kind in ("square", "views", "linear", "block"):
+        for kind, rule in rules.items():
             spec = dict(kind=kind, n=_randint(gen, 1, 12), m=_randint(gen, 2, 24), seed=_randint(gen, 0, 999))
             if kind == "block":
                 spec.update(d_model=_choice(gen, (16, 32, 48)), n_heads=_choice(gen, (1, 2, 4)),
                             dropout=_choice(gen, (0.0, 0.1)), m=_randint(gen, 4, 24))
-            cases.append(Case(f"{kind} with random sizes", spec))
+            cases.append(Case(f"{rule}: random sizes n={spec['n']} m={spec['m']}", spec))
     return cases
 
 
@@ -249,19 +251,28 @@ def _formula_cases(gen, public):
                        stats_bytes=2, measure=True)),
              Case("GPT-3 175B layer: b=1 s=2048 h=12288 a=96 f=49152 dropout=0.1 bf16 on a GPU (stats fp32)",
                   dict(batch=1, seq=2048, d_model=12288, n_heads=96, d_ff=49152, dropout=0.1, dtype="bfloat16",
-                       stats_bytes=4, measure=False))]
-    if not public:
+                       stats_bytes=4, measure=False)),
+             Case("b=2 s=8 h=32 a=2 f=64 dropout=0.1 bfloat16, stats_bytes left out: the statistics take the "
+                  "dtype's 2 bytes", dict(batch=2, seq=8, d_model=32, n_heads=2, d_ff=64, dropout=0.1,
+                                          dtype="bfloat16", measure=True))]
+    if not public:  # one case per rule, every seed (the rule is the name before ':'), random sizes
+        rules = [("float32 with dropout", "float32", (0.1, 0.5)),  # stats_bytes left out: the dtype's bytes
+                 ("float32 without dropout", "float32", (0.0,)),
+                 ("bfloat16, stats_bytes left out", "bfloat16", (0.0, 0.1)),
+                 ("float64, stats_bytes left out", "float64", (0.0, 0.5))]
         cases = []
-        for i in range(4):
+        for rule, dtype, dropouts in rules:
             a = _choice(gen, (1, 2, 4))
-            dtype = _choice(gen, ("float32", "bfloat16", "float64"))
-            cases.append(Case(f"random block #{i} ({dtype})", dict(
-                batch=_randint(gen, 1, 3), seq=_randint(gen, 2, 24), d_model=a * _choice(gen, (8, 12, 16)),
-                n_heads=a, d_ff=_randint(gen, 8, 96), dropout=_choice(gen, (0.0, 0.1, 0.5)), dtype=dtype,
-                stats_bytes=_dtype_bytes(dtype), measure=True)))
-        cases.append(Case("Llama-style layer on a GPU: b=4 s=4096 h=4096 a=32 f=11008 no dropout, bf16", dict(
-            batch=4, seq=4096, d_model=4096, n_heads=32, d_ff=11008, dropout=0.0, dtype="bfloat16",
-            stats_bytes=4, measure=False)))
+            x = dict(batch=_randint(gen, 1, 3), seq=_randint(gen, 2, 24), d_model=a * _choice(gen, (8, 12, 16)),
+                     n_heads=a, d_ff=_randint(gen, 8, 96), dropout=_choice(gen, dropouts), dtype=dtype, measure=True)
+            cases.append(Case(f"{rule}: b={x['batch']} s={x['seq']} h={x['d_model']} a={a} f={x['d_ff']} "
+                              f"dropout={x['dropout']}", x))
+        a = _choice(gen, (16, 32, 64))
+        gpu = dict(batch=_randint(gen, 1, 8), seq=_choice(gen, (1024, 2048, 4096)), d_model=a * 128, n_heads=a,
+                   d_ff=_randint(gen, 2, 4) * a * 128, dropout=_choice(gen, (0.0, 0.1)), dtype="bfloat16",
+                   stats_bytes=4, measure=False)
+        cases.append(Case(f"bfloat16 on a GPU, float32 statistics: b={gpu['batch']} s={gpu['seq']} "
+                          f"h={gpu['d_model']} a={a} f={gpu['d_ff']} dropout={gpu['dropout']}", gpu))
     return cases
 
 
@@ -300,6 +311,12 @@ def _formula_judge(case, obs):
         "no LayerNorm statistics): count this block's tensors (its d_ff, its dtype, its dropout) from the "
         "table in the docstring.",
     }
+    if x.get("stats_bytes") is None and e != 4:
+        hints[want + 4 * t * (4 - e)] = ("stats_bytes=None means the statistics have the activations' dtype: "
+                                         "dtype_bytes each (as LayerNorm keeps them on a CPU), not 4.")
+    elif x.get("stats_bytes") is not None and x["stats_bytes"] != e:
+        hints[want + 4 * t * (e - x["stats_bytes"])] = ("stats_bytes was given: the LayerNorm statistics take "
+                                                        "stats_bytes each, not dtype_bytes.")
     if p > 0:
         hints[want + P * (e - 1) + 2 * t * h * (e - 1)] = \
             "Dropout masks are torch.bool: 1 byte per element, not the activation dtype."
@@ -351,6 +368,14 @@ def flop_counter():
     return counter
 
 
+def _rng_states(device) -> list:
+    """The caller's random number generators: the CPU one, and the GPU one for CUDA tensors."""
+    states = [torch.get_rng_state()]
+    if device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(device).cpu())
+    return states
+
+
 def _fwd_bwd(block, f, xs, weight, seed):
     block.zero_grad(set_to_none=True)
     for t in xs:
@@ -360,11 +385,17 @@ def _fwd_bwd(block, f, xs, weight, seed):
         y = f(*xs)
         if not isinstance(y, torch.Tensor):
             raise TypeError(f"the checkpointed function must return the tensor fn returns, got {type(y).__name__}.")
+        # The caller's stream goes on between forward and backward (later layers' dropout); a
+        # recomputation in backward must leave it where it was.
+        torch.rand(8)
+        if y.device.type == "cuda":
+            torch.rand(8, device=y.device)
         (y * weight).sum().backward()
+    rng = _rng_states(y.device)
     grads = {f"param {n}": (p.grad.detach().cpu() if p.grad is not None else None) for n, p in block.named_parameters()}
     for i, t in enumerate(xs):
         grads[f"input {i}"] = t.grad.detach().cpu() if t.grad is not None else None
-    return y.detach().cpu(), grads, counter.get_total_flops()
+    return y.detach().cpu(), grads, counter.get_total_flops(), rng
 
 
 class _OneThread:
@@ -385,8 +416,8 @@ def _ckpt_observe(fn_plain, fn_ckpt, block, xs, weight, seed):
 
 
 def _ckpt_observe_inner(fn_plain, fn_ckpt, block, xs, weight, seed):
-    out_p, grads_p, flops_p = _fwd_bwd(block, fn_plain, xs, weight, seed)
-    out_c, grads_c, flops_c = _fwd_bwd(block, fn_ckpt, xs, weight, seed)
+    out_p, grads_p, flops_p, rng_p = _fwd_bwd(block, fn_plain, xs, weight, seed)
+    out_c, grads_c, flops_c, rng_c = _fwd_bwd(block, fn_ckpt, xs, weight, seed)
     with flop_counter() as counter, torch.no_grad():
         fn_plain(*xs)
     params = tuple(block.parameters())
@@ -396,6 +427,7 @@ def _ckpt_observe_inner(fn_plain, fn_ckpt, block, xs, weight, seed):
     saved_c = ref_saved_bytes(fn_ckpt, *xs, exclude=params)
     return {"out_plain": out_p, "out_ckpt": out_c, "grads_plain": grads_p, "grads_ckpt": grads_c,
             "flops_plain": flops_p, "flops_ckpt": flops_c, "flops_forward": counter.get_total_flops(),
+            "rng_plain": rng_p, "rng_ckpt": rng_c,
             "saved_plain": saved_p, "saved_ckpt": saved_c, "input_bytes": sum(t.nbytes for t in xs)}
 
 
@@ -405,11 +437,12 @@ def _ckpt_cases(gen, public):
              Case("block, dropout 0.2 (the masks must be reproduced)", dict(base, dropout=0.2, seed=8)),
              Case("fn(x, y) = block.mlp(x) * y, dropout 0.1: two inputs, both need gradients",
                   dict(base, dropout=0.1, kind="two_inputs", seed=9))]
-    if not public:
+    if not public:  # one case per rule, every seed (the rule is the name before ':'), random sizes
         cases = []
-        for i, kind in enumerate(("block", "block", "two_inputs")):
+        rules = ("block without dropout", "block with dropout", "two inputs, both need gradients, dropout")
+        for i, (rule, kind) in enumerate(zip(rules, ("block", "block", "two_inputs"))):
             a = _choice(gen, (1, 2, 4))
-            cases.append(Case(f"random {kind} #{i}", dict(
+            cases.append(Case(f"{rule}: random sizes", dict(
                 batch=_randint(gen, 1, 3), seq=_randint(gen, 8, 24), d_model=a * _choice(gen, (8, 16)), n_heads=a,
                 dropout=_choice(gen, (0.1, 0.3)) if i else 0.0, kind=kind, seed=_randint(gen, 0, 999))))
     return cases
@@ -454,6 +487,13 @@ def _ckpt_judge(case, obs):
     message = _judge_grads(case, obs, "checkpoint")
     if message:
         return message
+    if len(obs["rng_ckpt"]) != len(obs["rng_plain"]) or not all(
+            torch.equal(c, p) for c, p in zip(obs["rng_ckpt"], obs["rng_plain"])):
+        return ("after forward and backward through your checkpoint, the caller's random number generator is not "
+                "where the un-checkpointed function leaves it (the check draws random numbers between forward and "
+                "backward, as later layers' dropout does): backward moved the caller's stream. Set the saved RNG "
+                "state only inside `with torch.random.fork_rng():`, which gives the caller's state back when the "
+                "recomputation is done.")
     allowed = obs["input_bytes"] + 16 * 1024  # the inputs, plus room for an RNG state saved as a tensor
     if obs["saved_ckpt"] > allowed:
         return (f"the checkpointed call kept {obs['saved_ckpt']} bytes for backward; the plain block keeps "
@@ -476,12 +516,12 @@ def _selective_cases(gen, public):
     if public:
         return [Case(f"recompute={set(r) or '{}'} (b=2, s=16, h=32, dropout 0.1)", dict(base, recompute=r))
                 for r in sets]
-    cases = []
-    for r in (("attn_core",), ("mlp",), ("attn", "attn_core"), ("attn_core", "mlp")):
+    cases = []  # every choice, every seed (the rule is the name before ':'), random sizes
+    for i, r in enumerate(sets + [("attn", "attn_core")]):
         a = _choice(gen, (1, 2, 4))
-        cases.append(Case(f"recompute={set(r)}, random block", dict(
+        cases.append(Case(f"recompute={{{', '.join(sorted(r))}}}: random block", dict(
             batch=_randint(gen, 1, 3), seq=_randint(gen, 8, 24), d_model=a * _choice(gen, (8, 16)), n_heads=a,
-            dropout=_choice(gen, (0.0, 0.2)), kind="block", seed=_randint(gen, 0, 999), recompute=r)))
+            dropout=(0.0, 0.2)[i % 2], kind="block", seed=_randint(gen, 0, 999), recompute=r)))
     return cases
 
 
@@ -493,6 +533,14 @@ def _selective_run(ns, case, device):
 
 
 def _selective_judge(case, obs):
+    x = case.inputs
+    msg = _selective_verdict(case, obs)
+    if msg is None and not _normalize(x["recompute"]):  # block(x) itself passes: nothing to score
+        return Neutral("nothing to recompute: the plain block's output, gradients and bytes (not scored)")
+    return msg
+
+
+def _selective_verdict(case, obs):
     x = case.inputs
     report = compare(obs["out_ckpt"], obs["out_plain"], dtype=obs["out_plain"].dtype, name="selective_forward output")
     if report:
@@ -526,17 +574,33 @@ def _plan_cases(gen, public):
              Case("GPT-3 layer, budget = 60% of everything", dict(gpt3, budget_bytes=int(0.6 * full))),
              Case("GPT-3 layer, budget = the input only", dict(gpt3, budget_bytes=12288 * 2048 * 2)),
              Case("GPT-3 layer, budget below the input: nothing fits", dict(gpt3, budget_bytes=1000))]
-    if not public:
+    if not public:  # one case per rule, every seed (the rule is the name before ':'), random layers
         cases = []
-        for i in range(6):
+        for i, rule in enumerate(("budget = everything", "budget = exactly one choice's bytes",
+                                  "budget between the choices", "budget = the input only",
+                                  "budget below the input: nothing fits", "float32, stats_bytes left out")):
             a = _choice(gen, (8, 16, 32, 64))
             cfg = dict(batch=_randint(gen, 1, 16), seq=_choice(gen, (512, 1024, 2048, 4096, 8192)),
-                       d_model=a * _choice(gen, (64, 128)), n_heads=a, d_ff=0, dropout=_choice(gen, (0.0, 0.1)),
+                       d_model=a * _choice(gen, (64, 128)), n_heads=a, d_ff=0, dropout=(0.0, 0.1)[i % 2],
                        dtype_bytes=2, stats_bytes=4)
             cfg["d_ff"] = 4 * cfg["d_model"]
-            full, _ = ref_recompute_cost(*_plan_args(cfg), (), stats_bytes=4)
-            cfg["budget_bytes"] = int(full * float(torch.rand(1, generator=gen)) * 1.05)
-            cases.append(Case(f"random layer #{i}", cfg))
+            if rule.startswith("float32"):
+                cfg.update(dtype_bytes=4, stats_bytes=None)
+            saved = {c: ref_recompute_cost(*_plan_args(cfg), c, stats_bytes=cfg["stats_bytes"])[0] for c in CANDIDATES}
+            full, least = saved[()], saved[("block",)]  # nothing recomputed; the whole block
+            if rule == "budget = everything":
+                budget = full
+            elif rule == "budget = exactly one choice's bytes":  # fits: saved <= budget
+                budget = saved[_choice(gen, CANDIDATES[1:-1])]
+            elif rule == "budget = the input only":
+                budget = least
+            elif rule.startswith("budget below the input"):
+                budget = least - _randint(gen, 1, least // 2)
+            else:
+                budget = int(least + (full - least) * float(torch.rand(1, generator=gen)))
+            cfg["budget_bytes"] = budget
+            cases.append(Case(f"{rule}: b={cfg['batch']} s={cfg['seq']} h={cfg['d_model']} a={a} "
+                              f"dropout={cfg['dropout']}, budget {cfg['budget_bytes']} bytes", cfg))
     return cases
 
 
@@ -589,17 +653,23 @@ def _zero_cases(gen, public):
         master_weights=True, stage=2, unit_params=0)))
     cases.append(Case("FSDP full shard: 70B over 64 GPUs, largest unit 0.86B params", dict(
         paper, n_params=70e9, stage="fsdp", unit_params=0.86e9)))
-    if not public:
+    if not public:  # one case per rule, every seed (the rule is the name before ':'), random sizes
+        half = _choice(gen, ("bfloat16", "float16"))
+        rules = [  # (rule, stage, param dtype, grad dtype, optimizer, master weights)
+            ("stage 0, mixed-precision Adam", 0, half, half, "adam", True),
+            ("stage 1, mixed-precision AdamW", 1, half, half, "adamw", True),
+            ("stage 2, float32 gradients", 2, half, "float32", "adam", True),
+            ("stage 2, float32 parameters with momentum (no separate master copy)", 2, "float32", "float32",
+             "momentum", True),
+            ("stage 3, no master weights, plain SGD", 3, half, half, "sgd", False),
+            ("FSDP full shard", "fsdp", half, half, _choice(gen, ("adam", "momentum")), True)]
         cases = []
-        for stage in (0, 1, 2, 3, "fsdp", 2):
-            dtype = _choice(gen, ("bfloat16", "float16", "float32"))
+        for rule, stage, param_dtype, grad_dtype, optimizer, master in rules:
             n = float(_randint(gen, 1, 400)) * 1e9
-            cases.append(Case(f"random stage {stage}", dict(
-                n_params=n, world_size=_choice(gen, (2, 8, 16, 64, 256, 1024)), param_dtype=dtype,
-                grad_dtype=_choice(gen, (dtype, "float32")),
-                optimizer=_choice(gen, ("adam", "adamw", "momentum", "sgd")),
-                master_weights=bool(_randint(gen, 0, 1)) or dtype != "float32", stage=stage,
-                unit_params=n / _randint(gen, 8, 100))))
+            world = _choice(gen, (2, 8, 16, 64, 256, 1024))
+            cases.append(Case(f"{rule}: {n / 1e9:g}B params, {world} GPUs", dict(
+                n_params=n, world_size=world, param_dtype=param_dtype, grad_dtype=grad_dtype, optimizer=optimizer,
+                master_weights=master, stage=stage, unit_params=n / _randint(gen, 8, 100))))
     return cases
 
 
@@ -660,14 +730,20 @@ def _offload_cases(gen, public):
         Case("70B, 64 GPUs, parameter offload, PCIe 50 GB/s, no overlap", dict(
             n_params=70e9, world_size=64, what="params", param_dtype="bfloat16", grad_dtype="float32",
             pcie_gbps=50.0, compute_s=0.2, overlap=False, transfer_bytes=8.75e9))]
-    if not public:
-        cases = [Case(f"random #{i}", dict(
-            n_params=float(_randint(gen, 1, 200)) * 1e9, world_size=_choice(gen, (1, 8, 64, 512)),
-            what=_choice(gen, ("optimizer", "params")), param_dtype=_choice(gen, ("bfloat16", "float32")),
-            grad_dtype=_choice(gen, ("bfloat16", "float32")), pcie_gbps=_choice(gen, (12.0, 25.0, 50.0)),
-            compute_s=0.01 + 2 * float(torch.rand(1, generator=gen)), overlap=bool(_randint(gen, 0, 1)),
-            transfer_bytes=float(_randint(gen, 1, 100)) * 1e8))
-            for i in range(6)]
+    if not public:  # one case per rule, every seed (the rule is the name before ':'), random sizes
+        cases = []
+        for rule, what, timing in (("optimizer offload, the transfer hides", "optimizer", "hidden"),
+                                   ("optimizer offload, the transfer shows", "optimizer", "shows"),
+                                   ("parameter offload, the transfer hides", "params", "hidden"),
+                                   ("parameter offload, no overlap", "params", "serial")):
+            pcie = _choice(gen, (12.0, 25.0, 50.0))
+            transfer_bytes = float(_randint(gen, 1, 100)) * 1e8
+            transfer_s = transfer_bytes / (pcie * 1e9)
+            compute_s = transfer_s * (1 + float(torch.rand(1, generator=gen)) * (1 if timing == "hidden" else -0.9))
+            cases.append(Case(f"{rule}: PCIe {pcie:g} GB/s, {compute_s:.3g} s of compute", dict(
+                n_params=float(_randint(gen, 1, 200)) * 1e9, world_size=_choice(gen, (1, 8, 64, 512)), what=what,
+                param_dtype=_choice(gen, ("bfloat16", "float32")), grad_dtype=_choice(gen, ("bfloat16", "float32")),
+                pcie_gbps=pcie, compute_s=compute_s, overlap=timing != "serial", transfer_bytes=transfer_bytes)))
     return cases
 
 
