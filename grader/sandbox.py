@@ -33,6 +33,7 @@ from gpulab.paths import ROOT
 
 # The grader modules a worker imports (the judge's modules and the checks stay outside).
 RUN_SIDE = ("grader/__init__.py", "grader/worker.py", "grader/notebooks.py", "grader/exercise.py")
+RUN_SIDE_MODULES = {"grader", "grader.worker", "grader.notebooks", "grader.exercise"}
 TMP_BYTES = 1 << 30          # the sandbox's whole writable space
 FILE_BYTES = 256 << 20       # the largest file learner code may write
 ADDRESS_SPACE = 8 << 30      # per process, CPU only (CUDA reserves far more virtual memory)
@@ -138,8 +139,8 @@ def _limits(device: str, cpu_seconds: float, uid_of_its_own: bool):
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         cpu = int(cpu_seconds) + 1
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
-        if not uid_of_its_own or os.geteuid() != 0:
-            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        # Root is exempt from this limit; the worker's own user id (set after bwrap) is not.
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     return apply
 
 

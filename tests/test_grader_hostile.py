@@ -102,10 +102,14 @@ def test_process_enders_inside_the_function_are_crashed(tmp_path, body):
 MONKEYPATCHES = {
     "torch.allclose": "import torch\ntorch.allclose = lambda *a, **k: True\ntorch.equal = lambda *a, **k: True\n",
     "torch.testing": "import torch.testing\ntorch.testing.assert_close = lambda *a, **k: None\n",
-    "check modules": ("import gpulab.compare, grader.exercise, grader.checks\n"
+    "check modules": ("import gpulab.compare, grader.exercise\n"
                       "gpulab.compare.compare = lambda *a, **k: None\n"
-                      "for ex in grader.checks.exercises('02_triton_basics').values():\n"
-                      "    object.__setattr__(ex, 'judge', lambda case, obs: None)\n"
+                      "try:  # the checks are not in the sandbox; patch them where they are\n"
+                      "    import grader.checks\n"
+                      "    for ex in grader.checks.exercises('02_triton_basics').values():\n"
+                      "        object.__setattr__(ex, 'judge', lambda case, obs: None)\n"
+                      "except ImportError:\n"
+                      "    pass\n"
                       "grader.exercise.judge_case = lambda *a, **k: None\n"),
 }
 
@@ -236,3 +240,217 @@ def test_cli_fail_under(tmp_path):
     assert proc.returncode == 1 and "roofline" in proc.stdout
     junit = (tmp_path / "o" / "junit.xml").read_text()
     assert 'tests="4"' in junit and "<skipped" in junit
+
+
+# --- The sandbox: learner code cannot read, forge, harm or outlive (issue: grader trust) -----------
+
+from grader import sandbox  # noqa: E402
+
+SANDBOXED = pytest.mark.skipif(sandbox.isolation()["mode"] != "bwrap",
+                               reason="needs bubblewrap: without it these attacks would harm this machine")
+COSTS_RIGHT = kit.source(kit.load("solutions", L1), "costs")
+COSTS_WRONG = COSTS_RIGHT.replace("return", "return 2 *", 1)
+
+
+def _survivors(marker: str) -> list[str]:
+    """Command lines of processes still alive that carry ``marker``."""
+    found = []
+    for cmdline in __import__("pathlib").Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in text:
+            found.append(text)
+    return found
+
+
+def test_result_records_the_isolation_used(tmp_path):
+    r = run(tmp_path, kit.submission(L1, solved=("roofline",)))
+    assert r["isolation"]["mode"] == sandbox.isolation()["mode"]
+    assert r["isolation"]["limits"]["file_bytes"] == sandbox.FILE_BYTES
+
+
+@SANDBOXED
+def test_solutions_and_checks_are_not_readable(tmp_path):
+    steal = ("import json, pathlib\n"
+             f"nb = json.loads(pathlib.Path({str(ROOT / 'solutions' / (L1 + '.ipynb'))!r}).read_text())\n"
+             "exec(''.join(c['source']) for c in nb['cells'] if c.get('metadata', {}).get('gpulab', {}).get('exercise') == 'costs')\n")
+    reference = "from grader.checks import load_lab\nglobals().update(vars(load_lab('01_performance_model')))\n"
+    r = run(tmp_path, kit.submission(L1, {"costs": steal, "scaling": reference}))
+    e = kit.by_id(r)
+    assert e["costs"]["status"] == "error" and "No such file" in e["costs"]["message"]
+    assert e["scaling"]["status"] == "error" and "No module named 'grader.checks'" in e["scaling"]["message"]
+    assert r["score"] == 0
+
+
+FORGE_FRAMES = ("import os, struct, torch, io\n"
+                "def frame(kind, payload):\n"
+                "    return struct.pack('>cQ', kind, len(payload)) + payload\n"
+                "fake = io.BytesIO(); torch.save([{'status': 'ok', 'obs': {}}] * 50, fake)\n"
+                "for fd in range(3, 40):\n"
+                "    for data in (frame(b'O', b'roofline\\0' + fake.getvalue()), frame(b'M', b'done')):\n"
+                "        try:\n"
+                "            os.write(fd, data)\n"
+                "        except OSError:\n"
+                "            pass\n"
+                "for name in ('roofline.pt', 'costs.pt', 'done', 'progress', '../roofline.pt'):\n"
+                "    try:\n"
+                "        torch.save([{'status': 'ok', 'obs': {}}] * 50, name)\n"
+                "    except OSError:\n"
+                "        pass\n")
+
+
+def test_forged_observations_and_done_markers_earn_nothing(tmp_path):
+    r = run(tmp_path, kit.submission(L1, {"costs": FORGE_FRAMES + COSTS_WRONG}, solved=("scaling",)))
+    e = kit.by_id(r)
+    assert e["costs"]["status"] == "failed" and e["costs"]["score"] == 0
+    assert e["roofline"]["status"] == "not_attempted" and e["roofline"]["score"] == 0
+    assert e["scaling"]["status"] == "passed" and r["score"] == 2
+
+
+def test_an_import_hook_planted_by_an_answer_does_not_reach_the_harness(tmp_path):
+    hook = ("import sys, types, importlib.abc, importlib.machinery\n"
+            "class Evil(importlib.abc.MetaPathFinder, importlib.abc.Loader):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name.startswith(('grader', 'gpulab')):\n"
+            "            return importlib.machinery.ModuleSpec(name, self)\n"
+            "    def create_module(self, spec):\n"
+            "        return None\n"
+            "    def exec_module(self, module):\n"
+            "        module.judge_case = module.compare = module.run_case = lambda *a, **k: None\n"
+            "sys.meta_path.insert(0, Evil())\n"
+            "for name in [m for m in sys.modules if m.startswith(('grader', 'gpulab'))]:\n"
+            "    del sys.modules[name]\n")
+    wrong = kit.solution_with(L2, "vector_add", "x + y, mask=mask", "x - y, mask=mask")
+    r = run(tmp_path, kit.submission(L2, {"vector_add": hook + wrong}))
+    e = kit.by_id(r)["vector_add"]
+    assert e["status"] == "failed" and e["score"] == 0
+
+
+@SANDBOXED
+def test_grader_sources_cannot_be_rewritten(tmp_path):
+    target = ROOT / "grader" / "report.py"
+    before = target.read_bytes()
+    write = (f"open({str(target)!r}, 'a').write('\\nraise SystemExit(\"pwned\")\\n')\n")
+    r = run(tmp_path, kit.submission(L1, {"costs": write + COSTS_RIGHT}, solved=("scaling",)))
+    assert target.read_bytes() == before
+    e = kit.by_id(r)
+    assert e["costs"]["status"] == "error" and e["costs"]["score"] == 0
+    assert "Permission denied" in e["costs"]["message"] or "Read-only file system" in e["costs"]["message"]
+    assert e["scaling"]["status"] == "passed"
+
+
+@SANDBOXED
+def test_no_process_outlives_grading_and_results_stay_untouched(tmp_path):
+    out = tmp_path / "out"
+    marker = f"gpulab-orphan-{tmp_path.name}"
+    spawn = ("import subprocess, os\n"
+             f"target = {str(out / 'result.json')!r}\n"
+             "for i in range(50):\n"
+             f"    subprocess.Popen(['sh', '-c', 'sleep 4; echo pwned > ' + target + '; sleep 60 # {marker}'],\n"
+             "                     start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+             "if os.fork() == 0:\n"
+             "    os.setsid()\n"
+             "    if os.fork() == 0:\n"
+             f"        os.execvp('sleep', ['sleep', '60', '{marker}'])\n"
+             "    os._exit(0)\n")
+    from grader.grade import grade_to_dir
+
+    nb = kit.write(kit.submission(L1, {"costs": spawn + COSTS_RIGHT}), tmp_path / "s.ipynb")
+    r = grade_to_dir(nb, out, seed=3, notebook_run=False, timeout_s=30)
+    assert kit.by_id(r)["costs"]["status"] == "passed"
+    time.sleep(5)
+    assert _survivors(marker) == []
+    assert json.loads((out / "result.json").read_text())["score"] == 3
+
+
+@SANDBOXED
+@pytest.mark.parametrize("kill", ["os.kill(os.getppid(), signal.SIGKILL)", "os.kill(-1, signal.SIGKILL)",
+                                  "os.killpg(0, signal.SIGKILL)"])
+def test_killing_the_judge_or_peers_costs_only_the_exercise(tmp_path, kill):
+    code = f"import os, signal\n{kill}\n" + COSTS_RIGHT
+    r = run(tmp_path, kit.submission(L1, {"costs": code}, solved=("scaling",)))
+    e = kit.by_id(r)
+    assert e["costs"]["score"] == 0 and e["costs"]["status"] in ("crashed", "error")
+    assert e["scaling"]["status"] == "passed" and r["score"] == 2
+
+
+@SANDBOXED
+def test_the_instructors_environment_is_not_visible(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPULAB_INSTRUCTOR_TOKEN", "tok-s3cr3t-42")
+    leak = "import os\nprint(dict(os.environ))\nraise ValueError(repr(dict(os.environ)))\n"
+    r = run(tmp_path, kit.submission(L1, {"costs": leak}))
+    assert "tok-s3cr3t-42" not in json.dumps(r)
+    assert kit.by_id(r)["costs"]["status"] == "error"
+
+
+def test_a_fifo_named_like_an_observation_does_not_block_the_judge(tmp_path):
+    fifo = ("import os\n"
+            "for name in ('costs.pt', 'roofline.pt', 'progress', 'done', 'output.txt'):\n"
+            "    try:\n"
+            "        os.mkfifo(name)\n"
+            "    except OSError:\n"
+            "        pass\n")
+    start = time.perf_counter()
+    r = run(tmp_path, kit.submission(L1, {"costs": fifo + COSTS_RIGHT}), timeout_s=10)
+    assert time.perf_counter() - start < 60
+    assert kit.by_id(r)["costs"]["status"] == "passed" and r["score"] == 3
+
+
+def test_spamming_progress_markers_cannot_outlive_the_deadline(tmp_path):
+    spam = ("import os, struct, threading, time\n"
+            "def spam():\n"
+            "    while True:\n"
+            "        for text in (b'setup', b'exec costs', b'run costs', b'exec roofline', b'run roofline'):\n"
+            "            for fd in range(3, 20):\n"
+            "                try:\n"
+            "                    os.write(fd, struct.pack('>cQ', b'M', len(text)) + text)\n"
+            "                except OSError:\n"
+            "                    pass\n"
+            "        time.sleep(0.2)\n"
+            "threading.Thread(target=spam, daemon=True).start()\n"
+            + COSTS_RIGHT +
+            "\ndef elementwise_cost(*a, **k):\n"
+            "    while True:\n"
+            "        time.sleep(0.01)\n")
+    start = time.perf_counter()
+    r = run(tmp_path, kit.submission(L1, {"costs": spam}, solved=("scaling",)), timeout_s=4)
+    assert time.perf_counter() - start < 90
+    e = kit.by_id(r)
+    assert e["costs"]["score"] == 0 and e["costs"]["status"] in ("timeout", "error")
+    assert r["score"] <= 2  # frames written over the harness's may cost the spammer more, never gain
+
+
+@SANDBOXED
+@pytest.mark.parametrize("hog, words", [
+    ("blob = bytearray(40 << 30)", "MemoryError"),
+    ("open('big.bin', 'wb').write(b'x' * (600 << 20))", "File too large"),
+    ("[open(f'f{i}.bin', 'wb').write(b'x' * (200 << 20)) for i in range(8)]", "No space left"),
+])
+def test_memory_and_disk_are_bounded(tmp_path, hog, words):
+    r = run(tmp_path, kit.submission(L1, {"costs": hog + "\n" + COSTS_RIGHT}, solved=("scaling",)))
+    e = kit.by_id(r)
+    assert e["costs"]["status"] == "error" and words in e["costs"]["message"] and e["costs"]["score"] == 0
+    assert e["scaling"]["status"] == "passed"
+
+
+@SANDBOXED
+def test_a_fork_bomb_is_bounded_and_leaves_no_process(tmp_path):
+    marker = f"gpulab-bomb-{tmp_path.name}"
+    bomb = ("import os\n"
+            "n = 0\n"
+            "try:\n"
+            "    while n < 100_000:\n"
+            "        if os.fork() == 0:\n"
+            f"            os.execvp('sleep', ['sleep', '120', '{marker}'])\n"
+            "        n += 1\n"
+            "except OSError as exc:\n"
+            "    raise RuntimeError(f'fork failed after {n} processes') from exc\n")
+    start = time.perf_counter()
+    r = run(tmp_path, kit.submission(L1, {"costs": bomb}, solved=("scaling",)), timeout_s=20)
+    assert time.perf_counter() - start < 120
+    e = kit.by_id(r)
+    assert e["costs"]["score"] == 0 and "fork failed after" in e["costs"]["message"]
+    assert e["scaling"]["status"] == "passed"
+    assert _survivors(marker) == []
