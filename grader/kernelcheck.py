@@ -104,6 +104,9 @@ def observe_kernel(call: Callable, outputs: dict, device, *, inputs: dict | None
     views = {name: view for name, (view, _) in bufs.items()}
     protect = [*inputs.values(), *(storage for _, storage in bufs.values())]
     versions = {name: view._version for name, view in views.items()}
+    # The ablated run must see the inputs as they were, even if this call writes into them.
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in inputs.values()}
+    snapshots = [(st, st.clone()) for st in storages.values()] if ablate else []
     result = KernelCall(outputs={})
     with watch_launches(protect=protect) as seen:
         with (watch(views) if watch else contextlib.nullcontext()) as watched:
@@ -129,7 +132,12 @@ def observe_kernel(call: Callable, outputs: dict, device, *, inputs: dict | None
         result.returned_out = (isinstance(ret, (tuple, list)) and len(ret) >= len(bufs_in_order)
                                and all(_same_tensor(r, b) for r, b in zip(ret, bufs_in_order)))
     if ablate and result.rejected is None and result.own_launches:
+        after = [(st, st.clone()) for st, _ in snapshots]
+        for storage, saved in snapshots:
+            storage.copy_(saved)
         result.ablated = _ablated_outputs(call, outputs, device, inputs, guard)
+        for storage, saved in after:  # callers may read the inputs as this call left them
+            storage.copy_(saved)
     return result
 
 

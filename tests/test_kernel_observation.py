@@ -198,3 +198,16 @@ def test_the_ladder_gives_one_verdict_per_rung(change, stage, phrase):
 def test_zero_outputs_are_never_called_outside_work():
     obs, _ = _obs(out=torch.zeros(3), ablated={"out": torch.zeros(3)})  # a wrapper that zero-fills first
     assert _judge(obs, torch.zeros(3)) is None
+
+
+def test_the_ablated_run_sees_the_inputs_as_they_were_before_the_call():
+    # A wrapper that computes in place into its input, then copies: its kernel did the work, the
+    # ablated run must not find the previous call's result in x; and x stays as the call left it.
+    def fn(x, y, out):
+        _launch(_add)(x, y, x)
+        return out.copy_(x)
+    call, want = _observe(fn)
+    obs = call.as_obs()
+    assert compare(obs["out"], want, dtype=torch.float32) is None
+    assert compare(obs["ablated"]["out"], want, dtype=torch.float32) is not None
+    assert compare(obs["inputs_after"]["x"], want, dtype=torch.float32) is None  # x holds x + y: modified

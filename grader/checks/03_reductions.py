@@ -1,7 +1,8 @@
 """Checks of lab 03, reductions: row softmax, online-softmax partial states, RMSNorm and LayerNorm.
 
 Every kernel check passes a *poisoned* output followed by a guard region, records which Triton
-kernels launched, and verifies the inputs were not modified (lab 02's rules). What this lab adds,
+kernels launched and that the learner's own kernels computed the output, and verifies the inputs
+were not modified (lab 02's rules, in ``grader.kernelcheck``). What this lab adds,
 from the curriculum's "C:" line:
 
 - **rows wider than one block**: cases pass a small ``BLOCK_N``, so a row spans several blocks and a
@@ -30,15 +31,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gpulab.compare import compare, guard_report, poisoned
-from gpulab.device import synchronize
-from gpulab.launches import record_launches
-from grader.exercise import Case, Exercise, changed_inputs, entry
+from gpulab.compare import MAX_BLOCK, compare
+from grader.exercise import Case, Exercise, entry
+from grader.kernelcheck import (bounds_verdict, final_verdict, judge_kernel, launch_verdict, observe_kernel,
+                                outside_verdict, return_verdict)
 
 LAB = "03_reductions"
 TITLE = "Reductions: softmax and normalization"
 
-PAD, PAD_VALUE = 257, 1.0e4
+PAD, PAD_VALUE = MAX_BLOCK, 1.0e4  # padding as long as the largest block: an unmasked load stays inside it
 # (atol, rtol) for softmax probabilities. Outputs are ~1/N, so dtype-default atols would pass anything:
 # fp32 keeps 1e-5 relative; fp16 gets its rounding (2^-11 relative, half an ulp of a subnormal) with 2x room.
 SOFTMAX_TOL = {torch.float32: (1e-7, 1e-5), torch.float16: (1e-7, 1e-3)}
@@ -82,28 +83,14 @@ def _int_not_multiple(gen, lo, hi, block) -> int:
 
 def _call_kernel(fn, args: tuple, kwargs: dict, out_shape, out_dtype, device) -> dict:
     """Call ``fn(*args, **kwargs, out=out)`` with a poisoned ``out``; observe what a check needs."""
-    out, storage = poisoned(tuple(out_shape), out_dtype, device)
-    with record_launches() as launched:
-        ret = fn(*args, **kwargs, out=out)
-    synchronize(device)
-    same = isinstance(ret, torch.Tensor) and ret.data_ptr() == out.data_ptr() and ret.shape == out.shape
-    return {"out": out.cpu(), "returned_out": same, "launches": list(launched),
-            "guard": guard_report(storage, out.numel())}
+    inputs = {f"arg{i}": a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    return observe_kernel(lambda out: fn(*args, **kwargs, out=out), {"out": (out_shape, out_dtype)}, device,
+                          inputs=inputs).as_obs()
 
 
 def _judge_kernel(case, obs, expected, dtype, fn_name, atol=None, rtol=None) -> str | None:
-    if not obs["launches"]:
-        return (f"no Triton kernel was launched: {fn_name} must compute its result with your "
-                f"@triton.jit kernel, not with PyTorch operations.")
-    if obs["guard"]:
-        return obs["guard"]
-    if not obs["returned_out"]:
-        return (f"{fn_name} must write its result into `out` when `out` is given, and return `out` "
-                "(the check passes a buffer pre-filled with NaN).")
-    report = compare(obs["out"], expected, dtype=dtype, atol=atol, rtol=rtol, name=fn_name)
-    if report:
-        return report
-    return changed_inputs(case, obs.get("inputs_after", {}))
+    return judge_kernel(case, obs, fn_name,
+                        lambda outs: compare(outs["out"], expected, dtype=dtype, atol=atol, rtol=rtol, name=fn_name))
 
 
 def _block_kwargs(block_n) -> dict:
@@ -211,7 +198,7 @@ def _softmax_judge(case, obs):
     x, kind = case.inputs["x"], case.inputs["kind"]
     atol, rtol = SOFTMAX_TOL[x.dtype]
     message = _judge_kernel(case, obs, softmax_reference(x), x.dtype, "softmax", atol, rtol)
-    if not message or not obs["launches"] or obs["guard"] or not obs["returned_out"]:
+    if getattr(message, "stage", None) != "mismatch":
         return message
     out = obs["out"].double()
     live = ~torch.isneginf(x.double()).all(dim=1)  # rows with at least one finite entry
@@ -369,17 +356,24 @@ def _stats_run(ns, case, device):
     x, splits, kw = inp["x"], inp["splits"], _block_kwargs(inp["block_n"])
     row_pad = inp.get("row_pad", 0)
     whole = _place(x, device, row_pad)
-    obs = {"chunks": [], "launches": [], "guard": None, "returned_out": True}
+    obs = {"chunks": [], "launches": [], "own_launches": [], "guard": None, "oob_read": None, "returned_out": True}
     for lo, hi in zip(splits[:-1], splits[1:]):
         # (M, hi - lo); with row_pad, a column slice of the row-padded whole
         chunk = whole[:, lo:hi] if row_pad else _padded(x[:, lo:hi].contiguous(), device)
         r = _call_kernel(stats, (chunk,), kw, (x.shape[0], 2), torch.float32, device)
         obs["chunks"].append(r["out"])
         obs["launches"] += r["launches"]
+        obs["own_launches"] += r["own_launches"]
         obs["guard"] = obs["guard"] or r["guard"]
+        obs["oob_read"] = obs["oob_read"] or r["oob_read"]
         obs["returned_out"] &= r["returned_out"]
     r = _call_kernel(stats, (whole,), kw, (x.shape[0], 2), torch.float32, device)
     obs["whole"] = r["out"]
+    for key in ("launches", "own_launches"):
+        obs[key] += r[key]
+    obs["guard"], obs["oob_read"] = obs["guard"] or r["guard"], obs["oob_read"] or r["oob_read"]
+    obs["returned_out"] &= r["returned_out"]
+    obs["ablated"], obs["written_outside"] = r["ablated"], r["written_outside"]
     obs["inputs_after"] = {"x": whole.cpu()}
     # The learner's own chunk states, combined in three orders: left fold, right fold, reversed.
     states = [s.to(device) for s in obs["chunks"]]
@@ -420,15 +414,16 @@ def _stats_judge(case, obs):
             if report:
                 return report + _COMBINE_HINT
         return None
-    if not obs["launches"]:
-        return ("no Triton kernel was launched: softmax_stats must compute its result with your "
-                "@triton.jit kernel, not with PyTorch operations.")
-    if obs["guard"]:
-        return obs["guard"]
-    if not obs["returned_out"]:
-        return ("softmax_stats must write its result into `out` when `out` is given, and return `out` "
-                "(the check passes a (M, 2) float32 buffer pre-filled with NaN).")
     x, splits = inp["x"], inp["splits"]
+    verdict = (launch_verdict(obs, "softmax_stats")
+               or outside_verdict(obs, "softmax_stats",
+                                  lambda o: _stats_compare(o["out"], stats_reference(x), "softmax_stats") is None)
+               or bounds_verdict(obs)
+               or return_verdict(obs, "softmax_stats", "softmax_stats must write its result into `out` when `out` is "
+                                 "given, and return `out` (the check passes a (M, 2) float32 buffer pre-filled with "
+                                 "NaN)."))
+    if verdict:
+        return verdict
     notes = _wide_note(Case(case.name, {"x": x, "block_n": inp["block_n"]})) + _row_pad_note(case)
     if inp["kind"] == "large":
         notes += "\n  Entries near +-1000: exp(x) overflows float32 unless you subtract the running max first."
@@ -450,7 +445,7 @@ def _stats_judge(case, obs):
         if report:
             return (report + "\n  Combining the chunk states in any order must give the whole row's state "
                     "(the combine is associative and commutative)." + _COMBINE_HINT)
-    return changed_inputs(case, obs["inputs_after"])
+    return final_verdict(case, obs)
 
 
 # --- 3 and 4. RMSNorm and LayerNorm forward ---------------------------------------------------------
@@ -561,7 +556,7 @@ def _norm_judge(op):
                      (layernorm_reference(x, w, b, eps, eps_inside=False),
                       "(x - mean) / (sqrt(var) + eps): eps goes inside the square root, rsqrt(var + eps)")]
         message = _judge_kernel(case, obs, expected, x.dtype, op)
-        if not message or not obs["launches"] or obs["guard"] or not obs["returned_out"]:
+        if getattr(message, "stage", None) != "mismatch":
             return message
         for alt, what in wrong:
             if _matches(obs, alt, x.dtype):
@@ -628,29 +623,26 @@ def _rms_bwd_run(ns, case, device):
     x, dy = _place(inp["x"], device, inp.get("row_pad", 0)), _place(inp["dy"], device, inp.get("dy_row_pad", 0))
     w = inp["weight"].to(device)
     M, N = x.shape
-    (dx, dx_store), (dw, dw_store) = poisoned((M, N), x.dtype, device), poisoned((N,), w.dtype, device)
-    with record_launches() as launched:
-        ret = entry(ns, "rmsnorm_backward")(x, w, dy, eps=inp["eps"], out=(dx, dw), **_block_kwargs(inp["block_n"]))
-    synchronize(device)
-    same = (isinstance(ret, (tuple, list)) and len(ret) == 2 and all(isinstance(r, torch.Tensor) for r in ret)
-            and ret[0].data_ptr() == dx.data_ptr() and ret[1].data_ptr() == dw.data_ptr())
-    return {"dx": dx.cpu(), "dweight": dw.cpu(), "returned_out": same, "launches": list(launched),
-            "guard": guard_report(dx_store, dx.numel(), "dx") or guard_report(dw_store, dw.numel(), "dweight"),
-            "inputs_after": {"x": x.cpu(), "weight": w.cpu(), "dy": dy.cpu()}}
+    fn, blocks = entry(ns, "rmsnorm_backward"), _block_kwargs(inp["block_n"])
+    return observe_kernel(lambda dx, dweight: fn(x, w, dy, eps=inp["eps"], out=(dx, dweight), **blocks),
+                          {"dx": ((M, N), x.dtype), "dweight": ((N,), w.dtype)}, device,
+                          inputs={"x": x, "weight": w, "dy": dy}).as_obs()
 
 
 def _rms_bwd_judge(case, obs):
     inp = case.inputs
     x, w, dy, eps = inp["x"], inp["weight"], inp["dy"], inp["eps"]
-    if not obs["launches"]:
-        return ("no Triton kernel was launched: rmsnorm_backward must compute dx and dweight with your "
-                "@triton.jit kernels, not with PyTorch autograd or operations.")
-    if obs["guard"]:
-        return obs["guard"]
-    if not obs["returned_out"]:
-        return ("rmsnorm_backward must write into `out = (dx, dweight)` when it is given and return that pair "
-                "(the check passes buffers pre-filled with NaN).")
     dx_ref, dw_ref = rmsnorm_backward_reference(x, w, dy, eps)
+    verdict = (launch_verdict(obs, "rmsnorm_backward", "compute dx and dweight with your @triton.jit kernels, not "
+                              "with PyTorch autograd or operations")
+               or outside_verdict(obs, "rmsnorm_backward", lambda o: compare(o["dx"], dx_ref, dtype=x.dtype) is None
+                                  and compare(o["dweight"], dw_ref, dtype=w.dtype) is None)
+               or bounds_verdict(obs)
+               or return_verdict(obs, "rmsnorm_backward", "rmsnorm_backward must write into `out = (dx, dweight)` "
+                                 "when it is given and return that pair (the check passes buffers pre-filled with "
+                                 "NaN)."))
+    if verdict:
+        return verdict
     x64, dy64, w64 = x.double(), dy.double(), w.double()
     rstd = 1 / torch.sqrt((x64 * x64).mean(dim=1, keepdim=True) + eps)  # (M, 1)
     report = compare(obs["dx"], dx_ref, dtype=x.dtype, name="dx")
@@ -678,7 +670,7 @@ def _rms_bwd_judge(case, obs):
         else:
             report += "\n  dweight[j] = sum over rows r of dy[r, j] * x[r, j] * rstd[r] (a reduction down each column)."
         return report
-    return changed_inputs(case, obs["inputs_after"])
+    return final_verdict(case, obs)
 
 
 EXERCISES = [
