@@ -9,7 +9,9 @@ import triton.language as tl
 
 from grader.checks import exercises
 from grader.exercise import evaluate
+from grader.notebooks import exec_source
 from tests.conftest import grade, solution_namespace, with_answer
+from tests.graderkit import solution_with
 
 STEM = "04_matmul"
 
@@ -26,8 +28,9 @@ def grade_some(eid, ns, picks):
 
 
 # public cases of matmul_tiled: 0 (64,64,64) fp32, 1 (97,75,130) fp32 odd, 2 (1,1,1), 3 (80,72,100) fp16,
-# 4 fp16 cancelling sums, 5 a transposed, 6 both transposed fp16, 7 b sliced, 8 grouped order
-ODD, FP16, CANCEL, A_T, BOTH_T, SLICED, ORDER = 1, 3, 4, 5, 6, 7, 8
+# 4 fp16 cancelling sums, 5 a transposed, 6 both transposed fp16, 7 b sliced, 8 grouped order,
+# 9 a row-padded (tall, 32x64 tiles), 10 b row-padded (wide, 64x32 tiles)
+ODD, FP16, CANCEL, A_T, BOTH_T, SLICED, ORDER, A_ROWS, B_ROWS = 1, 3, 4, 5, 6, 7, 8, 9, 10
 
 
 @pytest.mark.parametrize("eid", ["tile_intensity", "grouped_order", "matmul_tiled", "matmul_autotune",
@@ -309,3 +312,112 @@ def test_epilogue_with_the_wrong_activation_says_so(sol04):
     r = evaluate(ex, with_answer(sol04, matmul_bias_act=lambda a, b, bias, activation="relu", out=None, **kw:
                                  real(a, b, bias, "gelu", out=out, **kw)), "cpu", ex.cases()[:1])
     assert r.status == "failed" and "activation='gelu' version" in r.message
+
+
+# --- row-padded operands and non-square tiles --------------------------------------------------------
+
+def _wrong(sol04, eid, old, new):
+    """The solution with one piece of its answer to ``eid`` replaced (a plausible bug)."""
+    return exec_source(solution_with(STEM, eid, old, new), f"<wrong {eid}: {new}>", dict(sol04))
+
+
+def _hidden(eid, pick, seeds=(1, 2, 3)):
+    """The hidden cases of ``eid``, for a few seeds, for which ``pick(inputs)`` is true."""
+    ex = exercises(STEM)[eid]
+    return [c for seed in seeds for c in ex.cases(seed=seed, public=False) if pick(c.inputs)]
+
+
+def test_packed_row_strides_fail_on_row_padded_operands(sol04):
+    # BUG: "a row-major operand has rows K apart" (right for contiguous and transposed inputs, wrong for
+    # a row-padded view, whose rows are a.stride(0) > K apart)
+    wrong = _wrong(sol04, "matmul_tiled", "M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1)",
+                   "M, N, K, K if a.stride(1) == 1 else a.stride(0), a.stride(1), "
+                   "N if b.stride(1) == 1 else b.stride(0), b.stride(1)")
+    ex = exercises(STEM)["matmul_tiled"]
+    r = grade_some("matmul_tiled", wrong, [0, A_T, BOTH_T, SLICED, A_ROWS, B_ROWS])
+    assert [c.status for c in r.cases] == ["passed"] * 4 + ["failed"] * 2, r.message
+    assert "strides (101, 1)" in r.cases[4].message or "strides (77, 1)" in r.cases[4].message
+    hidden = evaluate(ex, wrong, "cpu", _hidden("matmul_tiled", lambda x: x["layout"] in ("a_rows", "b_rows")))
+    assert len(hidden.cases) == 6 and all(c.status == "failed" for c in hidden.cases), hidden.message
+
+
+@pytest.mark.parametrize("old, new", [
+    ("grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N),)",
+     "grid = (triton.cdiv(M, BLOCK_N) * triton.cdiv(N, BLOCK_M),)"),
+    ("offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)", "offs_n = pid_n * BLOCK_M + tl.arange(0, BLOCK_N)"),
+    ("grouped_pid_jit(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)",
+     "grouped_pid_jit(pid, tl.cdiv(M, BLOCK_N), tl.cdiv(N, BLOCK_M), GROUP_M)"),
+], ids=["grid", "tile offsets", "program mapping"])
+def test_block_m_and_block_n_swapped_fail(sol04, old, new):
+    wrong = _wrong(sol04, "matmul_tiled", old, new)
+    assert grade_some("matmul_tiled", wrong, [ODD, A_ROWS, B_ROWS]).status == "failed"
+    hidden = evaluate(exercises(STEM)["matmul_tiled"], wrong, "cpu", _hidden("matmul_tiled", lambda x: x.get("shape")))
+    by_seed = [hidden.cases[i:i + 2] for i in range(0, 6, 2)]  # (tall, wide) per seed
+    assert all(any(c.status == "failed" for c in pair) for pair in by_seed), hidden.message
+
+
+def test_epilogue_with_block_m_and_block_n_swapped_fails(sol04):
+    wrong = _wrong(sol04, "matmul_epilogue", "grid = (triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N),)",
+                   "grid = (triton.cdiv(M, BLOCK_N) * triton.cdiv(N, BLOCK_M),)")
+    r = grade(STEM, "matmul_epilogue", wrong, hidden=False)
+    assert r.status == "failed", r.message
+    ex = exercises(STEM)["matmul_epilogue"]
+    for seed in (1, 2, 3):
+        shaped = [c for c in ex.cases(seed=seed, public=False) if c.inputs.get("shape")]
+        assert evaluate(ex, wrong, "cpu", shaped).status == "failed"
+
+
+# --- hidden cases hold every rule, on every seed ---------------------------------------------------------
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _rules(eid, case) -> set:
+    """The rules a case exercises, read from its inputs (not its name)."""
+    x = case.inputs
+    if eid == "tile_intensity":
+        k = "K < BLOCK_K" if x["K"] < x["BLOCK_K"] else "K % BLOCK_K != 0" if x["K"] % x["BLOCK_K"] else "whole K steps"
+        return {k, f"{x['dtype_bytes']} bytes", "BLOCK_M != BLOCK_N" if x["BLOCK_M"] != x["BLOCK_N"] else "square"}
+    if eid == "grouped_order":
+        m, n, g = x["num_pid_m"], x["num_pid_n"], x["GROUP_M"]
+        return {r for r, on in (("short last group", m % g and m > g), ("whole groups", m % g == 0 and g > 1),
+                                ("GROUP_M > num_pid_m", g > m), ("one column", n == 1), ("GROUP_M = 1", g == 1)) if on}
+    if x.get("kind") == "configs":
+        return {"configs"}
+    a, b = x["a"], x["b"]
+    rules = {f"layout {x['layout']}", f"{a.dtype} {x['layout']}".replace("torch.", ""), f"data {x['kind']}"}
+    if x.get("epilogue"):
+        rules.add(f"{x['epilogue']} in {a.dtype}".replace("torch.", ""))
+    if x["blocks"]:
+        bm, bn, bk, _ = x["blocks"]
+        M, N = case.name.split(")")[0].strip("(").split(", ")[:2]
+        M, N = int(M), int(N)
+        rules.add("BLOCK_M < BLOCK_N" if bm < bn else "BLOCK_M > BLOCK_N" if bm > bn else "square tiles")
+        if x.get("shape") and _cdiv(M, bn) * _cdiv(N, bm) < _cdiv(M, bm) * _cdiv(N, bn):
+            rules.add(f"fewer programs if BLOCK_M, BLOCK_N swapped ({x['shape']})")
+        if M % bm and N % bn:
+            rules.add("partial tiles")
+    if x.get("order"):
+        rules.add("grouped order observed")
+    return rules
+
+
+@pytest.mark.parametrize("eid", ["tile_intensity", "grouped_order", "matmul_tiled", "matmul_autotune",
+                                 "matmul_epilogue"])
+def test_every_seed_hides_cases_of_every_rule(eid):
+    ex = exercises(STEM)[eid]
+    seen = [set().union(*(_rules(eid, c) for c in ex.cases(seed=seed, public=False)))
+            for seed in (1, 2, 3, 20261122, 4242)]
+    assert all(s == seen[0] for s in seen), [s ^ seen[0] for s in seen]
+    must = {"tile_intensity": {"K < BLOCK_K", "K % BLOCK_K != 0", "whole K steps", "BLOCK_M != BLOCK_N"},
+            "grouped_order": {"short last group", "whole groups", "GROUP_M > num_pid_m", "one column"},
+            "matmul_tiled": {"layout a_rows", "layout b_rows", "layout b_sliced", "data cancel", "partial tiles",
+                             "fewer programs if BLOCK_M, BLOCK_N swapped (tall)",
+                             "fewer programs if BLOCK_M, BLOCK_N swapped (wide)", "grouped order observed"},
+            "matmul_autotune": {"configs", "layout a_t"},
+            "matmul_epilogue": {"relu in float32", "relu in float16", "gelu in float32", "gelu in float16",
+                                "layout b_rows", "BLOCK_M < BLOCK_N", "BLOCK_M > BLOCK_N",
+                                "fewer programs if BLOCK_M, BLOCK_N swapped (tall)",
+                                "fewer programs if BLOCK_M, BLOCK_N swapped (wide)"}}[eid]
+    assert must <= seen[0], must - seen[0]

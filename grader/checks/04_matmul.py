@@ -4,8 +4,13 @@ configurations, and a fused bias + activation epilogue.
 Every kernel check passes a *poisoned* output buffer followed by a guard region, records which
 Triton kernels launched and which PyTorch operations ran outside them (so a `torch.matmul` or a
 PyTorch epilogue is caught), checks the inputs were not modified, and uses sizes that are not
-multiples of the tile, fp16 inputs and transposed (strided) views. In Triton's interpreter it also
-records the order in which programs store their tiles, to see that the kernel uses `grouped_pid`.
+multiples of the tile, fp16 inputs, transposed (strided) views and row-padded views (rows further
+apart than the row length), and non-square tiles (BLOCK_M != BLOCK_N, in both orientations, with
+grids whose size changes if the two are swapped). In Triton's interpreter it also records the order
+in which programs store their tiles, to see that the kernel uses `grouped_pid`.
+
+Hidden cases are random sizes inside fixed rules: every seed's hidden set holds every rule above
+(tests/test_checks_04.py checks it).
 """
 from __future__ import annotations
 
@@ -27,6 +32,10 @@ TITLE = "Matmul: tiling and the matrix units"
 # Shared memory of one H100 SM available to a kernel (227 KiB): a config whose pipeline buffers do not
 # fit cannot be compiled.
 SMEM_BYTES = 227 * 1024
+# Extra elements at the end of each row of a row-padded operand (its gaps hold NaN: reading them shows)
+ROW_PAD = 7
+# Non-square tiles (BLOCK_M, BLOCK_N, BLOCK_K) of the kernel checks: a BLOCK_M / BLOCK_N mix-up shows
+TILES = ((32, 64, 32), (64, 32, 32))
 
 
 def _randint(gen, lo, hi) -> int:
@@ -50,9 +59,16 @@ def ref_tile_intensity(BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, K: int, dtype_b
 def _intensity_cases(gen, public):
     specs = [(128, 128, 64, 4096, 2), (64, 256, 32, 1000, 2), (16, 16, 16, 16, 4), (128, 256, 64, 8192, 1),
              (32, 32, 32, 200, 4)]
-    if not public:
-        specs = [(1 << _randint(gen, 4, 8), 1 << _randint(gen, 4, 8), 1 << _randint(gen, 4, 7),
-                  _randint(gen, 1, 20000), [1, 2, 4][_randint(gen, 0, 2)]) for _ in range(8)]
+    if not public:  # BLOCK_M != BLOCK_N; K a multiple of BLOCK_K, not one, or below it; every dtype size
+        specs = []
+        for i in range(8):
+            bm, bn, bk = 1 << _randint(gen, 4, 8), 1 << _randint(gen, 4, 7), 1 << _randint(gen, 4, 7)
+            bn = bn * 2 if bn >= bm else bn
+            if i % 2:
+                bm, bn = bn, bm
+            K = [bk * _randint(gen, 2, 100), bk * _randint(gen, 1, 100) + _randint(gen, 1, bk - 1),
+                 _randint(gen, 1, bk - 1)][i % 3]
+            specs.append((bm, bn, bk, K, [1, 2, 4][i % 3 if i < 6 else i % 2]))
     return [Case(f"BLOCK_M={m} BLOCK_N={n} BLOCK_K={k} K={K} dtype_bytes={b}",
                  dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, K=K, dtype_bytes=b)) for m, n, k, K, b in specs]
 
@@ -103,8 +119,14 @@ def ref_grouped_pid(pid: int, num_pid_m: int, num_pid_n: int, GROUP_M: int) -> t
 
 def _order_cases(gen, public):
     specs = [(5, 4, 2), (8, 8, 4), (7, 3, 3), (6, 6, 1), (3, 5, 8), (1, 9, 8), (9, 1, 4), (10, 7, 4)]
-    if not public:
-        specs = [(_randint(gen, 1, 24), _randint(gen, 1, 24), _randint(gen, 1, 10)) for _ in range(8)]
+    if not public:  # a short last group, whole groups, GROUP_M above num_pid_m, one column, GROUP_M=1; random
+        g1, g2, m3 = _randint(gen, 2, 6), _randint(gen, 2, 6), _randint(gen, 1, 6)
+        specs = [(g1 * _randint(gen, 1, 4) + _randint(gen, 1, g1 - 1), _randint(gen, 2, 24), g1),
+                 (g2 * _randint(gen, 1, 4), _randint(gen, 2, 24), g2),
+                 (m3, _randint(gen, 2, 24), m3 + _randint(gen, 1, 4)),
+                 (_randint(gen, 2, 24), 1, _randint(gen, 2, 10)),
+                 (_randint(gen, 2, 24), _randint(gen, 2, 24), 1)]
+        specs += [(_randint(gen, 1, 24), _randint(gen, 1, 24), _randint(gen, 1, 10)) for _ in range(3)]
     return [Case(f"num_pid_m={m} num_pid_n={n} GROUP_M={g}", dict(num_pid_m=m, num_pid_n=n, GROUP_M=g))
             for m, n, g in specs]
 
@@ -239,6 +261,10 @@ def _layout(a_base, b_base, layout):
     b = b_base.t() if layout in ("b_t", "both_t") else b_base
     if layout == "b_sliced":
         b = b_base[:, ::2]
+    if layout == "a_rows":  # (M, K + ROW_PAD) buffer seen as (M, K): a.stride(0) > K
+        a = a_base[:, :-ROW_PAD]
+    if layout == "b_rows":
+        b = b_base[:, :-ROW_PAD]
     return a, b
 
 
@@ -248,11 +274,16 @@ def _stored(a, b, layout):
     b_base = b.t().contiguous() if layout in ("b_t", "both_t") else b
     if layout == "b_sliced":
         b_base = torch.stack([b, torch.zeros_like(b)], dim=2).reshape(b.shape[0], 2 * b.shape[1])
+    if layout == "a_rows":
+        a_base = torch.cat([a, torch.full((a.shape[0], ROW_PAD), float("nan"), dtype=a.dtype)], dim=1)
+    if layout == "b_rows":
+        b_base = torch.cat([b, torch.full((b.shape[0], ROW_PAD), float("nan"), dtype=b.dtype)], dim=1)
     return a_base, b_base
 
 
 _LAYOUT_TEXT = {"contiguous": "", "a_t": ", a transposed", "b_t": ", b transposed",
-                "both_t": ", a and b transposed", "b_sliced": ", b every other column of a wider matrix"}
+                "both_t": ", a and b transposed", "b_sliced": ", b every other column of a wider matrix",
+                "a_rows": f", a row-padded (rows K + {ROW_PAD} apart)", "b_rows": f", b row-padded (rows N + {ROW_PAD} apart)"}
 
 
 def _operands(gen, M, N, K, dtype, layout, kind="randn"):
@@ -267,7 +298,7 @@ def _operands(gen, M, N, K, dtype, layout, kind="randn"):
     return _stored(a.to(dtype), b.to(dtype), layout)
 
 
-def _matmul_case(gen, M, N, K, dtype, layout="contiguous", blocks=(32, 32, 32, 4), kind="randn",
+def _matmul_case(gen, M, N, K, dtype, layout="contiguous", blocks=(*TILES[0], 4), kind="randn",
                  order=False, name=None, **extra):
     dt = getattr(torch, dtype)
     a_base, b_base = _operands(gen, M, N, K, dt, layout, kind)
@@ -275,7 +306,7 @@ def _matmul_case(gen, M, N, K, dtype, layout="contiguous", blocks=(32, 32, 32, 4
     if blocks is not None:
         text += "; tile {}x{}x{}, GROUP_M={}".format(*blocks)
     return Case(text, dict(a=a_base, b=b_base, layout=layout, blocks=list(blocks) if blocks else None,
-                           order=order, **extra))
+                           order=order, kind=kind, **extra))
 
 
 def _call(fn, a, b, out_dtype, device, extra=None, order_blocks=None, blocks=None) -> dict:
@@ -389,16 +420,42 @@ def _matmul_cases(gen, public):
             _matmul_case(gen, 33, 40, 50, "float32", "b_sliced"),
             _matmul_case(gen, 130, 100, 70, "float32", blocks=(16, 64, 64, 2), order=True,
                          name="(130, 100, 70) float32, programs must follow grouped_pid"),
+            _matmul_case(gen, 100, 30, 70, "float32", "a_rows", blocks=(*TILES[0], 4), shape="tall"),
+            _matmul_case(gen, 30, 100, 50, "float16", "b_rows", blocks=(*TILES[1], 4), shape="wide"),
         ]
     cases = []
-    for i, layout in enumerate(["contiguous", "a_t", "b_t", "both_t", "b_sliced"]):
-        M, N, K = _randint(gen, 1, 130), _randint(gen, 1, 130), _randint(gen, 1, 200)
-        cases.append(_matmul_case(gen, M, N, K, ["float32", "float16"][i % 2], layout))
+    for i, layout in enumerate(["contiguous", "a_t", "b_t", "both_t", "b_sliced", "a_rows", "b_rows"]):
+        bm, bn, bk = TILES[i % 2]
+        M, N, K = _not_multiple(gen, 1, 130, bm), _not_multiple(gen, 1, 130, bn), _not_multiple(gen, 1, 160, bk)
+        cases.append(_matmul_case(gen, M, N, K, ["float32", "float16"][i % 2], layout, blocks=(bm, bn, bk, 4)))
+    cases += _swapped_grid_cases(gen)
+    M, N, K = _randint(gen, 17, 64), _randint(gen, 17, 64), 2 * _randint(gen, 64, 100)
+    cases.append(_matmul_case(gen, M, N, K, "float16", kind="cancel", blocks=(*TILES[1], 4),
+                              name=f"({M}, {N}, {K}) float16, partial sums that cancel (accumulate in fp32)"))
     M, N, K = _randint(gen, 40, 130), _randint(gen, 40, 130), _randint(gen, 1, 64)
-    blocks = [(16, 32, 32), (32, 32, 32), (32, 16, 64)][_randint(gen, 0, 2)]
+    blocks = [(16, 32, 32), (32, 16, 64)][_randint(gen, 0, 1)]
     cases.append(_matmul_case(gen, M, N, K, "float16", blocks=(*blocks, _randint(gen, 1, 4)), order=True,
                               name=f"({M}, {N}, {K}) float16, programs must follow grouped_pid"))
     return cases
+
+
+def _not_multiple(gen, lo, hi, block) -> int:
+    """A random integer in [lo, hi] that is not a multiple of ``block`` (a partial last tile)."""
+    n = _randint(gen, lo, hi)
+    return n - 1 if n % block == 0 else n
+
+
+def _swapped_grid_cases(gen) -> list:
+    """A tall and a wide output, tiles in both orientations: swapping BLOCK_M and BLOCK_N anywhere
+    (grid, tile offsets, program mapping) leaves output tiles unwritten or wrong in one of them."""
+    (bm, bn, bk), (bm2, bn2, bk2) = TILES
+    M, N, K = _randint(gen, 97, 128), _randint(gen, 17, 32), _not_multiple(gen, 20, 100, bk)
+    tall = _matmul_case(gen, M, N, K, "float32", blocks=(bm, bn, bk, _randint(gen, 1, 4)),
+                        name=f"({M}, {N}, {K}) float32, tall output", shape="tall")
+    M, N, K = _randint(gen, 17, 32), _randint(gen, 97, 128), _not_multiple(gen, 20, 100, bk2)
+    wide = _matmul_case(gen, M, N, K, "float16", blocks=(bm2, bn2, bk2, _randint(gen, 1, 4)),
+                        name=f"({M}, {N}, {K}) float16, wide output", shape="wide")
+    return [tall, wide]
 
 
 def _matmul_run_with(fn_name, extra_inputs=()):
@@ -576,20 +633,24 @@ def _autotune_judge(case, obs):
 # --- 5. fused epilogue --------------------------------------------------------------------------------
 
 def _epilogue_cases(gen, public):
+    # Cases alternate TILES[0] and TILES[1]; the first is a tall output, the second a wide one.
     if public:
-        specs = [(130, 100, 96, "float32", "relu", "contiguous"), (77, 65, 100, "float16", "gelu", "contiguous"),
+        specs = [(130, 30, 96, "float32", "relu", "contiguous"), (30, 77, 100, "float16", "gelu", "contiguous"),
                  (64, 64, 64, "float16", "relu", "a_t"), (33, 70, 45, "float32", "gelu", "b_t")]
     else:
-        specs = []
-        for i, (act, layout) in enumerate([("relu", "contiguous"), ("gelu", "a_t"), ("gelu", "contiguous"),
-                                           ("relu", "both_t")]):
-            specs.append((_randint(gen, 1, 130), _randint(gen, 1, 130), _randint(gen, 1, 160),
+        specs = [(_randint(gen, 97, 128), _randint(gen, 17, 32), _randint(gen, 1, 160), "float32", "relu", "contiguous"),
+                 (_randint(gen, 17, 32), _randint(gen, 97, 128), _randint(gen, 1, 160), "float16", "gelu", "a_t")]
+        for i, (act, layout) in enumerate([("gelu", "b_rows"), ("relu", "both_t")]):
+            bm, bn, _ = TILES[i % 2]
+            specs.append((_not_multiple(gen, 1, 130, bm), _not_multiple(gen, 1, 130, bn), _randint(gen, 1, 160),
                           ["float32", "float16"][i % 2], act, layout))
     cases = []
-    for M, N, K, dtype, act, layout in specs:
+    for i, (M, N, K, dtype, act, layout) in enumerate(specs):
         dt = getattr(torch, dtype)
-        c = _matmul_case(gen, M, N, K, dtype, layout, name=f"({M}, {N}, {K}) {dtype}{_LAYOUT_TEXT[layout]}, {act}",
-                         bias=(2 * torch.randn(N, generator=gen)).to(dt), epilogue=act)
+        shape = {0: dict(shape="tall"), 1: dict(shape="wide")}.get(i, {})
+        c = _matmul_case(gen, M, N, K, dtype, layout, blocks=(*TILES[i % 2], 4),
+                         name=f"({M}, {N}, {K}) {dtype}{_LAYOUT_TEXT[layout]}, {act}",
+                         bias=(2 * torch.randn(N, generator=gen)).to(dt), epilogue=act, **shape)
         cases.append(c)
     return cases
 
