@@ -130,7 +130,7 @@ def cohort(folder, lab: str, out, jobs: int = 2, shard: str | None = None, progr
 
     def one(path: Path) -> dict:
         try:
-            result = grade(path, lab=lab, **grade_kwargs)
+            result = grade(path, lab=lab, log_path=result_dir(out, path.name) / "grader.log", **grade_kwargs)
             if not _is_result(result):
                 raise TypeError(f"grade returned {type(result).__name__}, not a result")
             result = sanitize_result(result)

@@ -216,6 +216,14 @@ def _decode(data: bytes):
     return torch.load(io.BytesIO(data), weights_only=True)
 
 
+def _ship_by_value() -> None:
+    """The checks' run-side code travels to the worker by value: only the functions it calls, never
+    the modules (with their references) themselves. Modules bound in the sandbox go by name."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("grader.") and name not in sandbox.RUN_SIDE_MODULES and module is not None:
+            cloudpickle.register_pickle_by_value(module)
+
+
 def run_answers(stem: str, setup_source: str, answers: dict[str, str], cases: dict[str, list[Case]],
                 device: str, timeout_s: float, work: Path) -> tuple[dict, dict, str, str]:
     """Run every exercise in sandboxed workers.
@@ -229,8 +237,7 @@ def run_answers(stem: str, setup_source: str, answers: dict[str, str], cases: di
     """
     order = list(exercises(stem))
     lab = exercises(stem)
-    for ex in lab.values():  # the run-side code travels by value; its module stays with the judge
-        cloudpickle.register_pickle_by_value(sys.modules[ex.run.__module__])
+    _ship_by_value()
     runnable = {eid: replace(ex, make_cases=None, judge=None) for eid, ex in lab.items()}
     done: dict[str, list] = {}
     fatal: dict[str, tuple[str, str]] = {}  # eid -> (status, message)
@@ -310,9 +317,6 @@ def grade(path, lab: str | None = None, device: str = "cpu", seed: int | None = 
     sandbox.warn_if_weak()
     with tempfile.TemporaryDirectory(prefix="gpulab-grade-") as tmp:
         done, fatal, output, log = run_answers(stem, setup_source, answers, cases, device, timeout_s, Path(tmp))
-    if log_path is not None:
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(log_path).write_text(log, encoding="utf-8", errors="replace")
     results: list[ExerciseResult] = []
     for eid, ex in lab_exercises.items():
         if eid not in answers:
@@ -334,8 +338,12 @@ def grade(path, lab: str | None = None, device: str = "cpu", seed: int | None = 
               "duration_s": None, "exercises": [r.as_dict() for r in results],
               "learner_output": output[-4000:],
               "isolation": {**sandbox.isolation(), "limits": sandbox.limits_summary(device)}}
+    logs = [log]
     if notebook_run:
-        result["notebook_run"] = grader.rebuild.run_rebuilt(solution, answers, device, timeout_s)
+        result["notebook_run"] = grader.rebuild.run_rebuilt(solution, answers, device, timeout_s, log=logs)
+    if log_path is not None:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(log_path).write_text("\n".join(logs), encoding="utf-8", errors="replace")
     result["duration_s"] = round(time.perf_counter() - start, 2)
     return result
 

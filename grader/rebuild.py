@@ -22,6 +22,7 @@ from grader.notebooks import exercise_id
 
 OUTPUT_CAP = 64 << 20  # bytes of executed notebook read back; a bigger one is reported as failed
 ERROR_CAP = 1500
+LOG_CAP = 32 * 1024
 
 
 def rebuilt_notebook(solution, answers: dict[str, str]):
@@ -74,8 +75,11 @@ def _read_back(data: bytes):
     return executed if isinstance(executed, dict) and isinstance(executed.get("cells"), list) else None
 
 
-def run_rebuilt(solution, answers: dict[str, str], device: str, timeout_s: float) -> dict:
-    """``{"status": "ok" | "failed" | "skipped", "cell": name, "error": text}``."""
+def run_rebuilt(solution, answers: dict[str, str], device: str, timeout_s: float, log: list | None = None) -> dict:
+    """``{"status": "ok" | "failed" | "skipped", "cell": name, "error": text}``.
+
+    ``log``, when given, receives the tail of what papermill and the kernel printed (for grader.log).
+    """
     try:
         import nbformat
         import papermill  # noqa: F401 - the sandbox runs its command line
@@ -107,6 +111,8 @@ def run_rebuilt(solution, answers: dict[str, str], device: str, timeout_s: float
                 except (ProcessLookupError, PermissionError):
                     proc.kill()
                 proc.wait()
+    if log is not None:
+        log.append("--- notebook run (papermill) ---\n" + err[-LOG_CAP:].decode("utf-8", "replace"))
     if timed_out:
         return {"status": "failed", "cell": None, "error": f"the notebook did not finish within {budget:g} s."}
     executed = _read_back(out[:OUTPUT_CAP]) if len(out) <= OUTPUT_CAP else None

@@ -87,7 +87,7 @@ def table(result: dict) -> str:
     run = result.get("notebook_run")
     if run:
         lines.append(f"  notebook top to bottom: {run['status']}" +
-                     (f" at cell {run.get('cell')}: {run.get('error', '')[:100]}" if run["status"] == "failed" else ""))
+                     (f" at {run.get('cell') or 'start-up'}: {run.get('error', '')[:100]}" if run["status"] == "failed" else ""))
     return "\n".join(lines)
 
 
@@ -108,7 +108,9 @@ def feedback_markdown(result: dict) -> str:
     run = result.get("notebook_run")
     if run and run["status"] == "failed":
         out += ["## The notebook does not run top to bottom", "",
-                f"Cell `{run.get('cell')}` failed (this does not change the scores above):", "",
+                (f"It stopped at {run['cell']} (this does not change the scores above):" if run.get("cell") else
+                 "The notebook's kernel died or ran out of time before any cell failed (this does not change "
+                 "the scores above); see grader.log:"), "",
                 *_fenced(run.get("error", "")), ""]
     return "\n".join(out)
 

@@ -454,3 +454,26 @@ def test_a_fork_bomb_is_bounded_and_leaves_no_process(tmp_path):
     assert e["costs"]["score"] == 0 and "fork failed after" in e["costs"]["message"]
     assert e["scaling"]["status"] == "passed"
     assert _survivors(marker) == []
+
+
+HEAP_CORRUPTION = ("import ctypes\n"
+                   "_victims = [bytearray(64) for _ in range(1000)]\n"
+                   "def amdahl_speedup(p, n):\n"
+                   "    for v in _victims[::7]:  # scribble over object headers: the crash comes later, or not\n"
+                   "        ctypes.memset(id(v) - 64, 0xff, 256)\n"
+                   "    return 1.0 / ((1.0 - p) + p / n)\n"
+                   "def strong_scaling_efficiency(t1, tn, n):\n"
+                   "    return t1 / (n * tn)\n"
+                   "def weak_scaling_efficiency(t1, tn):\n"
+                   "    return t1 / tn\n")
+
+
+def test_five_gradings_give_identical_exercise_lists(tmp_path):
+    """Heap corruption, a crash and honest answers: the same statuses and scores every time."""
+    answers = {"scaling": HEAP_CORRUPTION,
+               "roofline": kit.solution_with(L1, "roofline", "return", "import os; os._exit(3)\n    return", )}
+    nb = kit.submission(L1, answers, solved=("costs", "benchmark"))
+    lists = [run(tmp_path, nb, name=f"s{i}.ipynb", seed=7)["exercises"] for i in range(5)]
+    assert all(lst == lists[0] for lst in lists)
+    statuses = {e["id"]: e["status"] for e in lists[0]}
+    assert statuses["costs"] == statuses["benchmark"] == "passed" and statuses["roofline"] == "crashed"
