@@ -1,5 +1,6 @@
 """Hostile submissions: each earns exactly what it honestly earned, and nothing ends in a traceback."""
 import json
+import os
 import subprocess
 import sys
 import time
@@ -248,6 +249,13 @@ from grader import sandbox  # noqa: E402
 
 SANDBOXED = pytest.mark.skipif(sandbox.isolation()["mode"] != "bwrap",
                                reason="needs bubblewrap: without it these attacks would harm this machine")
+
+
+def test_the_sandbox_is_available_where_ci_requires_it():
+    """CI (``.ci/run``) installs bubblewrap and sets GPULAB_SANDBOX_TEST=required: no silent skip there."""
+    if os.environ.get("GPULAB_SANDBOX_TEST") != "required":
+        pytest.skip("GPULAB_SANDBOX_TEST is not 'required' (set by .ci/run)")
+    assert sandbox.isolation()["mode"] == "bwrap", sandbox.isolation()["detail"]
 COSTS_RIGHT = kit.source(kit.load("solutions", L1), "costs")
 COSTS_WRONG = COSTS_RIGHT.replace("return", "return 2 *", 1)
 
