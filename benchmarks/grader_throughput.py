@@ -5,7 +5,8 @@ grader's own overhead beyond the learner code's run time.
 
 Learner time is measured by running the same answers on the same hidden cases in this process
 (``grader.exercise.evaluate``) after a warm-up; overhead = grade time (without the notebook run) -
-learner time. The rebuilt-notebook run (papermill) is timed separately.
+learner time. The rebuilt-notebook run (papermill) is timed separately. Both include the sandbox
+(bubblewrap, when installed: the JSON records which isolation was used and the machine's load).
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ def main(argv=None) -> int:
     report = {"schema": 1, "script": "benchmarks/grader_throughput.py", "lab": STEM, "device": "cpu",
               "machine": f"{platform.machine()} x{os.cpu_count()} cores, python {platform.python_version()}",
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "isolation": r["isolation"]["mode"], "load_average_1min": os.getloadavg()[0],
               "repeats": args.repeats, "learner_code_s": med(learner), "grade_s": med(no_nb),
               "grade_with_notebook_run_s": med(with_nb), "overhead_s": med(no_nb) - med(learner),
               "samples": {"learner_code_s": learner, "grade_s": no_nb, "grade_with_notebook_run_s": with_nb}}
