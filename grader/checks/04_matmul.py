@@ -1,8 +1,9 @@
 """Checks of lab 04, matmul: tile intensity, grouped program order, a tiled Triton matmul, autotune
 configurations, and a fused bias + activation epilogue.
 
-Every kernel check passes a *poisoned* output buffer followed by a guard region, records which
-Triton kernels launched and which PyTorch operations ran outside them (so a `torch.matmul` or a
+Every kernel check (observed by ``grader.kernelcheck``) passes a *poisoned* output buffer followed by a
+guard region, records which Triton kernels launched (the learner's own, really computing the
+output) and which PyTorch operations ran outside them (so a `torch.matmul` or a
 PyTorch epilogue is caught), checks the inputs were not modified, and uses sizes that are not
 multiples of the tile, fp16 inputs, transposed (strided) views and row-padded views (rows further
 apart than the row length), and non-square tiles (BLOCK_M != BLOCK_N, in both orientations, with
@@ -21,10 +22,12 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from gpulab.compare import GUARD, compare, guard_report, poisoned
-from gpulab.device import interpreted, synchronize
+from gpulab.compare import GUARD, compare, padded
+from gpulab.device import interpreted
 from gpulab.launches import record_launches
-from grader.exercise import Case, Exercise, changed_inputs, entry
+from grader.exercise import Case, Exercise, entry
+from grader.kernelcheck import (bounds_verdict, final_verdict, launch_verdict, mismatch_verdict, observe_kernel,
+                                outside_verdict, return_verdict)
 
 LAB = "04_matmul"
 TITLE = "Matmul: tiling and the matrix units"
@@ -309,8 +312,16 @@ def _matmul_case(gen, M, N, K, dtype, layout="contiguous", blocks=(*TILES[0], 4)
                            order=order, kind=kind, **extra))
 
 
-def _call(fn, a, b, out_dtype, device, extra=None, order_blocks=None, blocks=None) -> dict:
+@contextlib.contextmanager
+def _recorders(out: torch.Tensor):
+    """This lab's own recorders, around the learner's call: (stores into ``out``, PyTorch ops)."""
+    with _record_stores(out) as stores, _record_torch_ops() as rec:
+        yield stores, rec
+
+
+def _call(fn, a, b, out_dtype, device, extra=None, order_blocks=None, blocks=None, inputs=None) -> dict:
     """Call ``fn(a, b, out=out, **extra)`` with a poisoned ``out``; observe everything a check needs.
+    ``inputs``: the (padded) tensors behind ``a``, ``b`` and ``extra``.
 
     The guard region covers everything an unmasked store of ``blocks``-sized tiles (256 when the
     autotuner picks them) could reach, so a missing mask is reported, never a write into memory
@@ -318,13 +329,11 @@ def _call(fn, a, b, out_dtype, device, extra=None, order_blocks=None, blocks=Non
     M, N = a.shape[0], b.shape[1]
     bm, bn = (blocks[0], blocks[1]) if blocks else (256, 256)
     overhang = (-(-M // bm) * bm - M) * N + (-(-N // bn) * bn - N)
-    out, storage = poisoned((M, N), out_dtype, device, guard=GUARD + overhang)
-    with _record_stores(out) as stores, _record_torch_ops() as rec:
-        ret = fn(a, b, out=out, **(extra or {}))
-    synchronize(device)
-    same = isinstance(ret, torch.Tensor) and ret.data_ptr() == out.data_ptr() and tuple(ret.shape) == (M, N)
-    obs = {"out": out.cpu(), "returned_out": same, "launches": rec["launches"], "kinds": rec["kinds"],
-           "torch_ops": rec["torch_ops"], "guard": guard_report(storage, out.numel()), "device": str(device)}
+    call = observe_kernel(lambda out: fn(a, b, out=out, **(extra or {})), {"out": ((M, N), out_dtype)}, device,
+                          inputs=inputs or {"a": a, "b": b}, guard=GUARD + overhang,
+                          watch=lambda bufs: _recorders(bufs["out"]))
+    stores, rec = call.watched
+    obs = {**call.as_obs(), "kinds": rec["kinds"], "torch_ops": rec["torch_ops"], "device": str(device)}
     if order_blocks is not None:
         obs["tiles"] = None
         if stores:
@@ -351,9 +360,9 @@ def _judge_matmul(case, obs, expected, name: str, launches_allowed: int = 1) -> 
     a_base, b_base = case.inputs["a"], case.inputs["b"]
     a, b = _layout(a_base, b_base, case.inputs["layout"])
     K = a.shape[1]
-    if not obs["launches"]:
-        return (f"no Triton kernel was launched: {name} must compute its result with your @triton.jit "
-                "kernel, not with PyTorch operations.")
+    verdict = launch_verdict(obs, name)
+    if verdict:
+        return verdict
     if obs["torch_ops"]:
         ops = ", ".join(dict.fromkeys(obs["torch_ops"]))
         return (f"{name} ran PyTorch arithmetic outside your kernel ({ops}): every FLOP, the epilogue "
@@ -362,16 +371,18 @@ def _judge_matmul(case, obs, expected, name: str, launches_allowed: int = 1) -> 
         return (f"{name} launched {len(obs['launches'])} Triton kernels ({', '.join(obs['launches'])}); "
                 f"it must be exactly {launches_allowed} launch: fuse the work into one kernel, so the "
                 "output tile is written once, straight from the accumulator.")
-    if obs["guard"]:
-        return obs["guard"] + " In a matmul, mask the store with (rows < M) & (cols < N)."
-    if not obs["returned_out"]:
-        return (f"{name} must write its result into `out` when `out` is given, and return `out` "
-                "(the check passes a buffer pre-filled with NaN).")
     atol, rtol = _tolerance(a.dtype, K, obs.get("device", "cpu"))
+    verdict = (outside_verdict(obs, name, lambda o: compare(o["out"], expected, dtype=a.dtype, atol=atol,
+                                                            rtol=rtol) is None)
+               or bounds_verdict(obs) or return_verdict(obs, name))
+    if verdict:
+        if verdict.stage == "out_of_bounds":
+            return verdict + " In a matmul, mask the store with (rows < M) & (cols < N)."
+        return verdict
     report = compare(obs["out"], expected, dtype=a.dtype, atol=atol, rtol=rtol, name=name)
     if report:
-        return report + _diagnose(case, obs, a, b, atol, rtol)
-    return changed_inputs(case, {k: v for k, v in obs.get("inputs_after", {}).items()})
+        return mismatch_verdict(report + _diagnose(case, obs, a, b, atol, rtol), obs)
+    return final_verdict(case, obs)
 
 
 def _diagnose(case, obs, a, b, atol, rtol) -> str:
@@ -461,15 +472,16 @@ def _swapped_grid_cases(gen) -> list:
 def _matmul_run_with(fn_name, extra_inputs=()):
     def run(ns, case, device):
         x = case.inputs
-        a_base, b_base = x["a"].to(device), x["b"].to(device)
+        a_base, b_base = padded(x["a"], device), padded(x["b"], device)
         a, b = _layout(a_base, b_base, x["layout"])
         fn = entry(ns, fn_name)
-        kwargs = {k: (x[k].to(device) if isinstance(x[k], torch.Tensor) else x[k]) for k in extra_inputs}
+        kwargs = {k: (padded(x[k], device) if isinstance(x[k], torch.Tensor) else x[k]) for k in extra_inputs}
         if x["blocks"]:
             bm, bn, bk, g = x["blocks"]
             kwargs.update(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=g)
+        inputs = {"a": a_base, "b": b_base, **{k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}}
         obs = _call(fn, a, b, a.dtype, device, kwargs, blocks=x["blocks"],
-                    order_blocks=x["blocks"][:2] if x.get("order") else None)
+                    order_blocks=x["blocks"][:2] if x.get("order") else None, inputs=inputs)
         obs["inputs_after"] = {"a": a_base.cpu(), "b": b_base.cpu(),
                                **{k: v.cpu() for k, v in kwargs.items() if isinstance(v, torch.Tensor)}}
         if x.get("order"):
