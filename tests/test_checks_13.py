@@ -118,7 +118,7 @@ def test_1f1b_with_one_warmup_forward_too_many_is_rejected(sol13):
 
 # --- validator --------------------------------------------------------------------------------------
 
-def _validator(skip: str = "", first_seen_wins: bool = False, message: str | None = None):
+def _validator(skip: str = "", first_seen_wins: bool = False, message: str | None = None, same_slot_ok: bool = False):
     """The solution's rules, with one left out (``skip``) or another flaw."""
     def validate_schedule(schedule, p, m):
         def fail(text):
@@ -153,20 +153,39 @@ def _validator(skip: str = "", first_seen_wins: bool = False, message: str | Non
             if k == "B" and s < p - 1 and skip != "stage":
                 needs.append((s + 1, i, "B"))
             for d in needs:
-                if d in slot_of and slot_of[d] >= t:
+                if d in slot_of and (slot_of[d] > t if same_slot_ok else slot_of[d] >= t):  # BUG if same_slot_ok
                     fail(f"{k}({s}, {i}) runs before {d[2]}({d[0]}, {d[1]})")
     return validate_schedule
 
 
-@pytest.mark.parametrize("skip, case", [
-    ("forward", "backward before its forward"), ("collision", "two steps on one stage in one slot"),
-    ("missing", "a missing step"), ("stage", "a stage dependency violated")])
-def test_a_validator_missing_one_rule_accepts_that_invalid_schedule(sol13, skip, case):
-    r = grade(STEM, "validate_schedule", with_answer(sol13, validate_schedule=_validator(skip)), hidden=False)
-    assert r.status == "failed", r.message
-    failed = [c for c in r.cases if c.status != "passed"]
-    assert [c.name.split(" (")[0] for c in failed] == [f"invalid: {case}"], [c.name for c in failed]
-    assert "accepted an invalid schedule" in failed[0].message
+_STAGE_RULES = ["a forward in the same slot as the forward it needs", "a forward before the forward it needs",
+                "a backward in the same slot as the backward it needs", "a backward before the backward it needs"]
+
+
+@pytest.mark.parametrize("skip, rules", [
+    ("forward", ["backward before its forward"]), ("collision", ["two steps on one stage in one slot"]),
+    ("missing", ["a missing step"]), ("stage", _STAGE_RULES)])
+def test_a_validator_missing_one_rule_accepts_that_invalid_schedule(sol13, skip, rules):
+    ex = exercises(STEM)["validate_schedule"]
+    for seed in (None, 1, 2, 3):  # the public cases, and every hidden set
+        cases = ex.cases() if seed is None else ex.cases(seed, public=False)
+        r = evaluate(ex, with_answer(sol13, validate_schedule=_validator(skip)), "cpu", cases)
+        assert r.status == "failed", r.message
+        failed = [c for c in r.cases if c.status != "passed"]
+        assert [c.name.replace("invalid, ", "invalid: ").split(" (")[0].split(": ")[1] for c in failed] == rules, \
+            [c.name for c in failed]
+        assert "accepted an invalid schedule" in failed[0].message
+
+
+def test_a_validator_allowing_a_dependency_in_the_same_slot_fails_on_every_seed(sol13):
+    ex = exercises(STEM)["validate_schedule"]
+    same_slot = [r for r in _STAGE_RULES if "same slot" in r]
+    for seed in (None, 1, 2, 3, 4, 5):
+        cases = ex.cases() if seed is None else ex.cases(seed, public=False)
+        r = evaluate(ex, with_answer(sol13, validate_schedule=_validator(same_slot_ok=True)), "cpu", cases)
+        failed = [c.name for c in r.cases if c.status != "passed"]
+        assert len(failed) == 2 and all(any(rule in name for rule in same_slot) for name in failed), failed
+        assert "accepted an invalid schedule" in r.message and "runs before" in r.message
 
 
 def test_a_validator_accepting_duplicate_steps_fails(sol13):
@@ -175,9 +194,16 @@ def test_a_validator_accepting_duplicate_steps_fails(sol13):
     assert r.status == "failed" and "accepted an invalid schedule (a duplicated step)" in r.message
 
 
-def test_a_validator_that_accepts_everything_scores_only_the_valid_cases(sol13):
+def test_a_validator_that_accepts_everything_scores_zero(sol13):
     r = grade(STEM, "validate_schedule", with_answer(sol13, validate_schedule=lambda schedule, p, m: None))
-    assert r.status == "failed" and r.score < 0.5 * r.points
+    assert r.status == "failed" and r.score == 0
+
+
+def test_a_validator_that_rejects_everything_scores_zero(sol13):
+    def validate_schedule(schedule, p, m):
+        raise ValueError("invalid: " + " ".join(f"{k}({s}, {i})" for slot in schedule for s, i, k in slot))
+    r = grade(STEM, "validate_schedule", with_answer(sol13, validate_schedule=validate_schedule))
+    assert r.status == "failed" and r.score == 0 and "this schedule is valid" in r.message
 
 
 def test_a_message_that_names_no_step_is_not_clear_enough(sol13):
@@ -321,3 +347,38 @@ def test_a_stage_waiting_for_a_gradient_that_is_never_sent_ends_with_a_clear_mes
     assert time.monotonic() - start < 6.0 + 40
     assert r.status == "failed" and "hung" in r.message and "never came" in r.message
 
+
+
+def test_a_runner_that_computes_nothing_scores_zero(sol13):
+    r = _first_case(with_answer(sol13, run_stage=lambda stage, schedule, microbatches, targets, hidden: []))
+    assert r.status == "failed" and r.score == 0 and "list of the m = 3 microbatch losses" in r.message
+
+
+# --- answers that compute nothing earn nothing; every rule in every hidden set ------------------------
+
+_DO_NOTHING = {"return []": lambda *a, **k: [], "return None": lambda *a, **k: None,
+               "return True": lambda *a, **k: True, "return 0.0": lambda *a, **k: 0.0,
+               "return the first argument": lambda *a, **k: a[0] if a else None}
+
+
+@pytest.mark.parametrize("eid", [e for e in exercises(STEM) if e != "pipeline_run"])  # ranks: the test above
+def test_answers_that_compute_nothing_score_zero(eid):
+    ex = exercises(STEM)[eid]
+    cases = ex.cases() + ex.cases(1, public=False) + ex.cases(2, public=False)
+    for stub, fn in _DO_NOTHING.items():
+        r = evaluate(ex, {name: fn for name in ex.entries}, "cpu", cases)
+        assert r.score == 0, (stub, r.message)
+
+
+def _rules(ex, seed):
+    return sorted(c.name.split(":")[0] for c in ex.cases(seed, public=False))
+
+
+@pytest.mark.parametrize("eid", sorted(exercises(STEM)))
+def test_every_hidden_set_covers_the_same_rules(eid):
+    ex = exercises(STEM)[eid]
+    rules = _rules(ex, 1)
+    assert not any(r.startswith(("random", "hidden")) for r in rules), rules
+    assert len(set(rules)) == len(rules), rules  # one case per rule, named by it
+    for seed in (2, 3, 20261122, 987654321):
+        assert _rules(ex, seed) == rules

@@ -20,7 +20,7 @@ import torch
 
 from gpulab.compare import compare
 from gpulab.schedules import Step, as_text
-from grader.exercise import Case, Exercise, entry
+from grader.exercise import Case, Exercise, Neutral, entry
 
 LAB = "13_pipeline_parallel"
 TITLE = "Pipeline parallelism: schedules as data"
@@ -194,12 +194,19 @@ def _picture(schedule, p: int) -> str:
 
 # --- GPipe --------------------------------------------------------------------------------------
 
-def _pm_cases(fixed, gen, public, n_hidden=6):
+def _pm_cases(fixed, gen, public):
     if public:
-        pms = fixed
-    else:
-        pms = [(_randint(gen, 1, 6), _randint(gen, 1, 12)) for _ in range(n_hidden)]
-    return [Case(f"p={p} stages, m={m} microbatches", dict(p=p, m=m)) for p, m in pms]
+        return [Case(f"p={p} stages, m={m} microbatches", dict(p=p, m=m)) for p, m in fixed]
+    # one case per rule, every seed (the rule is the name before ':'), random sizes inside it
+    p_few = _randint(gen, 3, 6)
+    p_many = _randint(gen, 2, 6)
+    p_same = _randint(gen, 2, 6)
+    rules = [("one stage", 1, _randint(gen, 1, 12)),
+             ("one microbatch", _randint(gen, 2, 6), 1),
+             ("fewer microbatches than stages", p_few, _randint(gen, 2, p_few - 1)),
+             ("as many microbatches as stages", p_same, p_same),
+             ("more microbatches than stages", p_many, _randint(gen, p_many + 1, 12))]
+    return [Case(f"{rule}: p={p} stages, m={m} microbatches", dict(p=p, m=m)) for rule, p, m in rules]
 
 
 def _gpipe_cases(gen, public):
@@ -273,8 +280,13 @@ def _1f1b_judge(case, obs):
 
 # --- validator ----------------------------------------------------------------------------------
 
+_DEPENDENCY_RULES = ("a forward in the same slot as the forward it needs", "a forward before the forward it needs",
+                     "a backward in the same slot as the backward it needs",
+                     "a backward before the backward it needs")
+_OUTSIDE_RULES = ("a stage outside the pipeline", "a microbatch outside the range", "a step of unknown kind")
 _MUTATIONS = ("backward before its forward", "two steps on one stage in one slot", "a missing step",
-              "a duplicated step", "a stage dependency violated", "a step outside the pipeline")
+              "a duplicated step") + _DEPENDENCY_RULES + _OUTSIDE_RULES
+#             every rule a validator checks, each broken alone by _mutate
 
 
 def _where(schedule, step):
@@ -321,25 +333,30 @@ def _mutate(schedule, p, m, kind, rng):
     elif kind == "a duplicated step":
         x = rng.choice(ops)
         sched.append([x])  # again, in a new last slot: every dependency still holds
-    elif kind == "a stage dependency violated":
-        if p == 1:
-            return _mutate(schedule, p, m, "backward before its forward", rng)
-        # move F(s, i) to or before the slot of F(s-1, i), or B(s, i) to or before that of B(s+1, i),
-        # into a slot where stage s is idle, keeping F(s, i) before B(s, i)
-        moves = []
-        for s in range(p):
-            for i in range(m):
-                for x, dep in [((s, i, "F"), (s - 1, i, "F")), ((s, i, "B"), (s + 1, i, "B"))]:
-                    if not (0 <= dep[0] < p):
-                        continue
-                    t_dep = _where(sched, dep)
-                    lo = _where(sched, (s, i, "F")) if x[2] == "B" else -1
-                    moves += [(x, t) for t in range(lo + 1, t_dep + 1) if all(y[0] != s for y in sched[t])]
-        x, t = rng.choice(moves)
-        sched[_where(sched, x)].remove(x)
-        sched[t].append(x)
-    elif kind == "a step outside the pipeline":
-        sched.append([(p, 0, "F")] if rng.random() < 0.5 else [(0, m, "B")])
+    elif kind in _DEPENDENCY_RULES:  # needs p >= 2
+        i = rng.randrange(m)
+        if "forward" in kind:  # F(s, i) needs F(s-1, i)
+            s = rng.randrange(1, p)
+            x, dep = (s, i, "F"), (s - 1, i, "F")
+        else:                  # B(s, i) needs B(s+1, i)
+            s = rng.randrange(0, p - 1)
+            x, dep = (s, i, "B"), (s + 1, i, "B")
+        t = _where(sched, dep)
+        sched[_where(sched, x)].remove(x)  # x runs after dep: removing it leaves t where it is
+        if "same slot" in kind:
+            # a new slot right after dep's holds both (stages s and s +- 1: no collision); every other
+            # dependency still points to an earlier slot
+            sched[t].remove(dep)
+            sched.insert(t + 1, [dep, x])
+        else:
+            # a new slot right before dep's; a backward's own forward ran before B(s+1, i), so earlier still
+            sched.insert(t, [x])
+    elif kind == "a stage outside the pipeline":
+        sched.append([(p, rng.randrange(m), rng.choice("FB"))])
+    elif kind == "a microbatch outside the range":
+        sched.append([(rng.randrange(p), m, rng.choice("FB"))])
+    elif kind == "a step of unknown kind":
+        sched.append([(rng.randrange(p), rng.randrange(m), "W")])  # e.g. a weight-gradient step of ZB-H1
     else:
         raise ValueError(kind)
     return _mutate_finish(sched, rng)
@@ -351,40 +368,59 @@ def _mutate_finish(sched, rng):
     return sched
 
 
+def _validator_case(name, schedule, p, m, broken=None, base=None) -> Case:
+    return Case(name, dict(schedule=_plain(schedule), p=p, m=m, broken=broken,
+                           base=None if base is None else _plain(base)))
+
+
+def _rule_sizes(gen, kind) -> tuple[int, int]:
+    """(p, m) for a case of rule ``kind``: a stage dependency needs two stages, a collision two microbatches."""
+    p = _randint(gen, 2 if kind in _DEPENDENCY_RULES else 1, 5)
+    m = _randint(gen, 2 if kind == "two steps on one stage in one slot" else 1, 6)
+    return p, m
+
+
 def _validator_cases(gen, public):
+    """Valid schedules (accepting one earns nothing: a Neutral) and one invalid schedule per rule.
+    An invalid case passes only if the validator also accepts the valid schedule it was made from,
+    so neither accepting nor rejecting everything earns a point."""
     rng = random.Random(_randint(gen, 0, 2**31 - 1))
     cases = []
     if public:
         g = ref_gpipe(3, 4)
-        cases.append(Case("valid: GPipe p=3 m=4", dict(schedule=_plain(g), p=3, m=4, broken=None)))
-        cases.append(Case("valid: 1F1B p=4 m=6", dict(schedule=_plain(ref_1f1b(4, 6)), p=4, m=6, broken=None)))
+        cases.append(_validator_case("valid: GPipe p=3 m=4", g, 3, 4))
+        cases.append(_validator_case("valid: 1F1B p=4 m=6", ref_1f1b(4, 6), 4, 6))
         r = random_valid(gen, 3, 3)
         r.insert(2, [])
-        cases.append(Case("valid: a random schedule with idle slots (one slot empty)",
-                          dict(schedule=_plain(r), p=3, m=3, broken=None)))
+        cases.append(_validator_case("valid: a random schedule with idle slots (one slot empty)", r, 3, 3))
         bases = [(3, 4, g), (4, 6, ref_1f1b(4, 6)), (3, 4, random_valid(gen, 3, 4)), (2, 3, ref_gpipe(2, 3)),
                  (4, 3, ref_1f1b(4, 3)), (3, 2, ref_gpipe(3, 2))]
-        for (p, m, base), kind in zip(bases, _MUTATIONS):
-            cases.append(Case(f"invalid: {kind} (p={p} m={m})",
-                              dict(schedule=_plain(_mutate(base, p, m, kind, rng)), p=p, m=m, broken=kind)))
+        for n, kind in enumerate(_MUTATIONS):
+            p, m, base = bases[n % len(bases)]
+            cases.append(_validator_case(f"invalid: {kind} (p={p} m={m})", _mutate(base, p, m, kind, rng), p, m,
+                                         kind, base))
         return cases
-    for n in range(16):
-        p, m = _randint(gen, 1, 5), _randint(gen, 1, 6)
-        base = [ref_gpipe, ref_1f1b, lambda p, m: random_valid(gen, p, m)][n % 3](p, m)
-        if n % 4 == 3:
-            cases.append(Case(f"valid #{n} (p={p} m={m})", dict(schedule=_plain(base), p=p, m=m, broken=None)))
-            continue
-        kind = _MUTATIONS[_randint(gen, 0, len(_MUTATIONS) - 1)]
-        cases.append(Case(f"invalid #{n}: {kind} (p={p} m={m})",
-                          dict(schedule=_plain(_mutate(base, p, m, kind, rng)), p=p, m=m, broken=kind)))
+    # hidden: the same valid kinds and every rule on every seed (the rule is the name before ':'), random sizes
+    p, m = _randint(gen, 1, 5), _randint(gen, 1, 6)
+    cases.append(_validator_case(f"valid, GPipe: p={p} m={m}", ref_gpipe(p, m), p, m))
+    p, m = _randint(gen, 1, 5), _randint(gen, 1, 6)
+    cases.append(_validator_case(f"valid, 1F1B: p={p} m={m}", ref_1f1b(p, m), p, m))
+    p, m = _randint(gen, 1, 5), _randint(gen, 1, 6)
+    r = random_valid(gen, p, m)
+    r.insert(_randint(gen, 0, len(r)), [])
+    cases.append(_validator_case(f"valid, a random schedule with an idle slot: p={p} m={m}", r, p, m))
+    for kind in _MUTATIONS:
+        p, m = _rule_sizes(gen, kind)
+        base = [ref_gpipe, ref_1f1b, lambda p, m: random_valid(gen, p, m)][_randint(gen, 0, 2)](p, m)
+        cases.append(_validator_case(f"invalid, {kind}: p={p} m={m}", _mutate(base, p, m, kind, rng), p, m,
+                                     kind, base))
     return cases
 
 
-def _validator_run(ns, case, device):
-    x = case.inputs
-    schedule = [[tuple(step) for step in slot] for slot in x["schedule"]]
+def _validate(fn, plain_schedule, p, m) -> dict:
+    schedule = [[tuple(step) for step in slot] for slot in plain_schedule]
     try:
-        ret = entry(ns, "validate_schedule")(schedule, x["p"], x["m"])
+        ret = fn(schedule, p, m)
     except ValueError as exc:
         return {"verdict": "rejected", "message": str(exc)[:500]}
     except NotImplementedError:
@@ -394,22 +430,38 @@ def _validator_run(ns, case, device):
     return {"verdict": "accepted", "returned": repr(ret)[:100]}
 
 
+def _validator_run(ns, case, device):
+    x = case.inputs
+    fn = entry(ns, "validate_schedule")
+    obs = _validate(fn, x["schedule"], x["p"], x["m"])
+    if x.get("base") is not None:
+        obs["base"] = _validate(fn, x["base"], x["p"], x["m"])
+    return obs
+
+
 def _validator_judge(case, obs):
     x = case.inputs
     schedule = _tuples(x["schedule"])
     bad = violations(schedule, x["p"], x["m"])
     assert bool(bad) == (x["broken"] is not None), "internal: mutation did not break the schedule"
     pic = _picture(schedule, x["p"])
+    if x.get("base") is not None:  # the valid schedule this one was made from must pass first
+        base = _tuples(x["base"])
+        assert not violations(base, x["p"], x["m"]), "internal: the base schedule is not valid"
+        if obs["base"]["verdict"] != "accepted":
+            return (f"this schedule is valid, but your validator {obs['base']['verdict']} it: "
+                    f"{obs['base']['message']}{_picture(base, x['p'])}")
     if not bad:
         if obs["verdict"] != "accepted":
             return f"this schedule is valid, but your validator {obs['verdict']} it: {obs['message']}{pic}"
-        return None
+        return Neutral("valid schedule accepted (not scored: accepting is what a validator that checks nothing "
+                       "does; the invalid schedules earn the points)")
     if obs["verdict"] == "accepted":
         return (f"your validator accepted an invalid schedule ({x['broken']}): {bad[0][0]}.{pic}")
     if obs["verdict"] == "crashed":
         return (f"invalid schedule ({x['broken']}): your validator should raise ValueError naming the problem, "
                 f"but raised {obs['message']}")
-    if x["broken"] == "a step outside the pipeline":
+    if x["broken"] in _OUTSIDE_RULES:
         return None  # any ValueError will do
     names = set().union(*(involved for _, involved in bad))
     said = obs["message"].replace(" ", "")
@@ -422,21 +474,32 @@ def _validator_judge(case, obs):
 
 # --- bubble fraction ----------------------------------------------------------------------------
 
+def _with_idle_slot(gen, p, m):
+    """A random valid schedule with at least one empty slot, so its bubble is never 0 (not even for
+    p = 1, whose GPipe or 1F1B schedule has none: an answer returning 0 must not pass it)."""
+    sched = random_valid(gen, p, m, idle=0.4)
+    sched.insert(_randint(gen, 0, len(sched) - 1), [])
+    return sched
+
+
 def _measure_cases(gen, public):
     cases = []
     if public:
         specs = [("GPipe", 4, 8, ref_gpipe(4, 8)), ("1F1B", 4, 8, ref_1f1b(4, 8)), ("GPipe", 3, 1, ref_gpipe(3, 1)),
                  ("1F1B", 5, 3, ref_1f1b(5, 3)), ("random valid", 3, 4, random_valid(gen, 3, 4, idle=0.4)),
-                 ("GPipe", 1, 4, ref_gpipe(1, 4))]
-    else:
-        specs = []
-        for n in range(8):
-            p, m = _randint(gen, 1, 6), _randint(gen, 1, 10)
-            name, fn = [("GPipe", ref_gpipe), ("1F1B", ref_1f1b),
-                        ("random valid", lambda p, m: random_valid(gen, p, m, idle=0.4))][n % 3]
-            specs.append((name, p, m, fn(p, m)))
-    for name, p, m, sched in specs:
-        cases.append(Case(f"{name} p={p} m={m}", dict(schedule=_plain(sched), p=p, m=m)))
+                 ("one stage with idle slots", 1, 4, _with_idle_slot(gen, 1, 4))]
+        return [Case(f"{name} p={p} m={m}", dict(schedule=_plain(sched), p=p, m=m)) for name, p, m, sched in specs]
+    # one case per rule, every seed (the rule is the name before ':'), random sizes inside it
+    p_many, p_few, p_any = _randint(gen, 2, 5), _randint(gen, 3, 6), _randint(gen, 2, 6)
+    m_many, m_few = _randint(gen, p_many + 1, 10), _randint(gen, 1, p_few - 1)
+    specs = [("GPipe", p_any, _randint(gen, 1, 10), ref_gpipe),
+             ("1F1B, more microbatches than stages", p_many, m_many, ref_1f1b),
+             ("1F1B, fewer microbatches than stages", p_few, m_few, ref_1f1b),
+             ("a random valid schedule with idle slots", _randint(gen, 2, 6), _randint(gen, 1, 10),
+              lambda p, m: _with_idle_slot(gen, p, m)),
+             ("one stage with idle slots", 1, _randint(gen, 1, 10), lambda p, m: _with_idle_slot(gen, p, m))]
+    for name, p, m, make in specs:
+        cases.append(Case(f"{name}: p={p} m={m}", dict(schedule=_plain(make(p, m)), p=p, m=m)))
     return cases
 
 
@@ -528,7 +591,8 @@ def _pipeline_cases(gen, public):
         runs = [("1F1B", _randint(gen, 1, 7)), ("GPipe", _randint(gen, 1, 5))]
         if _randint(gen, 0, 1):
             runs.reverse()
-        cases.append(_pipeline_case(gen, f"hidden #{n}: {p} ranks, " + ", ".join(f"{k} m={m}" for k, m in runs), p, runs))
+        cases.append(_pipeline_case(gen, f"GPipe and 1F1B runs: {p} ranks, " + ", ".join(f"{k} m={m}" for k, m in runs),
+                                    p, runs))
     return cases
 
 
