@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import secrets
 import selectors
 import signal
@@ -26,7 +27,10 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import cloudpickle
+try:
+    import cloudpickle
+except ImportError:  # a GPU machine without it: the checks' own modules go into the sandbox instead
+    cloudpickle = None
 
 # Everything the judge will need is imported now, before any learner code runs anywhere.
 import grader.rebuild  # noqa: F401
@@ -139,7 +143,8 @@ def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeo
     """
     deadline_s = STARTUP_ALLOWANCE + timeout_s * (len(plan) + 1)
     argv = [sys.executable, "-m", "grader.worker"]
-    command, limits, env, cwd = sandbox.wrap(argv, device=device, cpu_seconds=deadline_s, cwd_outside=work)
+    command, limits, env, cwd = sandbox.wrap(argv, device=device, cpu_seconds=deadline_s, cwd_outside=work,
+                                             with_checks=cloudpickle is None)
     read_fd, write_fd = os.pipe()
     os.set_inheritable(write_fd, True)
     run = WorkerRun()
@@ -219,6 +224,8 @@ def _decode(data: bytes):
 def _ship_by_value() -> None:
     """The checks' run-side code travels to the worker by value: only the functions it calls, never
     the modules (with their references) themselves. Modules bound in the sandbox go by name."""
+    if cloudpickle is None:
+        return
     for name, module in list(sys.modules.items()):
         if name.startswith("grader.") and name not in sandbox.RUN_SIDE_MODULES and module is not None:
             cloudpickle.register_pickle_by_value(module)
@@ -249,9 +256,12 @@ def run_answers(stem: str, setup_source: str, answers: dict[str, str], cases: di
             break
         cells = [(e, answers[e]) for e in order if e in answers and e not in no_exec]
         plan = ["setup"] + [f"exec {e}" for e, _ in cells] + [f"run {e}" for e in remaining]
-        job = cloudpickle.dumps({"device": device, "setup_source": setup_source, "cells": cells, "run": remaining,
-                                 "exercises": {e: runnable[e] for e in remaining},
-                                 "cases": {e: cases[e] for e in remaining}})
+        spec = {"lab": stem, "device": device, "setup_source": setup_source, "cells": cells, "run": remaining,
+                "cases": {e: cases[e] for e in remaining}}
+        if cloudpickle is not None:
+            job = cloudpickle.dumps({**spec, "exercises": {e: runnable[e] for e in remaining}})
+        else:
+            job = pickle.dumps(spec)
         run = _run_worker(job, plan, remaining, device, timeout_s, work)
         output += run.output
         log.append(f"--- worker {attempt}: {run.how} at {run.marker or 'start'!r} ---\n"
@@ -289,6 +299,15 @@ def _failure(how: str, timeout_s: float) -> tuple[str, str]:
                        "a write far outside an array, or running out of memory).")
 
 
+def _preload_notebook_modules() -> None:
+    """Import what the notebook run needs now, before any learner code has run anywhere."""
+    for name in ("nbformat", "papermill"):
+        try:
+            __import__(name)
+        except ImportError:
+            pass  # no Jupyter on this machine: the notebook run reports "skipped"
+
+
 def grade(path, lab: str | None = None, device: str = "cpu", seed: int | None = None,
           timeout_s: float = DEFAULT_TIMEOUT, notebook_run: bool = True, log_path=None) -> dict:
     """Grade one submission and return the ``result.json`` dict (schema 1). Never raises for bad input.
@@ -315,6 +334,7 @@ def grade(path, lab: str | None = None, device: str = "cpu", seed: int | None = 
     cases = {eid: ex.cases(seed=seed, public=True) + ex.cases(seed=seed, public=False)
              for eid, ex in lab_exercises.items()}
     sandbox.warn_if_weak()
+    _preload_notebook_modules()
     with tempfile.TemporaryDirectory(prefix="gpulab-grade-") as tmp:
         done, fatal, output, log = run_answers(stem, setup_source, answers, cases, device, timeout_s, Path(tmp))
     results: list[ExerciseResult] = []
@@ -337,7 +357,8 @@ def grade(path, lab: str | None = None, device: str = "cpu", seed: int | None = 
               "max_score": float(sum(ex.points for ex in lab_exercises.values())),
               "duration_s": None, "exercises": [r.as_dict() for r in results],
               "learner_output": output[-4000:],
-              "isolation": {**sandbox.isolation(), "limits": sandbox.limits_summary(device)}}
+              "isolation": {**sandbox.isolation(), "limits": sandbox.limits_summary(device),
+                            "checks_in_sandbox": cloudpickle is None}}
     logs = [log]
     if notebook_run:
         result["notebook_run"] = grader.rebuild.run_rebuilt(solution, answers, device, timeout_s, log=logs)

@@ -163,11 +163,14 @@ def limits_summary(device: str) -> dict:
             "processes": PROCESSES, "open_files": OPEN_FILES}
 
 
-def wrap(argv: list[str], *, device: str, cpu_seconds: float, cwd_outside: Path | None = None):
+def wrap(argv: list[str], *, device: str, cpu_seconds: float, cwd_outside: Path | None = None,
+         with_checks: bool = False):
     """``(command, preexec_fn, env, cwd)`` to start ``argv`` (a ``python`` command line) in the box.
 
     ``cwd_outside`` is only used without bubblewrap (the worker's working directory on this
-    machine); in the box the working directory is ``/tmp/work`` on the tmpfs.
+    machine); in the box the working directory is ``/tmp/work`` on the tmpfs. ``with_checks`` binds
+    the whole grader package (needed only where cloudpickle is missing and the checks' run-side code
+    cannot travel by value).
     """
     env = environment(device)
     exe = _bwrap()
@@ -184,9 +187,12 @@ def wrap(argv: list[str], *, device: str, cpu_seconds: float, cwd_outside: Path 
     for root in _python_roots():
         args += _mkdirs(root, made) + ["--ro-bind", str(root), str(root)]
     args += _mkdirs(ROOT / "gpulab", made) + ["--ro-bind", str(ROOT / "gpulab"), str(ROOT / "gpulab")]
-    args += ["--perms", "0755", "--dir", str(ROOT / "grader")]
-    for rel in RUN_SIDE:
-        args += ["--ro-bind", str(ROOT / rel), str(ROOT / rel)]
+    if with_checks:
+        args += ["--ro-bind", str(ROOT / "grader"), str(ROOT / "grader")]
+    else:
+        args += ["--perms", "0755", "--dir", str(ROOT / "grader")]
+        for rel in RUN_SIDE:
+            args += ["--ro-bind", str(ROOT / rel), str(ROOT / rel)]
     args += ["--proc", "/proc"]
     if device == "cuda":  # the driver's device nodes and its view of the PCI bus
         args += ["--dev-bind", "/dev", "/dev", "--ro-bind", "/sys", "/sys"]

@@ -485,3 +485,18 @@ def test_five_gradings_give_identical_exercise_lists(tmp_path):
     assert all(lst == lists[0] for lst in lists)
     statuses = {e["id"]: e["status"] for e in lists[0]}
     assert statuses["costs"] == statuses["benchmark"] == "passed" and statuses["roofline"] == "crashed"
+
+
+@pytest.fixture
+def no_sandbox(monkeypatch):
+    monkeypatch.setenv("GPULAB_SANDBOX", "off")
+    sandbox.isolation.cache_clear()
+    yield
+    monkeypatch.undo()
+    sandbox.isolation.cache_clear()
+
+
+def test_without_bubblewrap_grading_works_and_says_so(tmp_path, no_sandbox, capsys):
+    r = run(tmp_path, kit.submission(L1, solved=("roofline",)))
+    assert r["score"] == 2 and r["isolation"]["mode"] == "none"
+    assert "weak isolation" in capsys.readouterr().err
