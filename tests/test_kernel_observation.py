@@ -165,8 +165,8 @@ def test_record_launches_still_lists_names_and_checks_nothing():
 def _obs(**kw):
     want = torch.ones(3)
     base = {"out": want.clone(), "output_names": ["out"], "launches": ["k"], "own_launches": ["k"], "guard": None,
-            "oob_read": None, "returned_out": True, "written_outside": [], "ablated": {"out": torch.full((3,), float("nan"))},
-            "rejected": None, "inputs_after": {}}
+            "oob_read": None, "returned_out": True, "written_outside": [], "rejected": None, "inputs_after": {},
+            "ablated": {"out": torch.full((3,), float("nan"))}}
     return {**base, **kw}, want
 
 

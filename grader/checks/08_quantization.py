@@ -22,10 +22,11 @@ import math
 import torch
 import torch.nn as nn
 
-from gpulab.compare import compare, guard_report, poisoned
+from gpulab.compare import compare, padded
 from gpulab.device import synchronize
-from gpulab.launches import record_launches
 from grader.exercise import Case, Exercise, changed_inputs, entry, to_cpu
+from grader.kernelcheck import (bounds_verdict, final_verdict, launch_verdict, mismatch_verdict, observe_kernel,
+                                outside_verdict, return_verdict)
 
 LAB = "08_quantization"
 TITLE = "Quantization: INT8, FP8, PTQ and QAT"
@@ -903,25 +904,26 @@ def _wmm_cases(gen, public):
 
 def _wmm_run(ns, case, device):
     c = case.inputs
-    x, w_q, w_scale = c["x"].to(device), c["w_q"].to(device), c["w_scale"].to(device)
+    x, w_q, w_scale = padded(c["x"], device), padded(c["w_q"], device), padded(c["w_scale"], device)
     M, K = x.shape
     N = w_q.shape[0]
     fn = entry(ns, "int8_weight_matmul")
     if device == "cuda":  # compile and autotune before recording: autotuning allocates its own tensors
         fn(x, w_q, w_scale, out=torch.empty(M, N, dtype=x.dtype, device=device))
         synchronize(device)
-    out, storage = poisoned((M, N), x.dtype, device)
     rec = _AllocationRecorder()
-    with record_launches() as launched, _launch_args() as calls, rec.mode:
-        ret = fn(x, w_q, w_scale, out=out)
-    synchronize(device)
-    same = isinstance(ret, torch.Tensor) and ret.data_ptr() == out.data_ptr() and ret.shape == out.shape
+
+    @contextlib.contextmanager
+    def recorders(bufs):  # around the learner's call only: kernel arguments, PyTorch allocations
+        with _launch_args() as calls, rec.mode:
+            yield calls
+
+    call = observe_kernel(lambda out: fn(x, w_q, w_scale, out=out), {"out": ((M, N), x.dtype)}, device,
+                          inputs={"x": x, "w_q": w_q, "w_scale": w_scale}, watch=recorders)
     w_ptr = w_q.data_ptr()
-    args = [[(dt, n, p == w_ptr) for dt, n, p in call] for call in calls]
-    return {"out": out.cpu(), "returned_out": same, "launches": list(launched), "args": args,
-            "guard": guard_report(storage, out.numel()), "float_elements": rec.float_elements,
-            "biggest": [rec.biggest[0], rec.biggest[1], list(rec.biggest[2])],
-            "inputs_after": {"x": x.cpu(), "w_q": w_q.cpu(), "w_scale": w_scale.cpu()}}
+    args = [[(dt, n, p == w_ptr) for dt, n, p in launch] for launch in call.watched]
+    return {**call.as_obs(), "args": args, "float_elements": rec.float_elements,
+            "biggest": [rec.biggest[0], rec.biggest[1], list(rec.biggest[2])]}
 
 
 def _wmm_judge(case, obs):
@@ -929,9 +931,10 @@ def _wmm_judge(case, obs):
     x, w_q, s = c["x"], c["w_q"], c["w_scale"]
     M, K = x.shape
     N = w_q.shape[0]
-    if not obs["launches"]:
-        return ("no Triton kernel was launched: int8_weight_matmul must compute the product in your @triton.jit "
-                "kernel, which loads the int8 weights and dequantizes them in registers.")
+    verdict = launch_verdict(obs, "int8_weight_matmul", "compute the product in your @triton.jit kernel, which loads "
+                             "the int8 weights and dequantizes them in registers")
+    if verdict:
+        return verdict
     nk = N * K
     floats = [(dt, n) for call in obs["args"] for dt, n, _ in call if "float" in dt and n >= nk]
     if floats:
@@ -947,13 +950,14 @@ def _wmm_judge(case, obs):
     if not any(dt in ("torch.int8", "torch.uint8") and n == nk for call in obs["args"] for dt, n, _ in call):
         return (f"no kernel launch received the int8 weight ({N} x {K} = {nk} one-byte elements): pass `w_q` to "
                 "the kernel and load int8 values there.")
-    if obs["guard"]:
-        return obs["guard"]
-    if not obs["returned_out"]:
-        return ("int8_weight_matmul must write its result into `out` when `out` is given, and return `out` (the "
-                "check passes a buffer pre-filled with NaN).")
     w = w_q.double() * s.double()[:, None]  # (N, K) dequantized weight
     want = x.double() @ w.T
+    loose = 1e-2 * (x.double().abs() @ w.abs().T) + 1e-6  # "right" for the ablated run: any careful PyTorch sum
+    verdict = (outside_verdict(obs, "int8_weight_matmul",
+                               lambda o: bool(((o["out"].double() - want).abs() <= loose).all()))
+               or bounds_verdict(obs) or return_verdict(obs, "int8_weight_matmul"))
+    if verdict:
+        return verdict
     out = obs["out"]
     if not isinstance(out, torch.Tensor) or out.dtype != x.dtype or tuple(out.shape) != (M, N):
         return f"int8_weight_matmul: expected a {x.dtype} tensor of shape {(M, N)}."
@@ -976,8 +980,8 @@ def _wmm_judge(case, obs):
                          f"{float(want.flatten()[i]):.6g} (allowed error {float(bound.flatten()[i]):.2g})")
         lines.append("  out[m, n] = sum_k x[m, k] * w_q[n, k] * w_scale[n]: accumulate in float32 and apply the "
                      "per-output-channel scale once, to the accumulator.")
-        return "\n".join(lines)
-    return changed_inputs(case, obs["inputs_after"])
+        return mismatch_verdict("\n".join(lines), obs)
+    return final_verdict(case, obs)
 
 
 EXERCISES = [
