@@ -223,9 +223,13 @@ def _type_into_cell(page, index: int, text: str) -> None:
     page.keyboard.insert_text(text)  # one input event: no auto-indent or bracket closing
 
 
-def _output_text(page, index: int) -> str:
-    """What a learner sees in a cell's output area (hidden elements excluded)."""
-    return _cell(page, index).locator(".jp-OutputArea").inner_text()
+def _verdict(page, index: int) -> tuple[str, str, list[str]]:
+    """A check cell's verdict as a browser without an emoji font shows it (hidden elements excluded):
+    the whole text, its headline (the exercise's verdict) and each case's mark (a table's first column)."""
+    output = _cell(page, index).locator(".jp-OutputArea")
+    text = _without_symbols(output.inner_text()).strip()
+    marks = [_without_symbols(t).strip() for t in output.locator("tr > td:first-child").all_inner_texts()]
+    return text, text.splitlines()[0], marks
 
 
 def _error_outputs(page) -> list[str]:
@@ -253,19 +257,17 @@ def _is_dirty(page) -> bool:
 
 
 def _close_without_saving(page, name: str) -> None:
-    """File > Close and Shut Down Notebook; answer the dialogs without saving."""
+    """File > Close and Shut Down Notebook: "Ok" to "shut down?"; "Discard" if it ever asks to save."""
     _menu(page, "File", "Close and Shut Down Notebook")
-    for _ in range(2):  # "shut down?" and, for a modified notebook, "save your work?"
-        dialog = page.locator(".jp-Dialog")
-        try:
-            dialog.wait_for(timeout=5_000)
-        except Exception:
-            break
-        buttons = dialog.locator("button.jp-Dialog-button")
-        choice = buttons.filter(has_text=re.compile(r"Discard|Don.t Save|Shut Down|Ok", re.I)).first
-        choice.click()
-        dialog.wait_for(state="detached")
-    page.locator(".lm-TabBar-tab", has_text=name).wait_for(state="detached")
+    tab, dialog = page.locator(".lm-TabBar-tab", has_text=name), page.locator(".jp-Dialog")
+    deadline = time.monotonic() + 30
+    while tab.count():
+        assert time.monotonic() < deadline, f"{name} did not close"
+        if dialog.count():
+            dialog.locator("button", has_text=re.compile(r"^(Discard|Don.t Save|Shut Down|Ok)$", re.I)).click()
+            dialog.wait_for(state="detached")
+        else:
+            page.wait_for_timeout(100)  # a poll interval
 
 
 def _screenshot(page, name: str) -> Path:
@@ -286,6 +288,7 @@ def _without_symbols(text: str) -> str:
 
 def _lesson_00(page, findings: list[str]) -> None:
     """`make lab` lands on lesson 00; Run All Cells runs every code cell without an error."""
+    assert page.url.split("?")[0].endswith(f"/lab/tree/{LESSON}"), f"`make lab` opens {page.url}, not {LESSON}"
     _wait_notebook(page, LESSON)
     if _is_dirty(page):
         findings.append(f"opening {LESSON} marks it modified (dirty tab) before anything ran "
@@ -313,9 +316,10 @@ def _lab_02(page, findings: list[str]) -> None:
     _type_into_cell(page, cells["add"], WRONG_VECTOR_ADD)
     _run_cell(page, cells["add"], "defining a vector add without masks")
     _run_cell(page, cells["add-check"], "checking a vector add without masks")
-    verdict = _without_symbols(_output_text(page, cells["add-check"]))
-    headline = verdict.strip().splitlines()[0]  # the exercise's verdict; case rows follow
+    verdict, headline, marks = _verdict(page, cells["add-check"])
     assert re.search(r"\bFAIL", headline, re.I) and not re.search(r"\bPASS", headline, re.I), verdict
+    assert marks and all(re.fullmatch(r"[A-Z]+", m) for m in marks), f"case marks without words: {marks}"
+    assert "FAIL" in marks, marks
     assert re.search(r"mask|out of bounds|out-of-bounds|past the end", verdict, re.I), verdict
     check_cell = _cell(page, cells["add-check"])
     hint = check_cell.get_by_text(re.compile(r"Hint:"))
@@ -330,9 +334,9 @@ def _lab_02(page, findings: list[str]) -> None:
     _type_into_cell(page, cells["add"], _solution_answer("add"))
     _run_cell(page, cells["add"], "defining the solution's vector add")
     _run_cell(page, cells["add-check"], "checking the solution's vector add")
-    verdict = _without_symbols(_output_text(page, cells["add-check"]))
-    headline = verdict.strip().splitlines()[0]
+    verdict, headline, marks = _verdict(page, cells["add-check"])
     assert re.search(r"\bPASS", headline, re.I) and not re.search(r"\bFAIL", verdict, re.I), verdict
+    assert marks and set(marks) == {"PASS"}, f"case marks: {marks}"
 
     # A rendered plot: section 5's bar chart needs the byte count, so answer that exercise too.
     _type_into_cell(page, cells["bytes"], _solution_answer("bytes"))
@@ -369,11 +373,12 @@ def test_first_session_in_a_browser(tmp_path):
             page = browser.pages[0] if browser.pages else browser.new_page()
             page.set_default_timeout(TIMEOUT_MS)
             try:
-                page.goto(f"http://127.0.0.1:{port}/?token={token}")  # the address `make lab` prints
+                page.goto(f"http://127.0.0.1:{port}/?token={token}")  # the server's root: lesson 00
                 _lesson_00(page, findings)
                 _lab_02(page, findings)
             except BaseException:
                 print(f"screenshot: {_screenshot(page, 'failure')}")
+                print("found before the failure:", *findings, sep="\n")
                 raise
             finally:
                 browser.close()
@@ -403,3 +408,14 @@ def _tracked_changes(before: dict[str, str], after: dict[str, str]) -> list[str]
         return []
     diff = subprocess.run(["git", "diff", "--stat", "--", *ours], cwd=ROOT, capture_output=True, text=True)
     return [f"tracked files changed on disk during the session: {ours}\n{diff.stdout}"]
+
+
+def test_ci_always_runs_the_browser_test():
+    """CI installs chromium and turns the skip into a failure; playwright comes with the test extras."""
+    import tomllib
+
+    run = (ROOT / ".ci" / "run").read_text()
+    assert "apt-get install" in run and "chromium" in run
+    assert "GPULAB_BROWSER_TEST=required" in run
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    assert any(req.startswith("playwright") for req in extras)
