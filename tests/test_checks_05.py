@@ -12,7 +12,9 @@ import triton.language as tl
 
 from grader.checks import exercises
 from grader.exercise import evaluate
+from grader.notebooks import exec_source
 from tests.conftest import grade, solution_namespace, with_answer
+from tests.graderkit import solution_with
 
 STEM = "05_flash_attention"
 
@@ -117,8 +119,9 @@ _FLAGS = dict(CAUSAL=False, STRICT=False, NO_RESCALE=False, NO_MAX=False, LSE_MO
               NO_EARLY_EXIT=False, FP16_SCORES=False, LSE_UNMASKED=False)
 
 
-def _buggy(causal: bool, grid_m=triton.cdiv, **bugs):
-    """A flash_attention (causal=False) or flash_attention_causal (causal=True) built on _buggy_kernel."""
+def _buggy(causal: bool, grid_m=triton.cdiv, lse_like_q=False, **bugs):
+    """A flash_attention (causal=False) or flash_attention_causal (causal=True) built on _buggy_kernel.
+    lse_like_q: when lse is None, allocate it in q's dtype (a wrong default for float16 inputs)."""
     flags = dict(_FLAGS, CAUSAL=causal, **bugs)
 
     def run(q, k, v, scale=None, out=None, lse=None, return_stats=False, BLOCK_M=32, BLOCK_N=32, causal=causal):
@@ -126,7 +129,7 @@ def _buggy(causal: bool, grid_m=triton.cdiv, **bugs):
         Sk = k.shape[2]
         scale = 1 / math.sqrt(D) if scale is None else scale
         out = torch.empty_like(q) if out is None else out
-        lse = torch.empty(B, H, Sq) if lse is None else lse
+        lse = torch.empty(B, H, Sq, dtype=q.dtype if lse_like_q else torch.float32) if lse is None else lse
         n_m = grid_m(Sq, BLOCK_M)
         stats = torch.zeros(B, H, triton.cdiv(Sq, BLOCK_M), dtype=torch.int32)
         _buggy_kernel[(max(n_m, 1), B * H)](
@@ -237,8 +240,8 @@ def test_sdpa_instead_of_a_kernel_earns_nothing(sol05):
     def flash_attention(q, k, v, causal=False, scale=None, out=None, lse=None, **kw):
         o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
         s = (scale or q.shape[-1] ** -0.5) * q.float() @ k.float().transpose(-1, -2)
-        out.copy_(o)
-        lse.copy_(torch.logsumexp(s, -1))
+        out = o if out is None else out.copy_(o)
+        lse = torch.logsumexp(s, -1) if lse is None else lse.copy_(torch.logsumexp(s, -1))
         return out, lse
     r = _forward_with(sol05, flash_attention)
     assert r.status == "failed" and r.score == 0 and "no Triton kernel" in r.message
@@ -435,3 +438,114 @@ def test_output_detached_from_the_graph_fails(sol05):
         sol05, flash_attention_autograd=lambda q, k, v, causal=False, scale=None: real(q, k, v, causal, scale)[0]),
         hidden=False)
     assert r.status == "failed" and "attached to the graph" in r.message
+
+
+# --- strides, tile shapes, seq_k < seq_q, defaults in float16 ------------------------------------
+
+def _wrong(sol05, eid, old, new):
+    """The solution with one piece of its answer to ``eid`` replaced (a plausible bug)."""
+    return exec_source(solution_with(STEM, eid, old, new), f"<wrong {eid}: {new}>", dict(sol05))
+
+
+def _hidden_fails(eid, ns, pick=lambda x: True, seeds=(1, 2, 3)):
+    """Whether, for every seed, some hidden case of ``eid`` (among those ``pick`` selects) fails."""
+    ex = exercises(STEM)[eid]
+    return all(evaluate(ex, ns, "cpu", [c for c in ex.cases(seed=seed, public=False) if pick(c.inputs)]).status
+               != "passed" for seed in seeds)
+
+
+@pytest.mark.parametrize("eid", ["flash_forward", "flash_causal"])
+def test_packed_rows_fail_on_row_padded_inputs(sol05, eid):
+    # BUG: rows of q, k, v taken HEAD_DIM apart (right for contiguous inputs only)
+    src_eid, kernel = {"flash_forward": ("flash_forward", "flash_fwd_kernel"),
+                       "flash_causal": ("flash_causal", "flash_causal_kernel")}[eid]
+    src = solution_with(STEM, src_eid, "offs_m[:, None] * stride_qm", "offs_m[:, None] * HEAD_DIM")
+    src = src.replace("cols[:, None] * stride_kn", "cols[:, None] * HEAD_DIM").replace(
+        "cols[:, None] * stride_vn", "cols[:, None] * HEAD_DIM")
+    wrong = exec_source(src, f"<wrong {kernel}: packed rows>", dict(sol05))
+    rows = lambda x: x["layout"] == "rows"  # noqa: E731
+    r = _public(eid, wrong, lambda name, i: "row-padded" in name)
+    assert r.status == "failed" and "row-padded views" in r.message, r.message
+    assert _hidden_fails(eid, wrong, rows)
+
+
+def test_early_exit_at_block_n_instead_of_block_m_fails(sol05):
+    wrong = _wrong(sol05, "flash_causal", "hi = tl.minimum((start_m + 1) * BLOCK_M, seq_k)",
+                   "hi = tl.minimum((start_m + 1) * BLOCK_N, seq_k)")
+    assert _public("flash_causal", wrong).status == "failed"
+    assert _hidden_fails("flash_causal", wrong)
+
+
+def test_query_tiles_counted_with_block_n_fail(sol05):
+    wrong = _wrong(sol05, "flash_forward", "n_m = triton.cdiv(Sq, BLOCK_M)", "n_m = triton.cdiv(Sq, BLOCK_N)")
+    assert _public("flash_forward", wrong).status == "failed"
+    assert _hidden_fails("flash_forward", wrong)
+
+
+def test_early_exit_clipped_to_seq_q_fails_when_seq_k_is_shorter(sol05):
+    # BUG: seq_q where seq_k belongs: the loop runs past the last key (masked, so the output is right)
+    wrong = _wrong(sol05, "flash_causal", "hi = tl.minimum((start_m + 1) * BLOCK_M, seq_k)",
+                   "hi = tl.minimum((start_m + 1) * BLOCK_M, seq_q)")
+    r = _public("flash_causal", wrong)
+    assert r.status == "failed" and "key blocks" in r.message
+    assert _hidden_fails("flash_causal", wrong, lambda x: x["k"].shape[2] < x["q"].shape[2])
+
+
+def test_memory_lse_over_seq_k_fails(sol05):
+    real = sol05["attention_memory_bytes"]
+    wrong = with_answer(sol05, attention_memory_bytes=lambda b, h, sq, sk, nb, flash=False:
+                        4 * b * h * sk if flash else real(b, h, sq, sk, nb))
+    assert _hidden_fails("attention_memory", wrong)
+
+
+def test_lse_allocated_in_q_dtype_fails_on_float16(sol05):
+    r = _forward(sol05, lambda name, i: "None" in name, lse_like_q=True)
+    assert r.status == "failed" and "allocate it as float32" in r.message
+    assert _hidden_fails("flash_forward", with_answer(sol05, flash_attention=_buggy(False, lse_like_q=True)),
+                         lambda x: x.get("alloc"))
+
+
+# --- hidden cases hold every rule, on every seed ---------------------------------------------------------
+
+def _rules(eid, case) -> set:
+    """The rules a case exercises, read from its inputs (not its name)."""
+    x = case.inputs
+    if eid == "attention_memory":
+        sq, sk = x["seq_q"], x["seq_k"]
+        return {f"{x['dtype_bytes']} bytes", "sk<sq" if sk < sq else "sk>sq" if sk > sq else "sk=sq"}
+    layout = x["layout"]
+    q, k = x["q"], x["k"]
+    sq, sk = (q.shape[1], k.shape[1]) if layout == "bshd" else (q.shape[2], k.shape[2])
+    causal = x.get("causal", eid == "flash_causal")
+    rules = {f"{'causal' if causal else 'full'} {'sk<sq' if sk < sq else 'sk>sq' if sk > sq else 'sk=sq'}",
+             str(q.dtype).replace("torch.", ""), f"layout {layout}"}
+    if eid in ("flash_forward", "flash_causal"):
+        bm, bn = x["block_m"], x["block_n"]
+        rules.add("BLOCK_M > BLOCK_N" if bm > bn else "BLOCK_M < BLOCK_N" if bm < bn else "square tiles")
+        rules.add("partial key block" if sk % bn else "whole key blocks")
+    if x["magnitude"] > 1:
+        rules.add("large scores")
+    if torch.isnan(k).any() and layout != "rows":
+        rules.add("unseen keys hold NaN")
+    if x.get("alloc"):
+        rules.add("out and lse left to the kernel, " + str(q.dtype).replace("torch.", ""))
+    return rules
+
+
+@pytest.mark.parametrize("eid", ["attention_reference", "attention_memory", "flash_forward", "flash_causal",
+                                 "flash_backward"])
+def test_every_seed_hides_cases_of_every_rule(eid):
+    ex = exercises(STEM)[eid]
+    seen = [set().union(*(_rules(eid, c) for c in ex.cases(seed=seed, public=False)))
+            for seed in (1, 2, 3, 20261122, 4242)]
+    assert all(s == seen[0] for s in seen), [s ^ seen[0] for s in seen]
+    shapes = {f"{c} {s}" for c in ("causal", "full") for s in ("sk<sq", "sk>sq", "sk=sq")}
+    must = {"attention_reference": shapes | {"large scores", "layout bshd", "float16"},
+            "attention_memory": {"1 bytes", "2 bytes", "4 bytes", "sk<sq", "sk>sq", "sk=sq"},
+            "flash_forward": {"full sk<sq", "full sk>sq", "full sk=sq", "layout rows", "layout bshd", "large scores",
+                              "BLOCK_M > BLOCK_N", "BLOCK_M < BLOCK_N", "partial key block", "whole key blocks",
+                              "out and lse left to the kernel, float16"},
+            "flash_causal": {"causal sk<sq", "causal sk>sq", "causal sk=sq", "layout rows", "layout bshd",
+                             "large scores", "BLOCK_M > BLOCK_N", "BLOCK_M < BLOCK_N", "unseen keys hold NaN"},
+            "flash_backward": {"causal sk<sq", "causal sk>sq", "full sk<sq", "full sk>sq", "float16", "float32"}}[eid]
+    assert must <= seen[0], must - seen[0]

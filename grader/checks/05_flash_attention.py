@@ -7,14 +7,21 @@ Conventions the checks hold every answer to (stated in the lab's docstrings):
   lse float32 (batch, heads, seq_q), the natural log of sum_j exp(scale * q_i . k_j), scale included;
 - causal masking is aligned top-left, as ``F.scaled_dot_product_attention(is_causal=True)``: query i
   attends keys 0..i (all keys once i >= seq_k - 1), so no row is ever empty;
-- kernel checks pass ``BLOCK_M=32, BLOCK_N=32``, a poisoned ``out`` and ``lse`` (NaN, with a guard
-  region), record the Triton launches and verify q, k and v are unchanged. The causal kernel also
+- kernel checks pass non-square tiles, ``BLOCK_M, BLOCK_N = 64, 32`` or ``32, 64`` (so a BLOCK_M /
+  BLOCK_N mix-up shows), a poisoned ``out`` and ``lse`` (NaN, with a guard region), record the
+  Triton launches and verify q, k and v are unchanged. Inputs come contiguous, as (B, S, H, D)
+  tensors seen transposed, or row-padded (rows of D elements further apart than D, the gaps NaN);
+  one forward case leaves ``out`` and ``lse`` to the kernel (None), in float16. The causal kernel also
   returns how many key blocks each program processed (``return_stats=True``), compared with the
   count an early exit gives; and one case fills the keys no query can see with NaN, so a kernel
   that loads them anyway fails whatever it reports.
 - the stretch backward (``flash_attention_autograd``) is compared with float64 autograd (out, dq, dk,
   dv); ``saved_tensors_hooks`` measure what its forward saved (at most q, k, v, out and the lse), and
   a Triton kernel must launch during backward.
+
+Hidden cases are random sizes inside fixed rules: every seed's hidden set has seq_k = seq_q, seq_k <
+seq_q and seq_k > seq_q (causal and not), both tile orientations, fp16 and fp32, large scores, the
+transposed and row-padded layouts (tests/test_checks_05.py checks it).
 """
 from __future__ import annotations
 
@@ -30,7 +37,11 @@ from grader.exercise import Case, Exercise, changed_inputs, entry
 LAB = "05_flash_attention"
 TITLE = "FlashAttention: IO-aware attention"
 
-TILE = 32  # BLOCK_M = BLOCK_N passed by every kernel check (small tiles: the interpreter is slow)
+# (BLOCK_M, BLOCK_N) passed by the kernel checks, alternating: non-square, so that a kernel using one
+# where the other belongs fails; small enough for the interpreter.
+TILES = ((64, 32), (32, 64))
+ROW_PAD = 8  # extra elements after each row of D in the "rows" layout (stride(2) = D + ROW_PAD)
+SEQ_SHAPES = ("seq_k = seq_q", "seq_k < seq_q", "seq_k > seq_q")
 LN2 = math.log(2.0)
 
 
@@ -89,9 +100,12 @@ def _shifted_causal64(q, k, v, scale):
 # --- inputs ------------------------------------------------------------------------------------
 
 def _qkv(gen, b, h, sq, sk, d, dtype="float32", magnitude=1.0, layout="bhsd", scale=None,
-         hide_unseen=False):
+         hide_unseen=False, tiles=TILES[0]):
     """Inputs for one case. ``layout="bshd"`` stores q, k, v as (B, S, H, D): the learner's side
-    sees the (B, H, S, D) transposed view, the layout a fused QKV projection produces."""
+    sees the (B, H, S, D) transposed view, the layout a fused QKV projection produces.
+    ``layout="rows"`` stores them as (B, H, S, D + ROW_PAD), the extra columns NaN: the learner's side
+    sees the (B, H, S, D) view whose rows are D + ROW_PAD apart. ``tiles``: the (BLOCK_M, BLOCK_N)
+    a kernel check passes."""
     dt = getattr(torch, dtype)
     shape = (lambda s: (b, s, h, d)) if layout == "bshd" else (lambda s: (b, h, s, d))
     q, k, v = (torch.randn(*shape(s), generator=gen) * m for s, m in ((sq, magnitude), (sk, magnitude), (sk, 1.0)))
@@ -100,23 +114,31 @@ def _qkv(gen, b, h, sq, sk, d, dtype="float32", magnitude=1.0, layout="bhsd", sc
         first = -(-sq // 128) * 128
         k[:, :, first:] = float("nan")
         v[:, :, first:] = float("nan")
-    return dict(q=q, k=k, v=v, layout=layout, scale=scale, magnitude=magnitude)
+    if layout == "rows":
+        q, k, v = (torch.cat([t, torch.full((*t.shape[:-1], ROW_PAD), float("nan"), dtype=dt)], -1) for t in (q, k, v))
+    return dict(q=q, k=k, v=v, layout=layout, scale=scale, magnitude=magnitude, block_m=tiles[0], block_n=tiles[1])
 
 
-def _name(inp: dict, extra: str = "") -> str:
+def _name(inp: dict, extra: str = "", tiles: bool = True) -> str:
     q, k = _view(inp["q"], inp["layout"]), _view(inp["k"], inp["layout"])
     b, h, sq, d = q.shape
     text = f"B={b} H={h} seq_q={sq} seq_k={k.shape[2]} D={d} {str(q.dtype).replace('torch.', '')}"
     if inp["layout"] == "bshd":
         text += ", q/k/v are (B, S, H, D) tensors seen transposed (non-contiguous)"
+    if inp["layout"] == "rows":
+        text += f", q/k/v row-padded (rows D + {ROW_PAD} apart: stride(2) > D)"
     if inp["scale"] is not None:
         text += f", scale={inp['scale']:.3g}"
     if inp["magnitude"] > 1:
         text += f", large scores (|s| up to ~{_max_score(inp):.0f}: exp overflows without the max)"
+    if tiles:  # only the kernel checks pass them
+        text += f"; BLOCK_M={inp['block_m']}, BLOCK_N={inp['block_n']}"
     return text + extra
 
 
 def _view(t: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "rows":
+        return t[..., :-ROW_PAD]
     return t.transpose(1, 2) if layout == "bshd" else t
 
 
@@ -126,23 +148,53 @@ def _max_score(inp) -> float:
     return float(torch.nan_to_num(scale * q @ k.transpose(-1, -2), nan=0.0).abs().max())
 
 
+def _ragged(gen, lo, hi) -> int:
+    """A random integer in [lo, hi], not a multiple of 16 (every tile size here): a partial last tile."""
+    n = _randint(gen, lo, hi)
+    return n - 1 if n % 16 == 0 else n
+
+
+def _seq_pair(gen, shape: str, max_seq: int) -> tuple[int, int]:
+    """(seq_q, seq_k) in [1, max_seq] related as ``shape`` (one of SEQ_SHAPES). Unequal lengths differ
+    by at least 64 (max_seq / 2 if smaller): more than a key block, so using one for the other shows."""
+    if shape == "seq_k = seq_q":
+        a = _ragged(gen, 2, max_seq)
+        return a, a
+    gap = min(64, max_seq // 2)
+    long = _ragged(gen, gap + 1, max_seq)
+    short = _ragged(gen, 1, long - gap)
+    return (long, short) if shape == "seq_k < seq_q" else (short, long)
+
+
 def _random_attention_cases(gen, n, causal_mix: bool, max_seq=128):
+    """``n`` cases of random sizes inside fixed rules: case i has SEQ_SHAPES[i % 3], tiles TILES[i % 2],
+    float32 and float16 alternating, large scores (case 2), the transposed layout with whole tiles
+    (case 3) and, with ``causal_mix``, causal on odd cases (so both kinds meet every shape in 6 cases)."""
     cases = []
     for i in range(n):
         b, h = [(1, 1), (1, 2), (2, 1)][_randint(gen, 0, 2)]
-        sq, sk = _randint(gen, 1, max_seq), _randint(gen, 1, max_seq)
-        if i == 0:
-            sk = sq  # one square case
+        if i == 3:  # (B, S, H, D) seen transposed: two heads, so a row stride is not D; whole tiles
+            b, h = 1, 2
+            sq = sk = 64 * _randint(gen, 1, max_seq // 64)
+        else:
+            sq, sk = _seq_pair(gen, SEQ_SHAPES[i % 3], max_seq)
         d = [16, 32, 64][_randint(gen, 0, 2)]
         dtype = ["float32", "float16"][i % 2]
         big = i == 2
         scale = None if big or _randint(gen, 0, 1) else 0.05 + float(torch.rand(1, generator=gen))
         inp = _qkv(gen, b, h, sq, sk, d, dtype="float32" if big else dtype, magnitude=6.0 if big else 1.0,
-                   layout="bshd" if i == 3 else "bhsd", scale=scale)
+                   layout="bshd" if i == 3 else "bhsd", scale=scale, tiles=TILES[i % 2])
         if causal_mix:
             inp["causal"] = bool(i % 2)
-        cases.append(Case(_name(inp), inp))
+        cases.append(Case(_name(inp, tiles=not causal_mix), inp))
     return cases
+
+
+def _rows_case(gen, causal: bool = False) -> Case:
+    """Row-padded q, k, v (random sizes past one 64-tile, so tile mix-ups show too)."""
+    sq, sk = _ragged(gen, 65, 128), _ragged(gen, 65, 128)
+    inp = _qkv(gen, 1, [1, 2][_randint(gen, 0, 1)], sq, sk, 32, dtype="float16", layout="rows", tiles=TILES[0])
+    return Case(_name(inp), inp)
 
 
 # --- tolerances --------------------------------------------------------------------------------
@@ -209,7 +261,7 @@ def _reference_cases(gen, public):
         for (b, h, sq, sk, d), kw, causal in specs:
             inp = _qkv(gen, b, h, sq, sk, d, **kw)
             inp["causal"] = causal
-            cases.append(Case(_name(inp, f", causal={causal}"), inp))
+            cases.append(Case(_name(inp, f", causal={causal}", tiles=False), inp))
         return cases
     cases = _random_attention_cases(gen, 6, causal_mix=True, max_seq=200)
     return [Case(c.name + f", causal={c.inputs['causal']}", c.inputs) for c in cases]
@@ -263,9 +315,11 @@ def ref_attention_memory_bytes(batch, heads, seq_q, seq_k, dtype_bytes, flash=Fa
 
 def _memory_cases(gen, public):
     specs = [(1, 32, 4096, 4096, 2), (4, 16, 8192, 8192, 2), (1, 1, 1, 1, 4), (2, 3, 5, 7, 4)]
-    if not public:
-        specs = [(_randint(gen, 1, 16), _randint(gen, 1, 64), _randint(gen, 1, 1 << 17), _randint(gen, 1, 1 << 17),
-                  [1, 2, 4][_randint(gen, 0, 2)]) for _ in range(5)]
+    if not public:  # every dtype size and every SEQ_SHAPES relation
+        specs = []
+        for i in range(5):
+            sq, sk = _seq_pair(gen, SEQ_SHAPES[i % 3], 1 << 17)
+            specs.append((_randint(gen, 1, 16), _randint(gen, 1, 64), sq, sk, [1, 2, 4][i % 3]))
     return [Case(f"batch={b} heads={h} seq_q={sq} seq_k={sk} dtype_bytes={nb} flash={f}",
                  dict(batch=b, heads=h, seq_q=sq, seq_k=sk, dtype_bytes=nb, flash=f))
             for b, h, sq, sk, nb in specs for f in (False, True)]
@@ -297,7 +351,7 @@ def _call_flash(fn, case, device, causal_entry: bool) -> dict:
     b, h, sq, d = q.shape
     out, out_storage = poisoned((b, h, sq, d), q.dtype, device)
     lse, lse_storage = poisoned((b, h, sq), torch.float32, device)
-    kwargs = dict(scale=x["scale"], out=out, lse=lse, BLOCK_M=TILE, BLOCK_N=TILE)
+    kwargs = dict(scale=x["scale"], out=out, lse=lse, BLOCK_M=x["block_m"], BLOCK_N=x["block_n"])
     if causal_entry:
         kwargs["return_stats"] = True
     else:
@@ -344,14 +398,15 @@ def expected_key_blocks(seq_q: int, seq_k: int, block_m: int, block_n: int, caus
 
 
 def _judge_stats(case, obs, q, k) -> str | None:
+    tile_m, tile_n = case.inputs["block_m"], case.inputs["block_n"]
     stats = obs.get("stats")
     if not isinstance(stats, dict):
         return ("with return_stats=True, flash_attention_causal must return (out, lse, stats) where stats = "
                 "{'BLOCK_M': int, 'BLOCK_N': int, 'key_blocks': int tensor (batch, heads, cdiv(seq_q, BLOCK_M))}; "
                 f"got {stats!r} for stats.")
     bm, bn, blocks = stats["BLOCK_M"], stats["BLOCK_N"], stats["key_blocks"]
-    if bm != TILE or bn != TILE:
-        return (f"stats report BLOCK_M={bm!r}, BLOCK_N={bn!r}, but the check passed BLOCK_M={TILE}, BLOCK_N={TILE}: "
+    if bm != tile_m or bn != tile_n:
+        return (f"stats report BLOCK_M={bm!r}, BLOCK_N={bn!r}, but the check passed BLOCK_M={tile_m}, BLOCK_N={tile_n}: "
                 "use the tile sizes you are given (and report them).")
     b, h, sq, _ = q.shape
     n_m = -(-sq // bm)
@@ -391,21 +446,24 @@ def _judge_flash(case, obs, causal: bool, fn_name: str) -> str | None:
     tol = _tolerances(x, obs.get("device", "cpu"))
     msg = compare(obs["out"], out64, dtype=q.dtype, name="out", **tol["out"])
     if msg:
-        if int(torch.isnan(obs["out"]).sum()) == obs["out"].numel() and not torch.isnan(q).any():
+        if x["layout"] == "rows":  # the gaps hold NaN: a kernel reading them gets NaN
+            msg += (f"\n  q, k and v here are row-padded views: rows are q.stride(2) = {q.stride(2)} elements apart, "
+                    f"not HEAD_DIM = {q.shape[-1]}. Offset query i by i * stride_qm (and keys by stride_kn).")
+        elif int(torch.isnan(obs["out"]).sum()) == obs["out"].numel() and not torch.isnan(q).any():
             msg += "\n  Every element is still NaN: write into the `out` buffer you are given."
         elif causal and _matches_strict_mask(obs["out"], q, k, v, x["scale"], q.dtype, tol["out"]):
             msg += ("\n  Your output matches a strict causal mask (key j < query i): query i attends keys 0..i, "
                     "itself included (offs_m >= offs_n).")
-        elif (padded := _padded_keys64(q, k, v, causal, x["scale"], TILE)) is not None and \
+        elif (padded := _padded_keys64(q, k, v, causal, x["scale"], x["block_n"])) is not None and \
                 compare(obs["out"], padded[0], dtype=q.dtype, **tol["out"]) is None:
-            msg += (f"\n  Your output matches attention over keys padded to a multiple of BLOCK_N={TILE}: set the "
+            msg += (f"\n  Your output matches attention over keys padded to a multiple of BLOCK_N={x['block_n']}: set the "
                     "scores of keys >= seq_k to -inf before the softmax.")
         elif x["magnitude"] > 1:
             msg += "\n  Large scores overflow exp(): exponentiate s - m with m the running row max."
         elif (rows := _unwritten_tail(obs["out"])) is not None:
             msg += (f"\n  Query rows {rows}..{q.shape[2] - 1} were never written (still NaN): launch "
                     "cdiv(seq_q, BLOCK_M) query tiles and mask the last one's loads and stores.")
-        elif k.shape[2] > TILE:
+        elif k.shape[2] > x["block_n"]:
             msg += ("\n  With several key blocks, the running max changes: rescale l and acc by "
                     "exp(m_old - m_new) before adding the new block.")
         return msg
@@ -436,7 +494,7 @@ def _unwritten_tail(out) -> int | None:
 
 def _flash_cases(gen, public):
     if not public:
-        return _random_attention_cases(gen, 5, causal_mix=False)
+        return _random_attention_cases(gen, 5, causal_mix=False) + [_rows_case(gen), _alloc_case(gen)]
     specs = [((1, 2, 128, 128, 64), dict()),
              ((1, 1, 100, 77, 64), dict()),
              ((2, 1, 33, 128, 32), dict(dtype="float16")),
@@ -444,38 +502,93 @@ def _flash_cases(gen, public):
              ((1, 1, 1, 1, 16), dict()),
              ((1, 1, 64, 96, 32), dict(scale=0.3)),
              ((1, 1, 64, 96, 64), dict(magnitude=6.0)),
-             ((1, 2, 64, 64, 64), dict(dtype="float16", layout="bshd"))]
+             ((1, 2, 64, 64, 64), dict(dtype="float16", layout="bshd")),
+             ((1, 2, 100, 90, 32), dict(dtype="float16", layout="rows"))]
     cases = []
-    for (b, h, sq, sk, d), kw in specs:
-        inp = _qkv(gen, b, h, sq, sk, d, **kw)
+    for i, ((b, h, sq, sk, d), kw) in enumerate(specs):
+        inp = _qkv(gen, b, h, sq, sk, d, tiles=TILES[i % 2], **kw)
         cases.append(Case(_name(inp), inp))
-    return cases
+    return cases + [_alloc_case(gen, (77, 50))]
+
+
+def _alloc_case(gen, seqs=None) -> Case:
+    """float16 inputs, ``out`` and ``lse`` left to their defaults (None): the kernel's wrapper allocates
+    them, out in q's dtype and lse in float32 whatever q's dtype."""
+    sq, sk = seqs or (_ragged(gen, 33, 96), _ragged(gen, 33, 96))
+    inp = _qkv(gen, 1, 1, sq, sk, 32, dtype="float16", tiles=TILES[1])
+    inp["alloc"] = True
+    return Case(_name(inp, ", out=None and lse=None: your wrapper allocates them"), inp)
+
+
+def _call_flash_alloc(fn, case, device) -> dict:
+    """Call ``fn(q, k, v)`` without ``out`` and ``lse``; observe what it returns."""
+    x = case.inputs
+    base = {n: x[n].to(device) for n in ("q", "k", "v")}
+    q, k, v = (_view(base[n], x["layout"]) for n in ("q", "k", "v"))
+    with record_launches() as launched:
+        ret = fn(q, k, v, causal=False, scale=x["scale"], BLOCK_M=x["block_m"], BLOCK_N=x["block_n"])
+    synchronize(device)
+    obs = {"launches": list(launched), "inputs_after": {n: t.cpu() for n, t in base.items()}, "device": str(device)}
+    if not isinstance(ret, (tuple, list)) or len(ret) != 2 or not all(isinstance(r, torch.Tensor) for r in ret):
+        obs["bad_return"] = _describe(ret)
+        return obs
+    obs["out"], obs["lse"] = (r.detach().cpu() for r in ret)
+    return obs
+
+
+def _judge_alloc(case, obs) -> str | None:
+    x = case.inputs
+    if not obs["launches"]:
+        return ("no Triton kernel was launched: flash_attention must compute attention with your @triton.jit "
+                "kernel, not with PyTorch (F.scaled_dot_product_attention included).")
+    if "bad_return" in obs:
+        return f"flash_attention(q, k, v) must return (out, lse), got {obs['bad_return']}."
+    q, k, v = (_view(x[n], x["layout"]) for n in ("q", "k", "v"))
+    out, lse = obs["out"], obs["lse"]
+    b, h, sq, d = q.shape
+    if out.dtype != q.dtype or tuple(out.shape) != (b, h, sq, d):
+        return (f"with out=None, flash_attention returned out of dtype {out.dtype} and shape {tuple(out.shape)}; "
+                f"allocate it like q: {q.dtype}, {(b, h, sq, d)}.")
+    if lse.dtype != torch.float32 or tuple(lse.shape) != (b, h, sq):
+        return (f"with lse=None, flash_attention returned lse of dtype {lse.dtype} and shape {tuple(lse.shape)}; "
+                f"allocate it as float32 {(b, h, sq)} whatever q's dtype: float16 keeps only ~3 significant "
+                "digits of a log-sum-exp, and the backward pass recomputes P = exp(s - lse) from it.")
+    out64, lse64 = attention64(q, k, v, False, x["scale"])
+    tol = _tolerances(x, obs.get("device", "cpu"))
+    msg = (compare(out, out64, dtype=q.dtype, name="out", **tol["out"])
+           or compare(lse, lse64, dtype=torch.float32, name="lse", **tol["lse"]))
+    return msg or changed_inputs(case, obs["inputs_after"])
 
 
 def _flash_run(ns, case, device):
+    if case.inputs.get("alloc"):
+        return _call_flash_alloc(entry(ns, "flash_attention"), case, device)
     return _call_flash(entry(ns, "flash_attention"), case, device, causal_entry=False)
 
 
 def _flash_judge(case, obs):
+    if case.inputs.get("alloc"):
+        return _judge_alloc(case, obs)
     return _judge_flash(case, obs, causal=False, fn_name="flash_attention")
 
 
 def _causal_cases(gen, public):
     if not public:
-        cases = _random_attention_cases(gen, 4, causal_mix=False)
-        sq = _randint(gen, 1, 96)
-        inp = _qkv(gen, 1, 1, sq, _randint(gen, -(-sq // 128) * 128 + 1, 224), 32, hide_unseen=True)
+        cases = _random_attention_cases(gen, 4, causal_mix=False) + [_rows_case(gen)]
+        sq = _ragged(gen, 33, 96)  # past one 32-row tile: loading a key block too many shows
+        inp = _qkv(gen, 1, 1, sq, _randint(gen, -(-sq // 128) * 128 + 1, 224), 32, hide_unseen=True, tiles=TILES[1])
         return cases + [Case(_name(inp, ", keys no query can see hold NaN"), inp)]
     specs = [((1, 2, 128, 128, 64), dict(), ""),
              ((1, 1, 100, 100, 64), dict(dtype="float16"), ""),
              ((1, 1, 128, 45, 64), dict(dtype="float16"), ""),
              ((1, 1, 1, 1, 16), dict(), ""),
              ((1, 1, 96, 96, 64), dict(magnitude=6.0), ""),
+             ((1, 2, 100, 80, 32), dict(layout="rows"), ""),
              ((1, 1, 100, 200, 32), dict(hide_unseen=True),
               ", keys 128..199 (seen by no query) hold NaN: an early exit never loads them")]
     cases = []
-    for (b, h, sq, sk, d), kw, extra in specs:
-        inp = _qkv(gen, b, h, sq, sk, d, **kw)
+    for i, ((b, h, sq, sk, d), kw, extra) in enumerate(specs):
+        inp = _qkv(gen, b, h, sq, sk, d, tiles=TILES[i % 2], **kw)
         cases.append(Case(_name(inp, extra), inp))
     return cases
 
@@ -506,18 +619,19 @@ def _backward_cases(gen, public):
     if public:
         specs = [((1, 1, 64, 64, 32), "float32", False), ((1, 1, 100, 77, 32), "float32", True),
                  ((1, 1, 96, 96, 64), "float16", True), ((1, 1, 45, 100, 16), "float16", False)]
-    else:
+    else:  # causal and not, in float32 and float16, with seq_k < seq_q and seq_k > seq_q
         specs = []
-        for i in range(3):
+        for i, (dtype, causal, shape) in enumerate([("float32", True, 1), ("float16", False, 2),
+                                                    ("float16", True, 2), ("float32", False, 1)]):
             b, h = [(1, 1), (1, 2), (2, 1)][_randint(gen, 0, 2)]
-            specs.append(((b, h, _randint(gen, 2, 96), _randint(gen, 2, 96), [16, 32, 64][_randint(gen, 0, 2)]),
-                          ["float32", "float16"][i % 2], bool(_randint(gen, 0, 1)) or i == 0))
+            sq, sk = _seq_pair(gen, SEQ_SHAPES[shape], 96)
+            specs.append(((b, h, sq, sk, [16, 32, 64][_randint(gen, 0, 2)]), dtype, causal))
     cases = []
     for (b, h, sq, sk, d), dtype, causal in specs:
         inp = _qkv(gen, b, h, sq, sk, d, dtype=dtype)
         inp["causal"] = causal
         inp["dout"] = torch.randn(b, h, sq, d, generator=gen).to(getattr(torch, dtype))
-        cases.append(Case(_name(inp, f", causal={causal}"), inp))
+        cases.append(Case(_name(inp, f", causal={causal}", tiles=False), inp))
     return cases
 
 
