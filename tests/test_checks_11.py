@@ -18,8 +18,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from grader.checks import load_lab
-from tests.conftest import grade, solution_namespace, with_answer
+from grader.checks import exercises, load_lab
+from grader.exercise import evaluate
+from tests.conftest import HIDDEN_SEED, grade, solution_namespace, with_answer
 
 STEM = "11_data_parallel"
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -233,6 +234,35 @@ def test_ddp_summing_gradients_fails(sol11):
     assert r.status == "failed" and "summed" in r.message
 
 
+class DDPAllReduceOverEveryone(nn.Module):
+    """Broadcasts within its process_group, but all-reduces over every rank."""
+
+    def __init__(self, module, process_group=None):
+        super().__init__()
+        self.module, self.process_group = module, process_group
+        src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
+        for t in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(t.data, src=src, group=process_group)
+
+    def forward(self, x):
+        return self.module(x)
+
+    def finish_gradient_synchronization(self):
+        for p in self.module.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)  # BUG: no group=self.process_group
+                p.grad /= dist.get_world_size(self.process_group)
+
+
+@slow
+def test_ddp_all_reducing_over_every_rank_instead_of_its_group_fails(sol11):
+    ex = exercises(STEM)["ddp_from_scratch"]
+    cases = ex.cases() + ex.cases(HIDDEN_SEED, public=False)  # 2 ranks each a group; 4 ranks in pairs
+    r = evaluate(ex, with_answer(sol11, DDP=DDPAllReduceOverEveryone), "cpu", cases)
+    assert r.score == 0 and all(c.status == "failed" for c in r.cases), r.message
+    assert all("averaged over all" in c.message and "ignored the process_group" in c.message for c in r.cases)
+
+
 # --- bucketed DDP ---------------------------------------------------------------------------------
 
 def _bucketed_variant(sol11, *, after_backward=False, one_bucket=False, blocking=False, from_last_hook=False):
@@ -322,3 +352,63 @@ class FullStateOptimizer(torch.optim.Optimizer):
 def test_sharded_optimizer_keeping_full_state_fails(sol11):
     r = grade(STEM, "sharded_optimizer", with_answer(sol11, ShardedOptimizer=FullStateOptimizer), hidden=False)
     assert r.status == "failed" and "every rank holds optimizer state for the whole model" in r.message
+
+
+# --- answers that compute nothing earn nothing; every rule in every hidden set ------------------------
+
+_DO_NOTHING = {"return []": lambda *a, **k: [], "return None": lambda *a, **k: None,
+               "return True": lambda *a, **k: True, "return 0.0": lambda *a, **k: 0.0,
+               "return the first argument": lambda *a, **k: a[0] if a else None}
+
+
+@pytest.mark.parametrize("eid", ["collective_cost", "bucket_assignment"])
+def test_answers_that_compute_nothing_score_zero(eid):
+    ex = exercises(STEM)[eid]
+    cases = ex.cases() + ex.cases(1, public=False) + ex.cases(2, public=False)
+    for stub, fn in _DO_NOTHING.items():
+        r = evaluate(ex, {name: fn for name in ex.entries}, "cpu", cases)
+        assert r.score == 0, (stub, r.message)
+
+
+class WrapperDoingNothing(nn.Module):
+    def __init__(self, module, *args, **kwargs):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        return self.module(x)
+
+    def finish_gradient_synchronization(self):
+        pass
+
+
+class OptimizerDoingNothing(torch.optim.Optimizer):
+    def __init__(self, params, optimizer_cls, **kwargs):
+        super().__init__(params, kwargs)
+
+    def step(self, closure=None):
+        pass
+
+
+@slow
+@pytest.mark.parametrize("eid, answer", [("ring_all_reduce", {"ring_all_reduce": lambda tensor: tensor}),
+                                         ("ddp_from_scratch", {"DDP": WrapperDoingNothing}),
+                                         ("bucketed_ddp", {"BucketedDDP": WrapperDoingNothing}),
+                                         ("sharded_optimizer", {"ShardedOptimizer": OptimizerDoingNothing})])
+def test_distributed_answers_that_compute_nothing_score_zero(sol11, eid, answer):
+    r = grade(STEM, eid, with_answer(sol11, **answer), hidden=False)  # one launch
+    assert r.status == "failed" and r.score == 0, r.message
+
+
+def _rules(ex, seed):
+    return sorted(c.name.split(":")[0] for c in ex.cases(seed, public=False))
+
+
+@pytest.mark.parametrize("eid", sorted(exercises(STEM)))
+def test_every_hidden_set_covers_the_same_rules(eid):
+    ex = exercises(STEM)[eid]
+    rules = _rules(ex, 1)
+    assert not any(r.startswith("random") for r in rules), rules
+    assert len(set(rules)) == len(rules), rules  # one case per rule, named by it
+    for seed in (2, 3, 20261122, 987654321):
+        assert _rules(ex, seed) == rules

@@ -16,7 +16,7 @@ import math
 import torch
 
 from gpulab.compare import compare
-from grader.exercise import Case, Exercise, entry
+from grader.exercise import Case, Exercise, Neutral, entry
 
 LAB = "11_data_parallel"
 TITLE = "Data parallelism: collectives, ring all-reduce, DDP, bucketing, ZeRO-1"
@@ -157,9 +157,19 @@ def _cost_cases(gen, public):
                    Case("4 KiB over 6 ranks (not a power of two), IB-like", dict(nbytes=4096, p=6, alpha=2e-5,
                                                                                   beta=1 / 25e9)),
                    Case("a single rank: nothing to communicate", dict(nbytes=10**6, p=1, alpha=1e-5, beta=1e-9))]
-    for i in range(2 if public else 6):
-        cases.append(Case(f"random #{i}", dict(nbytes=float(_randint(gen, 1, 2**34)), p=_randint(gen, 2, 1024),
-                                               alpha=10 ** _uniform(gen, -6.5, -4), beta=10 ** -_uniform(gen, 9, 12))))
+    if public:
+        for i in range(2):
+            cases.append(Case(f"random #{i}", dict(nbytes=float(_randint(gen, 1, 2**34)), p=_randint(gen, 2, 1024),
+                                                   alpha=10 ** _uniform(gen, -6.5, -4),
+                                                   beta=10 ** -_uniform(gen, 9, 12))))
+        return cases
+    # one case per rule, every seed (the rule is the name before ':'), random sizes and links
+    p_odd = _randint(gen, 3, 1023)
+    p_odd += (p_odd & (p_odd - 1)) == 0  # a power of two plus one is not a power of two
+    for rule, p in (("a single rank", 1), ("two ranks", 2), ("a power of two", 2 ** _randint(gen, 2, 10)),
+                    ("not a power of two", p_odd)):
+        nbytes, alpha, beta = float(_randint(gen, 1, 2**34)), 10 ** _uniform(gen, -6.5, -4), 10 ** -_uniform(gen, 9, 12)
+        cases.append(Case(f"{rule}: p={p}, n={nbytes:.4g} bytes", dict(nbytes=nbytes, p=p, alpha=alpha, beta=beta)))
     return cases
 
 
@@ -233,7 +243,8 @@ def _ring_cases(gen, public):
     configs = [((_randint(gen, 1, 3000),), "float32"), ((_randint(gen, 2, 9), _randint(gen, 2, 9)), "float64"),
                ((_randint(gen, 1, 40),), "int64"), ((world * _randint(gen, 1, 50),), "float32"),
                ((_randint(gen, 1, world - 1),), "float32")]
-    return [Case(f"{world} ranks, random sizes", dict(world=world, seed=_randint(gen, 0, 10**6), configs=configs))]
+    return [Case(f"uneven sizes, 2-D, int64, fewer elements than ranks: {world} ranks",
+                 dict(world=world, seed=_randint(gen, 0, 10**6), configs=configs))]
 
 
 def _ring_run(ns, case, device):
@@ -328,7 +339,7 @@ def _sgd(params):
     return torch.optim.SGD(params, lr=0.1, momentum=0.9)
 
 
-def _judge_init(ranks, init, wrapper: str) -> str | None:
+def _judge_init(ranks, init, wrapper: str, src: str = "src=0") -> str | None:
     """Every rank's state right after the wrapper's construction must equal rank 0's initial state."""
     for r, o in enumerate(ranks):
         if not o["module_is"]:
@@ -342,7 +353,7 @@ def _judge_init(ranks, init, wrapper: str) -> str | None:
                 kind = o["kinds"].get(name, "parameter")
                 if r == 0:
                     return (f"rank 0's {kind} `{name}` changed in {wrapper}(...): rank 0 is the source; broadcast "
-                            "from src=0.")
+                            f"from {src}.")
                 if kind == "buffer":
                     return (f"buffer `{name}` on rank {r} differs from rank 0's after {wrapper}(...): broadcast "
                             "the buffers too (module.buffers(): BatchNorm statistics, registered buffers), not only "
@@ -384,7 +395,7 @@ def _state_kinds(model) -> dict:
     return kinds
 
 
-def _wrap_and_record(rank, wrapper_cls, x, *wrapper_args):
+def _wrap_and_record(rank, wrapper_cls, x, *wrapper_args, **wrapper_kwargs):
     """Build rank ``rank``'s model (seed + rank: replicas differ until broadcast) and wrap it.
 
     Returns ``(model, wrapped, observations, timeline)``: while ``timeline["log"]`` holds a
@@ -406,7 +417,7 @@ def _wrap_and_record(rank, wrapper_cls, x, *wrapper_args):
         if p.requires_grad:
             p.register_post_accumulate_grad_hook(lambda p, name=name: mark(name))
     with record_collectives() as log:
-        wrapped = wrapper_cls(model, *wrapper_args)
+        wrapped = wrapper_cls(model, *wrapper_args, **wrapper_kwargs)
     obs = {"module_is": getattr(wrapped, "module", None) is model,
            "same_params": [id(p) for p in wrapped.parameters()] == [id(p) for p in model.parameters()],
            "n_params": len(list(wrapped.parameters())), "n_model_params": len(list(model.parameters())),
@@ -449,6 +460,27 @@ def _ddp_rank(rank, world_size, cls, x):
     model, wrapped, obs, timeline = _wrap_and_record(rank, cls, x)
     obs["grads"], obs["events"] = _train_steps(rank, world_size, model, wrapped, x, timeline)
     obs["final"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    if x.get("groups") and world_size == x["world"]:  # not in the single-rank probe for a stub
+        obs["sub"] = _ddp_subgroup_rank(rank, cls, x)
+    return obs
+
+
+def _subgroup_inputs(x, g: int) -> dict:
+    """The training of sub-group ``g``: its own size and its own data (so that averaging over every
+    rank instead of the group gives other gradients)."""
+    return dict(x, world=len(x["groups"][g]), data_seed=x["data_seed"] + 7919 * (g + 1))
+
+
+def _ddp_subgroup_rank(rank, cls, x):
+    """Train again, with ``DDP(model, process_group=...)`` over the sub-group holding this rank."""
+    import torch.distributed as dist
+
+    handles = [dist.new_group(members) for members in x["groups"]]  # every rank creates every group, in order
+    g = next(g for g, members in enumerate(x["groups"]) if rank in members)
+    members, xg = x["groups"][g], _subgroup_inputs(x, g)
+    model, wrapped, obs, timeline = _wrap_and_record(rank, cls, xg, process_group=handles[g])
+    obs["grads"], obs["events"] = _train_steps(members.index(rank), len(members), model, wrapped, xg, timeline)
+    obs["final"] = {n: p.detach().clone() for n, p in model.named_parameters()}
     return obs
 
 
@@ -460,10 +492,17 @@ def _ddp_case(gen, world, name, public):
 
 
 def _ddp_cases(gen, public):
+    """One launch: DDP over every rank, then, in the same processes, DDP over sub-groups (each group
+    trains its own replica on its own data; a DDP ignoring its process_group mixes them)."""
     if public:
-        return [_ddp_case(gen, 2, "2 ranks, 3 SGD steps, a buffer and a frozen parameter", True)]
-    world = _randint(gen, 3, 4)
-    return [_ddp_case(gen, world, f"{world} ranks, random widths", False)]
+        case = _ddp_case(gen, 2, "2 ranks, 3 SGD steps, a buffer and a frozen parameter; then each rank a "
+                                 "sub-group of its own", True)
+        case.inputs["groups"] = [[0], [1]]
+        return [case]
+    pairs = [[[0, 1], [2, 3]], [[0, 2], [1, 3]], [[0, 3], [1, 2]]][_randint(gen, 0, 2)]
+    case = _ddp_case(gen, 4, f"every rank, then two sub-groups: 4 ranks, groups {pairs}, random widths", False)
+    case.inputs["groups"] = pairs
+    return [case]
 
 
 def _ddp_run(ns, case, device):
@@ -497,6 +536,44 @@ def _ddp_judge(case, obs):
             bad = compare(o["final"][name], w, rtol=1e-4, atol=1e-6, name=f"rank {r}'s `{name}` after training")
             if bad:
                 return bad
+    return _judge_subgroups(x, ranks) if x.get("groups") else None
+
+
+def _judge_subgroups(x, ranks) -> str | None:
+    """DDP over each sub-group must train like one process on that group's batch, from the state of
+    the group's first rank."""
+    refs = [_reference_training(dict(_subgroup_inputs(x, g), seed=x["seed"] + members[0]), _sgd)
+            for g, members in enumerate(x["groups"])]
+    fix = ("with a process_group, broadcast from its first rank (src=dist.get_global_rank(process_group, 0)), "
+           "pass group=process_group to every collective, and divide by dist.get_world_size(process_group).")
+    for g, members in enumerate(x["groups"]):
+        sub, ref = [ranks[r]["sub"] for r in members], refs[g]
+        where = f"DDP(model, process_group=dist.new_group({members}))"
+        bad = _judge_init(sub, ref["init"], "DDP", src="the group's first rank")
+        if bad:
+            return f"{where}, ranks numbered within the group: {bad} Remember: {fix}"
+        got, want = sub[0]["grads"][0], ref["grads"][0]
+        everyone = {n: sum(r["grads"][0][n] for r in refs) / len(refs) for n in want}  # the groups' sizes are equal
+
+        def matches(target, factor=1.0):
+            return all(compare(got.get(n), t * factor, rtol=1e-4, atol=1e-6) is None for n, t in target.items())
+        if matches(everyone) or matches(everyone, x["world"] / len(members)):  # divided by either size
+            return (f"{where}, step 0: the gradients are averaged over all {x['world']} ranks, not over the group's "
+                    f"{len(members)}: the all-reduce ignored the process_group (the other group trains on other "
+                    f"data). Remember: {fix}")
+        if matches(want, len(members) / x["world"]):
+            return (f"{where}, step 0: the gradients are {x['world'] // len(members)} times too small: they were "
+                    f"divided by the world size, {x['world']}, not by the group's size, {len(members)}. "
+                    f"Remember: {fix}")
+        bad = _judge_grads(sub, ref["grads"], len(members), where)
+        if bad:
+            return bad
+        for r, o in zip(members, sub):
+            for name, w in ref["params"][-1].items():
+                bad = compare(o["final"][name], w, rtol=1e-4, atol=1e-6, name=f"{where}: rank {r}'s `{name}` after "
+                              "training")
+                if bad:
+                    return bad
     return None
 
 
@@ -530,13 +607,33 @@ def _bucket_cases(gen, public):
                                                                                          4 * 768 * 768, 4 * 768] * 4,
                                                               mb=25)),
                   Case("nothing to bucket", dict(sizes=[], mb=1.0))]
-    for i in range(2 if public else 10):
-        n = _randint(gen, 1, 40)
+    if public:
+        for i in range(2):
+            n = _randint(gen, 1, 40)
+            sizes = [4 * _randint(gen, 1, 5000) for _ in range(n)]
+            cap = _randint(gen, 1, max(2, sum(sizes) // 2))
+            if i % 3 == 0:  # land exactly on a running sum: "exceeds" and "reaches" differ there
+                cap = sum(sizes[-_randint(gen, 1, n):])
+            cases.append(Case(f"random #{i}", dict(sizes=sizes, mb=cap / mb)))
+        return cases
+    # one case per rule, every seed (the rule is the name before ':'), random sizes
+    for rule in ("a limit some bucket reaches exactly", "a parameter larger than the limit",
+                 "one bucket, the limit above the total", "many small buckets", "any sizes and limit",
+                 "nothing to bucket"):
+        n = _randint(gen, 2, 40)
         sizes = [4 * _randint(gen, 1, 5000) for _ in range(n)]
         cap = _randint(gen, 1, max(2, sum(sizes) // 2))
-        if i % 3 == 0:  # land exactly on a running sum: "exceeds" and "reaches" differ there
-            cap = sum(sizes[-_randint(gen, 1, n):])
-        cases.append(Case(f"random #{i}", dict(sizes=sizes, mb=cap / mb)))
+        if rule.startswith("a limit some bucket reaches"):  # "exceeds" and "reaches" differ there
+            cap = sum(sizes[-_randint(gen, 1, n - 1):])
+        elif rule.startswith("a parameter larger"):
+            sizes[_randint(gen, 0, n - 2)] = 4 * (cap // 4 + _randint(gen, 1, 5000))
+        elif rule.startswith("one bucket"):
+            cap = sum(sizes) + _randint(gen, 0, 1000)
+        elif rule.startswith("many small"):
+            cap = _randint(gen, 1, max(2, max(sizes) // 2))
+        elif rule == "nothing to bucket":
+            sizes = []
+        cases.append(Case(f"{rule}: {len(sizes)} parameters, limit {cap} bytes", dict(sizes=sizes, mb=cap / mb)))
     return cases
 
 
@@ -549,7 +646,7 @@ def _bucket_judge(case, obs):
     sizes, mb = case.inputs["sizes"], case.inputs["mb"]
     want, got = ref_assign_buckets(sizes, mb), obs["buckets"]
     if got == want:
-        return None
+        return Neutral("no parameters, no buckets (not scored)") if not sizes else None
     cap = mb * 2**20
     flat = [i for b in got for i in b]
     if sorted(flat) != list(range(len(sizes))):
@@ -587,7 +684,8 @@ def _bucketed_cases(gen, public):
         case.inputs["bucket_mb"] = [0.0, 300 / 2**20, 1000 / 2**20, 1.0]
         return [case]
     world = _randint(gen, 3, 4)
-    case = _ddp_case(gen, world, f"{world} ranks, random widths and limits", False)
+    case = _ddp_case(gen, world, f"a random limit, then the last three parameters' bytes: {world} ranks, random "
+                                 "widths", False)
     case.inputs["steps"] = 2
     sizes = [p.numel() * 4 for p in ToyMLP(**_model_kwargs(case.inputs)).parameters() if p.requires_grad]
     case.inputs["bucket_mb"] = [_randint(gen, 1, sum(sizes) // 2) / 2**20, sum(sizes[-3:]) / 2**20]
@@ -717,8 +815,8 @@ def _sharded_cases(gen, public):
         return [Case("2 ranks, Adam, 10 parameters, lr halved after step 0",
                      dict(base, world=2, seed=3, data_seed=30))]
     world = _randint(gen, 3, 4)
-    return [Case(f"{world} ranks, Adam, random seeds", dict(base, world=world, seed=_randint(gen, 0, 10**6),
-                                                            data_seed=_randint(gen, 0, 10**6)))]
+    return [Case(f"Adam, lr halved after step 0: {world} ranks, random seeds",
+                 dict(base, world=world, seed=_randint(gen, 0, 10**6), data_seed=_randint(gen, 0, 10**6)))]
 
 
 def _sharded_run(ns, case, device):
