@@ -502,3 +502,20 @@ def test_every_seed_hides_cases_of_every_rule(eid):
     assert any(r.startswith("row-padded view") for r in seen[0])
     public = set().union(*map(_rules, ex.cases()))
     assert {r for r in public if r.startswith("kind")} == {r for r in seen[0] if r.startswith("kind")}
+
+
+# --- out=None in float16: the states are float32 whatever x's dtype -------------------------------------
+
+def test_stats_allocated_in_x_dtype_fail_on_float16(sol03):
+    # BUG: the default `out` in x's dtype (right for float32 inputs; the check always passed `out` before)
+    wrong = _wrong_solution(sol03, "softmax_online_state",
+                            "out = rows_out(x, out, out_shape=(x.shape[0], 2), out_dtype=torch.float32)",
+                            "out = torch.empty((x.shape[0], 2), dtype=x.dtype, device=x.device) if out is None else out")
+    ex = exercises(STEM)["softmax_online_state"]
+    cases = [c for seed in (None, 1, 2) for c in (ex.cases() if seed is None else ex.cases(seed=seed, public=False))
+             if c.inputs.get("kind") == "alloc"]
+    assert len(cases) == 3
+    r = evaluate(ex, wrong, "cpu", cases)
+    assert r.score == 0 and "dtype torch.float16 but expected torch.float32" in r.message, r.message
+    assert "out_dtype=torch.float32" in r.message
+    assert evaluate(ex, sol03, "cpu", cases).status == "passed"

@@ -308,11 +308,12 @@ def _stats_cases(gen, public):
                  (3, 600, 64, "float32", "large", [0, 100, 450, 600]),
                  (3, 512, 64, "float32", "masked", [0, 128, 256, 384, 512]),
                  (4, 2048, 256, "float16", "normal", [0, 512, 1024, 1536, 2048]),
-                 (3, 300, 64, "float32", "padded", [0, 77, 300])]
+                 (3, 300, 64, "float32", "padded", [0, 77, 300]),
+                 (3, 300, 64, "float16", "alloc", [0, 120, 300])]
     else:  # every rule, random sizes
         specs = []
         for kind, dtype, hi in (("normal", "float32", 1500), ("large", "float16", 1500), ("masked", "float32", 1500),
-                                ("padded", "float32", 400)):
+                                ("padded", "float32", 400), ("alloc", "float16", 400)):
             block_n = [32, 64, 128][_int(gen, 0, 2)]
             N = _int_not_multiple(gen, 50, hi, block_n)
             specs.append((_int(gen, 3, 8), N, block_n, dtype, kind, _random_splits(gen, N, _int(gen, 2, 5))))
@@ -320,11 +321,13 @@ def _stats_cases(gen, public):
     for M, N, block_n, dtype, kind, splits in specs:
         x = _stats_x(gen, M, N, getattr(torch, dtype), kind)
         what = {"normal": "", "large": ", values near +-1000", "masked": ", -inf entries and a fully -inf row",
-                "padded": ", x a row-padded view (stride(0) > N), the chunks its column slices"}[kind]
+                "padded": ", x a row-padded view (stride(0) > N), the chunks its column slices",
+                "alloc": ", out=None: softmax_stats allocates the (M, 2) float32 states itself"}[kind]
         inputs = dict(x=x, block_n=block_n, splits=splits, kind=kind)
         if kind == "padded":
             inputs["row_pad"] = 11 if public else _int(gen, 1, 40)
-        cases.append(Case(f"({M}, {N}) {dtype}, BLOCK_N={block_n}, chunks at {splits}{what}", inputs))
+        chunks = "" if kind == "alloc" else f", chunks at {splits}"
+        cases.append(Case(f"({M}, {N}) {dtype}, BLOCK_N={block_n}{chunks}{what}", inputs))
     a, b, c = _combine_public_states() if public else (_state_rows(gen, 9), _state_rows(gen, 9), _state_rows(gen, 9))
     cases.append(Case(f"combine_stats on {a.shape[0]} hand-made states, (-inf, 0) ones included",
                       dict(a=a, b=b, c=c, kind="combine")))
@@ -344,9 +347,56 @@ def _watched(combine):
     return call, mutated
 
 
+def _stats_alloc_run(stats, combine, mutated, case, device) -> dict:
+    """softmax_stats with ``out`` left to its default (None), on each chunk and on the whole x; the
+    chunk states combined with combine_stats."""
+    x, splits, kw = case.inputs["x"], case.inputs["splits"], _block_kwargs(case.inputs["block_n"])
+    obs = {"returned": [], "own_launches": [], "guard": None}
+    for lo, hi in [*zip(splits[:-1], splits[1:]), (0, x.shape[1])]:  # the chunks, then the whole row
+        part = _padded(x[:, lo:hi].contiguous(), device)
+        call = observe_kernel(lambda: stats(part, **kw), {}, device, inputs={"x": part}, ablate=False)
+        ret = call.returned
+        obs["returned"].append(ret.detach().cpu() if isinstance(ret, torch.Tensor) else type(ret).__name__)
+        obs["own_launches"] += call.own_launches
+        obs["guard"] = obs["guard"] or call.out_of_bounds
+        obs["inputs_after"] = dict(call.inputs_after)
+    states = [r.to(device) for r in obs["returned"][:-1] if isinstance(r, torch.Tensor)]
+    if len(states) == len(splits) - 1:
+        folded = states[0]
+        for st in states[1:]:
+            folded = combine(folded, st)
+        obs["folded"] = folded.cpu()
+    obs["combine_mutated"] = any(mutated)
+    return obs
+
+
+def _stats_alloc_judge(case, obs) -> str | None:
+    if not obs["own_launches"]:
+        return ("no Triton kernel of yours was launched: softmax_stats must compute its result with your "
+                "@triton.jit kernel, not with PyTorch operations.")
+    if obs["guard"]:
+        return obs["guard"]
+    x, splits = case.inputs["x"], case.inputs["splits"]
+    parts = [*zip(splits[:-1], splits[1:]), (0, x.shape[1])]
+    for (lo, hi), got in zip(parts, obs["returned"]):
+        report = _stats_compare(got, stats_reference(x[:, lo:hi]), f"softmax_stats(x[:, {lo}:{hi}]) with out=None")
+        if report:
+            return report + (f"\n  With out=None, allocate the states yourself: shape ({x.shape[0]}, 2), dtype float32 "
+                             f"whatever x's dtype ({x.dtype} here): rows_out(x, out, out_shape=(M, 2), "
+                             "out_dtype=torch.float32).")
+    report = _stats_compare(obs.get("folded"), stats_reference(x), "combine_stats over the chunk states")
+    if report:
+        return report + _COMBINE_HINT
+    if not torch.equal(obs["inputs_after"]["x"].nan_to_num(), x.nan_to_num()):
+        return "the input `x` was modified; a kernel must not write to its inputs."
+    return None
+
+
 def _stats_run(ns, case, device):
     stats, (combine, mutated) = entry(ns, "softmax_stats"), _watched(entry(ns, "combine_stats"))
     inp = case.inputs
+    if inp["kind"] == "alloc":
+        return _stats_alloc_run(stats, combine, mutated, case, device)
     if inp["kind"] == "combine":
         a, b, c = (inp[k].to(device) for k in "abc")
         ab, ba = combine(a, b), combine(b, a)
@@ -402,6 +452,8 @@ def _stats_judge(case, obs):
     if obs.get("combine_mutated"):
         return ("combine_stats modified one of its input states; it must return a new tensor and leave a and b "
                 "unchanged.")
+    if inp["kind"] == "alloc":
+        return _stats_alloc_judge(case, obs)
     if inp["kind"] == "combine":
         a, b, c = inp["a"], inp["b"], inp["c"]
         ab = combine_reference(a, b)
