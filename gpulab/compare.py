@@ -101,9 +101,20 @@ POISON = float("nan")
 # The most elements one Triton block can hold (``TRITON_MAX_TENSOR_NUMEL`` in ``triton/_utils.py``,
 # 2**20 from Triton 3.x through 3.9; ``tl.arange(0, 2**21)`` raises). A guard region this long after
 # a buffer holds everything an unmasked 1-D block can write or read past its end, whatever BLOCK the
-# learner picks; in the CPU interpreter ``gpulab.launches`` also stops any access beyond it.
+# learner picks: that is what compiled kernels on a GPU get, since nothing checks their accesses.
 MAX_BLOCK = 1 << 20
-GUARD = MAX_BLOCK  # elements of guard region after an output (4 MiB of float32; filled in ~1 ms)
+# In Triton's CPU interpreter ``gpulab.launches`` checks every access instead (and skips any outside
+# the buffers), so a short guard region is enough there; a long one would cost time, because the
+# interpreter copies every argument's whole storage back after each launch.
+GUARD = 257
+
+
+def guard_elements(device) -> int:
+    """Elements of guard region (and input padding) for buffers on ``device``: :data:`GUARD` where
+    the interpreter's accesses are bounds-checked, else :data:`MAX_BLOCK`."""
+    from gpulab.launches import can_check_bounds
+
+    return GUARD if torch.device(device).type == "cpu" and can_check_bounds() else MAX_BLOCK
 
 
 # The guard region holds a NaN with a payload no arithmetic produces, compared bit for bit: a store of
@@ -116,8 +127,9 @@ def _poison_value(dtype: torch.dtype):
     return POISON if dtype.is_floating_point else torch.iinfo(dtype).min
 
 
-def poisoned(shape, dtype=torch.float32, device="cpu", guard: int = GUARD):
-    """An output buffer filled with poison, followed by a guard region of ``guard`` elements.
+def poisoned(shape, dtype=torch.float32, device="cpu", guard: int | None = None):
+    """An output buffer filled with poison, followed by a guard region of ``guard`` elements
+    (default :func:`guard_elements`).
 
     Returns ``(out, storage)``: ``out`` is a contiguous view of ``shape`` at the start of
     ``storage``; pass ``out`` to the kernel, then :func:`guard_report` on ``storage``.
@@ -125,6 +137,7 @@ def poisoned(shape, dtype=torch.float32, device="cpu", guard: int = GUARD):
     a NaN of its own bit pattern).
     """
     numel = math.prod(shape)
+    guard = guard_elements(device) if guard is None else guard
     storage = torch.full((numel + guard,), _poison_value(dtype), dtype=dtype, device=device)
     if dtype in _GUARD_BITS:
         int_dtype, bits = _GUARD_BITS[dtype]
@@ -150,13 +163,15 @@ def guard_report(storage: torch.Tensor, numel: int, name: str = "output") -> str
             f"{numel + first}, {first} past the end). A store is missing its mask `offs < n`.")
 
 
-def padded(x: torch.Tensor, device=None, guard: int = GUARD, fill=None) -> torch.Tensor:
-    """A copy of ``x`` (same shape, contiguous) at the start of a buffer with ``guard`` more elements.
+def padded(x: torch.Tensor, device=None, guard: int | None = None, fill=None) -> torch.Tensor:
+    """A copy of ``x`` (same shape, contiguous) at the start of a buffer with ``guard`` more elements
+    (default :func:`guard_elements`).
 
     Inputs travel this way, so a load without a mask reads the padding (``fill``: poison by
     default), never memory nobody owns. The result is a view; its storage holds the padding.
     """
     device = x.device if device is None else device
+    guard = guard_elements(device) if guard is None else guard
     if fill is None:
         fill = POISON if x.dtype.is_floating_point else (0 if x.dtype == torch.bool else torch.iinfo(x.dtype).max)
     storage = torch.full((x.numel() + guard,), fill, dtype=x.dtype, device=device)

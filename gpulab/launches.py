@@ -33,6 +33,7 @@ import contextlib
 import importlib.util
 import inspect
 import os
+import site
 import sysconfig
 from dataclasses import dataclass, field
 
@@ -61,10 +62,12 @@ def _not_own_dirs() -> tuple[str, ...]:
     spec = importlib.util.find_spec("grader")  # located, not imported: gpulab never imports grader
     if spec is not None and spec.origin:
         dirs.add(os.path.dirname(os.path.abspath(spec.origin)))
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        path = sysconfig.get_paths().get(key)
-        if path:
-            dirs.add(os.path.abspath(path))
+    paths = [sysconfig.get_paths().get(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    try:
+        paths.append(site.getusersitepackages())  # pip install --user
+    except AttributeError:  # some embedded interpreters have no user site
+        pass
+    dirs.update(os.path.abspath(path) for path in paths if path)
     return tuple(sorted(d.rstrip(os.sep) + os.sep for d in dirs))
 
 
@@ -271,6 +274,17 @@ class _CheckedMemory:
         if not self._bounds.check("atomic", ptrs, ones, np.asarray(val).itemsize).all():
             raise self.OutOfBoundsError("atomic_cas outside the tensors passed to the kernel (it has no mask)")
         return self._real.atomic_cas(ptrs, cmp, val, sem)
+
+
+def can_check_bounds() -> bool:
+    """True when this Triton's interpreter can be bounds-checked (its memory module is where
+    :func:`watch_launches` expects it)."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    real = getattr(interpreter, "_interpreter", None)
+    return all(hasattr(real, name) for name in ("load", "store", "atomic_rmw", "atomic_cas"))
 
 
 @contextlib.contextmanager

@@ -1,9 +1,12 @@
 """One observed call of a learner's kernel wrapper, and the verdicts every kernel check gives (labs 02-08).
 
 Learner side, :func:`observe_kernel` calls the wrapper once with *poisoned* output buffers (NaN,
-followed by a guard region as long as the largest Triton block) and inputs padded the same way,
-while :func:`gpulab.launches.watch_launches` records which kernels launched, whether they are the
-learner's own, and (in the CPU interpreter) every access outside the tensors a kernel was given.
+followed by a guard region) and inputs padded the same way, while
+:func:`gpulab.launches.watch_launches` records which kernels launched, whether they are the
+learner's own, and, in the CPU interpreter, every access outside the tensors a kernel was given
+(and skips those outside their storages). So a missing mask gives a verdict at any block size,
+never a dead process: on the CPU the bounds check does it, on a GPU the guard regions and input
+padding do, as long as the largest Triton block (``gpulab.compare.guard_elements``).
 It then calls the wrapper a second time with the learner's kernels *ablated* (each launch does
 nothing but poison its scratch tensors): an output that is still right was not computed by them.
 The result is a :class:`KernelCall`; ``as_obs()`` turns it into plain tensors and values.
@@ -43,7 +46,7 @@ from typing import Callable
 
 import torch
 
-from gpulab.compare import GUARD, guard_report, poisoned
+from gpulab.compare import guard_elements, guard_report, poisoned
 from gpulab.device import synchronize
 from gpulab.launches import watch_launches
 from grader.exercise import Neutral, changed_inputs
@@ -87,7 +90,7 @@ class KernelCall:
 
 
 def observe_kernel(call: Callable, outputs: dict, device, *, inputs: dict | None = None,
-                   may_reject: bool = False, guard: int = GUARD, watch: Callable | None = None,
+                   may_reject: bool = False, guard: int | None = None, watch: Callable | None = None,
                    ablate: bool = True) -> KernelCall:
     """Call ``call(**buffers)`` with poisoned buffers and observe everything a kernel check needs.
 
@@ -97,9 +100,11 @@ def observe_kernel(call: Callable, outputs: dict, device, *, inputs: dict | None
     call for the unmodified-inputs rule, and never poisoned by the ablated run. ``may_reject``: a
     ValueError/TypeError/AssertionError is observed (``rejected``) instead of raised. ``watch``:
     ``buffers -> context manager`` entered around the real call only (a lab's own recorders);
-    what it yields becomes ``watched``. ``guard``: elements of guard region after each output.
+    what it yields becomes ``watched``. ``guard``: elements of guard region after each output
+    (default: :func:`gpulab.compare.guard_elements`).
     """
     inputs = inputs or {}
+    guard = guard_elements(device) if guard is None else guard
     bufs = {name: poisoned(tuple(shape), dtype, device, guard=guard) for name, (shape, dtype) in outputs.items()}
     views = {name: view for name, (view, _) in bufs.items()}
     protect = [*inputs.values(), *(storage for _, storage in bufs.values())]

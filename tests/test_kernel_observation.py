@@ -8,7 +8,7 @@ import triton.language as tl
 
 import grader.kernelcheck as kc
 from gpulab import launches
-from gpulab.compare import MAX_BLOCK, compare, padded
+from gpulab.compare import GUARD, MAX_BLOCK, compare, guard_elements, padded
 from tests.conftest import ROOT
 
 
@@ -31,9 +31,9 @@ def _copy_unmasked(x_ptr, out_ptr, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, tl.load(x_ptr + offs))
 
 
-def _observe(fn, n=1000, dtype=torch.float32, **kw):
+def _observe(fn, n=1000, dtype=torch.float32, pad=None, **kw):
     gen = torch.Generator().manual_seed(0)
-    x, y = padded(torch.randn(n, generator=gen).to(dtype)), padded(torch.randn(n, generator=gen).to(dtype))
+    x, y = (padded(torch.randn(n, generator=gen).to(dtype), guard=pad) for _ in range(2))
     want = x.double() + y.double()
     call = kc.observe_kernel(lambda out: fn(x, y, out), {"out": ((n,), dtype)}, "cpu", inputs={"x": x, "y": y}, **kw)
     return call, want
@@ -80,12 +80,16 @@ def test_writes_past_the_storage_are_not_performed():
     assert "wrote 1047552 element(s) past the end of `out_ptr`" in seen.first_out_of_bounds(writes=True)
 
 
+def test_guard_regions_are_long_where_nothing_checks_the_accesses():
+    assert guard_elements("cpu") == GUARD and guard_elements("cuda") == MAX_BLOCK
+
+
 def test_without_the_bounds_check_the_guard_regions_hold_the_largest_block(monkeypatch):
     # On a GPU kernels are compiled and nothing checks their accesses: the padding after every input
     # and the guard region after every output must hold everything a block of MAX_BLOCK can touch.
     plain = launches.watch_launches
     monkeypatch.setattr(kc, "watch_launches", lambda **kw: plain(**{**kw, "check_bounds": False}))
-    call, _ = _observe(_launch(_add_unmasked, MAX_BLOCK), n=1)
+    call, _ = _observe(_launch(_add_unmasked, MAX_BLOCK), n=1, pad=MAX_BLOCK, guard=MAX_BLOCK)
     assert call.out_of_bounds.startswith("out: the kernel wrote 1048575 element(s) past the end of the tensor")
     assert call.out_of_bounds_read is None  # nobody watched the reads: they stayed inside the padding
 

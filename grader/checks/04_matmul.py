@@ -22,7 +22,7 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from gpulab.compare import GUARD, compare, padded
+from gpulab.compare import compare, guard_elements, padded
 from gpulab.device import interpreted
 from gpulab.launches import record_launches
 from grader.exercise import Case, Exercise, entry
@@ -330,7 +330,7 @@ def _call(fn, a, b, out_dtype, device, extra=None, order_blocks=None, blocks=Non
     bm, bn = (blocks[0], blocks[1]) if blocks else (256, 256)
     overhang = (-(-M // bm) * bm - M) * N + (-(-N // bn) * bn - N)
     call = observe_kernel(lambda out: fn(a, b, out=out, **(extra or {})), {"out": ((M, N), out_dtype)}, device,
-                          inputs=inputs or {"a": a, "b": b}, guard=GUARD + overhang,
+                          inputs=inputs or {"a": a, "b": b}, guard=guard_elements(device) + overhang,
                           watch=lambda bufs: _recorders(bufs["out"]))
     stores, rec = call.watched
     obs = {**call.as_obs(), "kinds": rec["kinds"], "torch_ops": rec["torch_ops"], "device": str(device)}
