@@ -284,9 +284,9 @@ _DEPENDENCY_RULES = ("a forward in the same slot as the forward it needs", "a fo
                      "a backward in the same slot as the backward it needs",
                      "a backward before the backward it needs")
 _OUTSIDE_RULES = ("a stage outside the pipeline", "a microbatch outside the range", "a step of unknown kind")
+# every rule a validator checks, each broken alone by _mutate
 _MUTATIONS = ("backward before its forward", "two steps on one stage in one slot", "a missing step",
               "a duplicated step") + _DEPENDENCY_RULES + _OUTSIDE_RULES
-#             every rule a validator checks, each broken alone by _mutate
 
 
 def _where(schedule, step):
@@ -335,7 +335,7 @@ def _mutate(schedule, p, m, kind, rng):
         sched.append([x])  # again, in a new last slot: every dependency still holds
     elif kind in _DEPENDENCY_RULES:  # needs p >= 2
         i = rng.randrange(m)
-        if "forward" in kind:  # F(s, i) needs F(s-1, i)
+        if kind.startswith("a forward"):  # F(s, i) needs F(s-1, i)
             s = rng.randrange(1, p)
             x, dep = (s, i, "F"), (s - 1, i, "F")
         else:                  # B(s, i) needs B(s+1, i)
