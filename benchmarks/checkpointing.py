@@ -24,8 +24,8 @@ import platform
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project, importable as a script
+from gpulab.paths import ROOT  # noqa: E402
 
 STEM = "10_memory_checkpointing"
 FULL = dict(layers=4, batch=4, seq=2048, d_model=2048, n_heads=16, dropout=0.1)   # bf16 on a GPU: ~8 GB plain

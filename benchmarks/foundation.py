@@ -16,8 +16,8 @@ import platform
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project, importable as a script
+from gpulab.paths import ROOT  # noqa: E402
 
 
 def main(argv=None) -> int:

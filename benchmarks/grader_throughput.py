@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project, importable as a script
+from gpulab.paths import ROOT  # noqa: E402
 STEM = "02_triton_basics"
 
 

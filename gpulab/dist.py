@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from gpulab.paths import ROOT  # noqa: E402
 
 
 class RankError(RuntimeError):

@@ -47,10 +47,10 @@ def verdict(status: str) -> str:
 
 def split_message(message: str) -> tuple[str, str]:
     """``(shown, folded)``: a case message before and after its full traceback, which the verdict
-    folds away (``grader.exercise`` puts the learner's frames and the exception first)."""
-    from grader.exercise import FOLDED_MARK
+    folds away (the checks put the learner's frames and the exception first)."""
+    from gpulab.checks_entry import checks
 
-    shown, mark, folded = message.partition("\n" + FOLDED_MARK + "\n")
+    shown, mark, folded = message.partition("\n" + checks().FOLDED_MARK + "\n")
     return shown, folded if mark else ""
 
 
@@ -150,24 +150,22 @@ def check(exercise_id: str, namespace: dict | None = None, device: str | None = 
 
 def check_result(exercise_id: str, namespace: dict, device: str | None = None,
                  strict: bool | None = None, quiet: bool = False, record: bool = True):
-    """:func:`check`, returning the :class:`grader.exercise.ExerciseResult`."""
+    """:func:`check`, returning the exercise's result (``id, points, score, status, message, cases``)."""
     from gpulab import progress
+    from gpulab.checks_entry import checks
     from gpulab.device import current_device
-    from grader.checks import find_exercise
-    from grader.exercise import evaluate
 
-    stem, ex = find_exercise(exercise_id)
-    result = evaluate(ex, namespace, device or current_device())
+    stem, result, hint = checks().run_public(exercise_id, namespace, device or current_device())
     if record:  # the progress view of lesson 00
-        progress.record(stem, ex.id, result.status)
-    text = format_text(result, ex.hint)
+        progress.record(stem, result.id, result.status)
+    text = format_text(result, hint)
     if quiet:
         pass
     elif _in_notebook():
         from IPython.display import display
 
         try:
-            display(_widget(result, ex.hint, text))
+            display(_widget(result, hint, text))
         except ImportError:
             display_rich(text, format_html(result))
     else:

@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from gpulab.paths import ROOT
 
 
 def progress_file() -> Path:
@@ -41,17 +41,15 @@ def record(lab: str, exercise_id: str, status: str) -> None:
 
 def table() -> list[dict]:
     """One row per lab: its exercises, how many passed, points earned of points available."""
-    from grader.checks import exercises, lab_stems, load_lab
+    from gpulab.checks_entry import checks
 
     data = load()
     rows = []
-    for stem in lab_stems():
-        exs = exercises(stem)
-        passed = [eid for eid in exs if data.get(eid, {}).get("status") == "passed"]
-        rows.append({"lab": stem, "title": getattr(load_lab(stem), "TITLE", stem),
-                     "exercises": len(exs), "passed": len(passed),
-                     "points": sum(ex.points for eid, ex in exs.items() if eid in passed),
-                     "max_points": sum(ex.points for ex in exs.values())})
+    for lab in checks().labs():
+        points = lab["points"]  # {exercise_id: points}
+        passed = [eid for eid in points if data.get(eid, {}).get("status") == "passed"]
+        rows.append({"lab": lab["lab"], "title": lab["title"], "exercises": len(points), "passed": len(passed),
+                     "points": sum(points[eid] for eid in passed), "max_points": sum(points.values())})
     return rows
 
 

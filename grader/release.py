@@ -25,10 +25,10 @@ from pathlib import Path
 
 import nbformat
 
+from gpulab.paths import ROOT
 from grader.notebooks import InvalidNotebook, exercise_id, read_notebook
 
 BEGIN, END, HINT = "### BEGIN SOLUTION", "### END SOLUTION", "### HINT:"
-ROOT = Path(__file__).resolve().parent.parent
 BANNER = ("> **Generated** from `solutions/{name}` by `python -m grader release`. Course maintainers: "
           "edit the solution, not this file. Learners: work here, replacing every "
           "`raise NotImplementedError`.\n\n")

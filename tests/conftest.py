@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project, importable as a script
+from gpulab.paths import ROOT  # noqa: E402
 
 # Kernels defined in test modules are decorated at import: the interpreter must be on first.
 import gpulab.device  # noqa: E402
