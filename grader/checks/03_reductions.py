@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gpulab.compare import MAX_BLOCK, compare
+from gpulab.compare import compare, guard_elements, padded
 from grader.exercise import Case, Exercise, entry
 from grader.kernelcheck import (bounds_verdict, final_verdict, judge_kernel, launch_verdict, observe_kernel,
                                 outside_verdict, return_verdict)
@@ -39,7 +39,7 @@ from grader.kernelcheck import (bounds_verdict, final_verdict, judge_kernel, lau
 LAB = "03_reductions"
 TITLE = "Reductions: softmax and normalization"
 
-PAD, PAD_VALUE = MAX_BLOCK, 1.0e4  # padding as long as the largest block: an unmasked load stays inside it
+PAD_VALUE = 1.0e4  # what the padding after an input holds (gpulab.compare.guard_elements of it)
 # (atol, rtol) for softmax probabilities. Outputs are ~1/N, so dtype-default atols would pass anything:
 # fp32 keeps 1e-5 relative; fp16 gets its rounding (2^-11 relative, half an ulp of a subnormal) with 2x room.
 SOFTMAX_TOL = {torch.float32: (1e-7, 1e-5), torch.float16: (1e-7, 1e-3)}
@@ -47,10 +47,8 @@ STATS_RTOL = 2e-5  # the normaliser l of an (m, l) state, in float32
 
 
 def _padded(x: torch.Tensor, device) -> torch.Tensor:
-    """``x`` (contiguous) at the start of a buffer whose PAD trailing elements hold PAD_VALUE."""
-    storage = torch.full((x.numel() + PAD,), PAD_VALUE, dtype=x.dtype, device=device)
-    storage[: x.numel()].copy_(x.reshape(-1))
-    return storage[: x.numel()].view(x.shape)
+    """``x`` (contiguous) at the start of a buffer whose trailing padding holds PAD_VALUE."""
+    return padded(x, device, fill=PAD_VALUE)
 
 
 def _place(x: torch.Tensor, device, row_pad: int = 0) -> torch.Tensor:
@@ -59,7 +57,7 @@ def _place(x: torch.Tensor, device, row_pad: int = 0) -> torch.Tensor:
     if not row_pad:
         return _padded(x, device)
     M, N = x.shape
-    storage = torch.full((M * (N + row_pad) + PAD,), PAD_VALUE, dtype=x.dtype, device=device)
+    storage = torch.full((M * (N + row_pad) + guard_elements(device),), PAD_VALUE, dtype=x.dtype, device=device)
     view = storage[: M * (N + row_pad)].view(M, N + row_pad)[:, :N]
     view.copy_(x)
     return view
