@@ -500,3 +500,18 @@ def test_without_bubblewrap_grading_works_and_says_so(tmp_path, no_sandbox, caps
     r = run(tmp_path, kit.submission(L1, solved=("roofline",)))
     assert r["score"] == 2 and r["isolation"]["mode"] == "none"
     assert "weak isolation" in capsys.readouterr().err
+
+
+def test_vector_add_without_masks_grades_the_same_five_times(tmp_path):
+    """The measured case: no masks at the default BLOCK=1024 once scored 0/8 or 1/8 at random."""
+    no_mask = (kit.source(kit.load("solutions", L2), "vector_add")
+               .replace("x_ptr + offs, mask=mask", "x_ptr + offs").replace("y_ptr + offs, mask=mask", "y_ptr + offs")
+               .replace("x + y, mask=mask", "x + y"))
+    assert "mask=mask" not in no_mask
+    nb = kit.submission(L2, {"vector_add": no_mask}, solved=("fusion_bytes",))
+    lists = [run(tmp_path, nb, name=f"m{i}.ipynb", seed=5)["exercises"] for i in range(5)]
+    assert all(lst == lists[0] for lst in lists)
+    e = {x["id"]: x for x in lists[0]}
+    assert e["vector_add"]["status"] == "failed" and e["vector_add"]["score"] < 2
+    assert "mask" in e["vector_add"]["message"] or "out of bounds" in e["vector_add"]["message"]
+    assert e["fusion_bytes"]["status"] == "passed"
