@@ -6,7 +6,7 @@ TORCH_PIN ?= torch==2.13.0
 PORT   ?= 8888
 STAMP  := $(VENV)/.gpulab-installed
 
-.PHONY: lab test test-gpu setup release bench clean
+.PHONY: lab test test-gpu test-triton36 setup release bench clean
 
 # Containers often run as root, which Jupyter refuses without --allow-root.
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
@@ -23,6 +23,23 @@ test: $(STAMP)
 test-gpu: $(STAMP)
 	GPULAB_DEVICE=cuda $(PY) -m pytest tests/test_notebooks_execute.py -m "slow or gpu" -p no:xdist
 
+# The kernel tests (CPU interpreter and the sm_90 compile check) against Triton 3.6, the GPU machines'
+# version, in a side venv: not part of `make test`. numpy < 2.4: Triton 3.6's interpreter needs it.
+VENV36        ?= .venv-triton36
+TRITON36_PIN  ?= triton==3.6.0
+KERNEL_TESTS  ?= tests/test_checks_02.py tests/test_checks_03.py tests/test_checks_04.py \
+                 tests/test_checks_05.py tests/test_checks_08.py tests/test_compile_sm90.py
+test-triton36: $(VENV36)/.gpulab-installed
+	$(VENV36)/bin/python -c "import triton; print('Triton', triton.__version__)"
+	$(VENV36)/bin/python -m pytest $(KERNEL_TESTS) -n 2 --dist worksteal
+
+$(VENV36)/.gpulab-installed: pyproject.toml
+	test -x $(VENV36)/bin/python || $(PYTHON) -m venv $(VENV36)
+	$(VENV36)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV36)/bin/python -c "import torch" 2>/dev/null || $(VENV36)/bin/python -m pip install --quiet $(TORCH_PIN)
+	$(VENV36)/bin/python -m pip install --quiet -e ".[test]" "$(TRITON36_PIN)" "numpy<2.4"
+	touch $@
+
 release: $(STAMP)
 	$(PY) -m grader release
 
@@ -37,4 +54,4 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .gpulab build *.egg-info
+	rm -rf $(VENV) $(VENV36) .pytest_cache .gpulab build *.egg-info

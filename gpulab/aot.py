@@ -175,6 +175,14 @@ class KernelRecord:
                 "ctas_per_sm": self.ctas_per_sm, "limiter": self.limiter, "grid": self.grid, "error": self.error}
 
 
+def toolchain(device: Device = H100) -> str:
+    """The compilers that made the records: ``"Triton 3.9.0, ptxas 13.4"``."""
+    import triton
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return f"Triton {triton.__version__}, ptxas {get_ptxas(device.arch).version}"
+
+
 # --- the stand-in driver --------------------------------------------------------------------------
 
 def resource_usage(cubin: bytes) -> dict:
@@ -568,7 +576,7 @@ def show(records: list[KernelRecord]) -> None:
         print("No Triton kernel was compiled: did the call launch one?")
         return
     device = records[0].device
-    print(f"Compiled for {device.name}. Per SM: {device.regs_per_sm:,} registers, "
+    print(f"Compiled for {device.name} by {toolchain(device)}. Per SM: {device.regs_per_sm:,} registers, "
           f"{device.smem_per_sm // 1024} KiB shared memory ({device.smem_per_block:,} B per CTA at most), "
           f"{device.threads_per_sm} threads, {device.blocks_per_sm} CTAs.")
     print(table(records, markdown=False))

@@ -43,3 +43,12 @@ def test_license_is_an_spdx_string_so_setup_prints_no_deprecation_warning():
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert pyproject["project"]["license"] == "Apache-2.0"
     assert pyproject["build-system"]["requires"] == ["setuptools>=77"]  # the first to read SPDX strings
+
+
+def test_numpy_is_capped_while_triton_3_6_is_allowed():
+    """Triton 3.6's interpreter breaks on runtime-bound loops with numpy >= 2.4 (fixed after 3.6)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = {_names([r]).pop(): r for r in project["dependencies"]}
+    assert deps["triton"].startswith("triton>=3.6")
+    assert "<2.4" in deps["numpy"]
+    assert "numpy>=1.26,<2.4" in (ROOT / "environment.yml").read_text()
