@@ -515,3 +515,32 @@ def test_vector_add_without_masks_grades_the_same_five_times(tmp_path):
     assert e["vector_add"]["status"] == "failed" and e["vector_add"]["score"] < 2
     assert "mask" in e["vector_add"]["message"] or "out of bounds" in e["vector_add"]["message"]
     assert e["fusion_bytes"]["status"] == "passed"
+
+
+@SANDBOXED
+def test_a_cohort_survives_a_submission_that_attacks_its_peers(tmp_path):
+    """One submission kills what it can, spawns orphans aimed at the gradebook and a peer's result:
+    every other result stands, the gradebook is whole, nothing survives the run."""
+    from grader.cohort import cohort
+
+    folder, out = tmp_path / "in", tmp_path / "out"
+    folder.mkdir()
+    marker = f"gpulab-cohort-{tmp_path.name}"
+    attack = ("import os, signal, subprocess\n"
+              f"for target in ({str(out / 'gradebook.csv')!r}, {str(out / 'honest' / 'result.json')!r}):\n"
+              f"    subprocess.Popen(['sh', '-c', 'sleep 3; echo pwned > ' + target + '; sleep 60 # {marker}'],\n"
+              "                     start_new_session=True)\n"
+              "for pid in range(2, 400):\n"
+              "    try:\n"
+              "        os.kill(pid, signal.SIGKILL) if pid != os.getpid() else None\n"
+              "    except OSError:\n"
+              "        pass\n")
+    kit.write(kit.submission(L1, {"costs": attack + COSTS_RIGHT}), folder / "attacker.ipynb")
+    kit.write(kit.submission(L1, solved=("costs", "scaling")), folder / "honest.ipynb")
+    results = cohort(folder, L1, out, jobs=2, progress=False, seed=3, notebook_run=False, timeout_s=30)
+    time.sleep(4)
+    assert _survivors(marker) == []
+    assert {r["submission"]: r["score"] for r in results}["honest.ipynb"] == 5
+    assert json.loads((out / "honest" / "result.json").read_text())["score"] == 5
+    book = (out / "gradebook.csv").read_text()
+    assert "pwned" not in book and "honest.ipynb" in book and "attacker.ipynb" in book
