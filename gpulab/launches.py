@@ -14,9 +14,10 @@ Every Triton kernel object (compiled ``JITFunction``, the CPU ``InterpretedFunct
   carry no provenance in the interpreter, so an overflow that lands inside *another* argument is
   not seen; the checks' own buffers are followed by ``MAX_BLOCK`` elements of padding, so theirs
   cannot.)
-  With ``ablate=True`` the learner's kernels do not run at all: each launch poisons the scratch
-  tensors it was given (never the check's inputs) and returns, so a check can see whether the
-  output was really computed by those kernels.
+  With ``ablate=True`` the learner's kernels do not run at all, and every tensor PyTorch allocates
+  uninitialised (``torch.empty`` and friends) is filled with poison, so a scratch buffer never
+  holds an earlier run's values by chance: a check can see whether the output was really
+  computed by those kernels.
 
 How the interpreter touches memory (Triton 3.9, ``triton/runtime/interpreter.py``): a tensor
 argument becomes its raw address (``data_ptr()``; CPU storages are used in place, not copied),
@@ -110,18 +111,21 @@ class OutOfBounds:
     arg_numel: int       # elements of that tensor's extent
     first: int           # first bad element, as an index into that tensor (< 0: before its start)
     count: int = 0       # bad element accesses, summed over the kernel's programs
+    storage: int = 0     # data_ptr of that tensor's storage, to name it after the check's buffers
 
     @property
     def writes(self) -> bool:
         return self.access != "load"
 
-    def message(self) -> str:
+    def message(self, tensor: str | None = None) -> str:
+        """The report; ``tensor``: the check's own name for that tensor ("out", "lse" ...), if any."""
         verb = "read" if self.access == "load" else "wrote"
+        arg = f"`{self.arg}`" + (f" (the `{tensor}` tensor)" if tensor and tensor != self.arg else "")
         if self.first >= 0:
             size = f"{self.arg_numel} element{'s' if self.arg_numel != 1 else ''}"
-            where = f"past the end of `{self.arg}`, which has {size} (the first at index {self.first})"
+            where = f"past the end of {arg}, which has {size} (the first at index {self.first})"
         else:
-            where = f"before the start of `{self.arg}` (the first at index {self.first})"
+            where = f"before the start of {arg} (the first at index {self.first})"
         what = "A load is missing its mask `offs < n` (give it mask= and other=)." if self.access == "load" \
             else "A store is missing its mask `offs < n`."
         return f"kernel `{self.kernel}` {verb} {self.count} element(s) {where}. {what}"
@@ -134,24 +138,16 @@ class LaunchWatch:
     names: list = field(default_factory=list)
     launches: list = field(default_factory=list)          # Launch per launch, in order
     out_of_bounds: list = field(default_factory=list)     # OutOfBounds, first occurrence order
-    poisoned: list = field(default_factory=list)          # (tensor, saved copy) under ablation
 
     @property
     def own(self) -> list[str]:
         return [launch.name for launch in self.launches if launch.own]
 
-    def first_out_of_bounds(self, writes: bool) -> str | None:
+    def first_out_of_bounds(self, writes: bool, names: dict | None = None) -> str | None:
+        """The first report of writes (or reads); ``names``: ``{storage data_ptr: name}`` of known tensors."""
         bad = [o for o in self.out_of_bounds if o.writes == writes]
-        return bad[0].message() if bad else None
+        return bad[0].message((names or {}).get(bad[0].storage)) if bad else None
 
-    def restore_poisoned(self) -> None:
-        """Give back what ablated launches overwrote (a scratch tensor may be the learner's cache)."""
-        import torch
-
-        with torch.no_grad():
-            for tensor, saved in reversed(self.poisoned):
-                tensor.copy_(saved)
-        self.poisoned.clear()
 
 
 @contextlib.contextmanager
@@ -204,12 +200,13 @@ class _Bounds:
 
     def __init__(self, kernel: str, tensors, watch: LaunchWatch):
         self.kernel, self.watch = kernel, watch
-        self.spans = []     # (name, lo, hi, itemsize, extent)
+        self.spans = []     # (name, lo, hi, itemsize, extent, storage data_ptr)
         self.storages = []  # (lo, hi)
         for name, t in tensors:
             n = _extent(t)
             if n:
-                self.spans.append((name, t.data_ptr(), t.data_ptr() + n * t.element_size(), t.element_size(), n))
+                self.spans.append((name, t.data_ptr(), t.data_ptr() + n * t.element_size(), t.element_size(), n,
+                                   t.untyped_storage().data_ptr()))
             st = t.untyped_storage()
             self.storages.append((st.data_ptr(), st.data_ptr() + st.nbytes()))
 
@@ -219,7 +216,7 @@ class _Bounds:
         mask = np.broadcast_to(np.asarray(mask, dtype=bool), addrs.shape)
         end = addrs + np.uint64(itemsize)
         in_span = np.zeros(addrs.shape, dtype=bool)
-        for _, lo, hi, _, _ in self.spans:
+        for _, lo, hi, *_ in self.spans:
             in_span |= (addrs >= np.uint64(lo)) & (end <= np.uint64(hi))
         bad = mask & ~in_span
         if not bad.any():
@@ -233,18 +230,19 @@ class _Bounds:
     def _record(self, access: str, bad_addrs, itemsize: int) -> None:
         first = int(bad_addrs.min())
         if not self.spans:
-            name, index, numel = "?", 0, 0
+            name, index, numel, storage = "?", 0, 0, 0
         else:
             def distance(span):
-                _, lo, hi, _, _ = span
+                lo, hi = span[1], span[2]
                 return first - hi if first >= hi else lo - first
-            name, lo, _, size, numel = min(self.spans, key=distance)
+            name, lo, _, size, numel, storage = min(self.spans, key=distance)
             index = (first - lo) // size if first >= lo else -((lo - first + size - 1) // size)
         for o in self.watch.out_of_bounds:
             if (o.kernel, o.access, o.arg) == (self.kernel, access, name):
                 o.count += int(bad_addrs.size)
                 return
-        self.watch.out_of_bounds.append(OutOfBounds(self.kernel, access, name, numel, index, int(bad_addrs.size)))
+        self.watch.out_of_bounds.append(
+            OutOfBounds(self.kernel, access, name, numel, index, int(bad_addrs.size), storage))
 
 
 class _CheckedMemory:
@@ -304,39 +302,44 @@ def _checked_memory(bounds: _Bounds):
 
 # --- ablation ----------------------------------------------------------------------------------------
 
-def _poison(watch: LaunchWatch, tensors, protect: set) -> None:
-    """Fill every tensor a skipped launch was given, except the check's own buffers, with poison,
-    as if the kernel had written garbage: so a scratch buffer never still holds an earlier run's
-    values. What is overwritten is saved and restored after the call."""
-    import torch
+_UNINITIALISED = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
 
-    with torch.no_grad():
-        for _, t in tensors:
-            if t.numel() == 0 or t.untyped_storage().data_ptr() in protect or t.dtype == torch.bool:
-                continue
-            watch.poisoned.append((t, t.detach().clone()))
-            fill = float("nan") if t.dtype.is_floating_point else torch.iinfo(t.dtype).min
-            try:
-                t.detach().fill_(fill)
-            except RuntimeError:  # a dtype that cannot hold the fill (complex ...): zeros will do
-                t.detach().zero_()
+
+@contextlib.contextmanager
+def _poisoned_allocations():
+    """Every tensor PyTorch allocates uninitialised inside is filled with poison (NaN, or the
+    integer minimum): an allocator that hands back the memory of an earlier run's scratch tensor
+    must not make a do-nothing kernel look like it computed something."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Poison(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket.__name__ in _UNINITIALISED and isinstance(out, torch.Tensor) and out.numel():
+                if out.dtype.is_floating_point:
+                    out.fill_(float("nan"))
+                elif out.dtype != torch.bool and not out.dtype.is_complex:
+                    out.fill_(torch.iinfo(out.dtype).min)
+            return out
+
+    with Poison():
+        yield
 
 
 # --- the watch ----------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def watch_launches(*, check_bounds: bool = True, ablate: bool = False, protect=()):
+def watch_launches(*, check_bounds: bool = True, ablate: bool = False):
     """Context manager yielding a :class:`LaunchWatch` of every Triton launch inside it.
 
     ``check_bounds``: in the CPU interpreter, record accesses outside the launch's tensors and skip
-    those outside their storages. ``ablate``: the learner's own kernels do not run; they poison
-    their tensor arguments except those sharing storage with a tensor in ``protect`` (the check's
-    inputs and outputs). Call ``watch.restore_poisoned()`` after reading the outputs.
+    those outside their storages. ``ablate``: the learner's own kernels do not run (their launches
+    return at once), and uninitialised PyTorch allocations are filled with poison.
     """
     from triton.runtime.jit import KernelInterface
 
     watch = LaunchWatch()
-    protected = {t.untyped_storage().data_ptr() for t in protect}
     original = KernelInterface.__getitem__
 
     def watching_getitem(self, grid):
@@ -345,7 +348,7 @@ def watch_launches(*, check_bounds: bool = True, ablate: bool = False, protect=(
         watch.names.append(launch.name)
         watch.launches.append(launch)
         if ablate and launch.own:
-            return lambda *args, **kwargs: _poison(watch, _tensor_args(pyfn, args, kwargs), protected)
+            return lambda *args, **kwargs: None
         launcher = original(self, grid)
         if not check_bounds:
             return launcher
@@ -360,6 +363,7 @@ def watch_launches(*, check_bounds: bool = True, ablate: bool = False, protect=(
 
     KernelInterface.__getitem__ = watching_getitem
     try:
-        yield watch
+        with (_poisoned_allocations() if ablate else contextlib.nullcontext()):
+            yield watch
     finally:
         KernelInterface.__getitem__ = original

@@ -8,7 +8,8 @@ learner's own, and, in the CPU interpreter, every access outside the tensors a k
 never a dead process: on the CPU the bounds check does it, on a GPU the guard regions and input
 padding do, as long as the largest Triton block (``gpulab.compare.guard_elements``).
 It then calls the wrapper a second time with the learner's kernels *ablated* (each launch does
-nothing but poison its scratch tensors): an output that is still right was not computed by them.
+nothing, and uninitialised PyTorch allocations hold poison, so no scratch tensor keeps the first
+call's values by chance): an output that is still right was not computed by them.
 The result is a :class:`KernelCall`; ``as_obs()`` turns it into plain tensors and values.
 
 Judge side, the verdict ladder, first failing rung wins, each message written once here:
@@ -97,7 +98,7 @@ def observe_kernel(call: Callable, outputs: dict, device, *, inputs: dict | None
     ``outputs``: ``{name: (shape, dtype)}`` of the buffers to poison; ``call`` receives them by
     name and passes them to the learner's wrapper. ``inputs``: ``{name: tensor}`` the wrapper
     reads (their bases, for views; best made with :func:`gpulab.compare.padded`): copied after the
-    call for the unmodified-inputs rule, and never poisoned by the ablated run. ``may_reject``: a
+    call for the unmodified-inputs rule, and restored for the ablated run. ``may_reject``: a
     ValueError/TypeError/AssertionError is observed (``rejected``) instead of raised. ``watch``:
     ``buffers -> context manager`` entered around the real call only (a lab's own recorders);
     what it yields becomes ``watched``. ``guard``: elements of guard region after each output
@@ -107,13 +108,12 @@ def observe_kernel(call: Callable, outputs: dict, device, *, inputs: dict | None
     guard = guard_elements(device) if guard is None else guard
     bufs = {name: poisoned(tuple(shape), dtype, device, guard=guard) for name, (shape, dtype) in outputs.items()}
     views = {name: view for name, (view, _) in bufs.items()}
-    protect = [*inputs.values(), *(storage for _, storage in bufs.values())]
     versions = {name: view._version for name, view in views.items()}
     # The ablated run must see the inputs as they were, even if this call writes into them.
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in inputs.values()}
     snapshots = [(st, st.clone()) for st in storages.values()] if ablate else []
     result = KernelCall(outputs={})
-    with watch_launches(protect=protect) as seen:
+    with watch_launches() as seen:
         with (watch(views) if watch else contextlib.nullcontext()) as watched:
             try:
                 result.returned = call(**views)
@@ -124,9 +124,10 @@ def observe_kernel(call: Callable, outputs: dict, device, *, inputs: dict | None
     synchronize(device)
     result.watched = watched
     result.launches, result.own_launches = list(seen.names), seen.own
-    result.out_of_bounds = seen.first_out_of_bounds(writes=True) or next(
+    names = {t.untyped_storage().data_ptr(): name for name, t in {**inputs, **views}.items()}
+    result.out_of_bounds = seen.first_out_of_bounds(writes=True, names=names) or next(
         (r for name, (view, storage) in bufs.items() if (r := guard_report(storage, view.numel(), name))), None)
-    result.out_of_bounds_read = seen.first_out_of_bounds(writes=False)
+    result.out_of_bounds_read = seen.first_out_of_bounds(writes=False, names=names)
     result.written_outside = [name for name, view in views.items() if view._version != versions[name]]
     result.outputs = {name: _copy_to_cpu(view) for name, view in views.items()}
     result.inputs_after = {name: _copy_to_cpu(t) for name, t in inputs.items()}
@@ -147,19 +148,29 @@ def observe_kernel(call: Callable, outputs: dict, device, *, inputs: dict | None
 
 
 def _ablated_outputs(call, outputs: dict, device, inputs: dict, guard: int) -> dict | None:
-    """The outputs of a second call in which the learner's kernels do not run (None if it raised)."""
+    """The outputs of a second call in which the learner's kernels do not run (None if it raised).
+    With no output buffers (the wrapper allocates its own), the tensors it returns: "returned[i]"."""
     bufs = {name: poisoned(tuple(shape), dtype, device, guard=guard) for name, (shape, dtype) in outputs.items()}
     views = {name: view for name, (view, _) in bufs.items()}
-    protect = [*inputs.values(), *(storage for _, storage in bufs.values())]
-    with watch_launches(ablate=True, check_bounds=False, protect=protect) as seen:
+    ran, ret = run_ablated(lambda: call(**views), device)
+    if not ran:
+        return None
+    if not views:
+        items = ret if isinstance(ret, (tuple, list)) else [ret]
+        return {f"returned[{i}]": _copy_to_cpu(t) for i, t in enumerate(items) if isinstance(t, torch.Tensor)}
+    return {name: _copy_to_cpu(view) for name, view in views.items()}
+
+
+def run_ablated(call: Callable, device) -> tuple[bool, object]:
+    """``(True, call())`` with the learner's kernels ablated (their launches do nothing, and
+    uninitialised allocations hold poison); ``(False, None)`` if it raised."""
+    with watch_launches(ablate=True, check_bounds=False):
         try:
-            call(**views)
+            return True, call()
         except Exception:  # a wrapper that needs its kernel's results to finish: nothing to learn
-            return None
+            return False, None
         finally:
             synchronize(device)
-            seen.restore_poisoned()
-    return {name: _copy_to_cpu(view) for name, view in views.items()}
 
 
 # --- the verdict ladder (judge side) --------------------------------------------------------------
@@ -208,15 +219,17 @@ def _nontrivial(outputs: dict) -> bool:
 
 
 def outside_verdict(obs: dict, fn_name: str, correct: Callable[[dict], bool]) -> Verdict | None:
-    """Rung 4: with the learner's kernels switched off, the outputs are still right."""
+    """Rung 4: with the learner's kernels switched off, the outputs are still right. ``correct``
+    receives the ablated outputs (``{name: tensor}``) and says whether they are right: for several
+    outputs, whether any of them is (each must come from the kernels)."""
     ablated = obs.get("ablated")
     if not ablated or not _nontrivial(ablated) or not correct(ablated):
         return None
     how = " (PyTorch wrote into the output in place)" if obs.get("written_outside") else ""
     return _verdict("outside", (
-        f"{fn_name} gives the right {_names(list(ablated))} even when your kernels do not run: the check called it "
-        f"again with every @triton.jit kernel you wrote replaced by one that does nothing, and the result was still "
-        f"right. It is computed outside your kernels{how}; compute it inside them."))
+        f"{fn_name} gives the right result even when your kernels do not run: the check called it again with "
+        f"every @triton.jit kernel you wrote replaced by one that does nothing, and the result was still right. "
+        f"It is computed outside your kernels{how}; compute it inside them."))
 
 
 def bounds_verdict(obs: dict) -> Verdict | None:

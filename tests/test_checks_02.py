@@ -241,6 +241,16 @@ def test_pytorch_writing_through_numpy_next_to_a_kernel_earns_nothing(sol02):
     assert r.status == "failed" and r.score == 0 and "even when your kernels do not run" in r.message
 
 
+def test_feeding_the_no_op_kernel_a_copy_of_the_input_earns_nothing(sol02):
+    def vector_add(x, y, out=None):  # the only tensor the kernel sees is one PyTorch then uses
+        out = torch.empty_like(x) if out is None else out
+        xs = x.clone()
+        _does_nothing[(1,)](xs)
+        return out.copy_(xs + y)
+    r = grade(STEM, "vector_add", with_answer(sol02, vector_add=vector_add))
+    assert r.status == "failed" and r.score == 0 and "even when your kernels do not run" in r.message
+
+
 def test_a_launch_forged_through_the_call_stack_earns_nothing(sol02):
     import inspect
 

@@ -97,8 +97,9 @@ def test_without_the_bounds_check_the_guard_regions_hold_the_largest_block(monke
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_an_unmasked_store_is_reported_with_the_kernel_and_its_argument(dtype):
     call, _ = _observe(_launch(_add_unmasked, 1024), n=1000, dtype=dtype)
-    assert call.out_of_bounds == ("kernel `_add_unmasked` wrote 24 element(s) past the end of `out_ptr`, which has "
-                                  "1000 elements (the first at index 1000). A store is missing its mask `offs < n`.")
+    assert call.out_of_bounds == ("kernel `_add_unmasked` wrote 24 element(s) past the end of `out_ptr` (the `out` "
+                                  "tensor), which has 1000 elements (the first at index 1000). A store is missing its "
+                                  "mask `offs < n`.")
 
 
 def test_version_counter_moves_for_pytorch_writes_not_for_kernel_writes():
@@ -116,7 +117,7 @@ def test_version_counter_moves_for_pytorch_writes_not_for_kernel_writes():
 
 def test_a_kernel_writing_scratch_that_pytorch_finishes_is_not_called_outside_work():
     # Honest two-stage work: the kernel fills a scratch tensor, PyTorch copies it. Under ablation the
-    # scratch is poisoned (never a previous run's values left in reused memory), so `out` is wrong.
+    # fresh scratch holds poison (never the first call's values left in reused memory), so `out` is wrong.
     def fn(x, y, out):
         scratch = torch.empty_like(x)
         _launch(_add)(x, y, scratch)
@@ -127,7 +128,7 @@ def test_a_kernel_writing_scratch_that_pytorch_finishes_is_not_called_outside_wo
     assert kc.outside_verdict(obs, "fn", lambda o: compare(o["out"], want, dtype=torch.float32) is None) is None
 
 
-def test_ablation_gives_back_the_learners_own_tensors():
+def test_ablation_leaves_the_learners_own_tensors_alone():
     table = torch.arange(1000.0)  # a learner's cached tensor, passed to the kernel
 
     def fn(x, y, out):
@@ -216,3 +217,40 @@ def test_the_ablated_run_sees_the_inputs_as_they_were_before_the_call():
     assert compare(obs["out"], want, dtype=torch.float32) is None
     assert compare(obs["ablated"]["out"], want, dtype=torch.float32) is not None
     assert compare(obs["inputs_after"]["x"], want, dtype=torch.float32) is None  # x holds x + y: modified
+
+
+def test_a_backward_that_lets_autograd_do_the_work_earns_nothing():
+    # Lab 05's stretch: a no-op kernel launched in backward, the gradients from PyTorch autograd.
+    from grader.checks import exercises
+    from grader.exercise import evaluate
+
+    @triton.jit
+    def nothing(ptr):
+        pass
+
+    def attention(q, k, v, causal, scale):
+        s = scale * q.float() @ k.float().transpose(-1, -2)
+        if causal:
+            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+        return (torch.softmax(s, -1) @ v.float()).to(q.dtype)
+
+    def flash_attention_autograd(q, k, v, causal=False, scale=None):
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+
+        class Cheat(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v):
+                ctx.save_for_backward(q, k, v)
+                return attention(q, k, v, causal, scale)
+
+            @staticmethod
+            def backward(ctx, dout):
+                nothing[(1,)](dout)  # a launch for show
+                with torch.enable_grad():
+                    leaves = [t.detach().requires_grad_() for t in ctx.saved_tensors]
+                    return torch.autograd.grad(attention(*leaves, causal, scale), leaves, dout)
+        return Cheat.apply(q, k, v)
+
+    ex = exercises("05_flash_attention")["flash_backward"]
+    r = evaluate(ex, {"flash_attention_autograd": flash_attention_autograd}, "cpu", ex.cases()[:2])
+    assert r.status == "failed" and r.score == 0 and "even when your kernels do not run" in r.message, r.message

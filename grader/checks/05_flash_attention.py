@@ -29,10 +29,12 @@ import math
 
 import torch
 
-from gpulab.compare import compare, guard_report, poisoned
+from gpulab.compare import compare, padded
 from gpulab.device import synchronize
-from gpulab.launches import record_launches
+from gpulab.launches import watch_launches
 from grader.exercise import Case, Exercise, changed_inputs, entry
+from grader.kernelcheck import (bounds_verdict, final_verdict, launch_verdict, mismatch_verdict, observe_kernel,
+                                outside_verdict, run_ablated)
 
 LAB = "05_flash_attention"
 TITLE = "FlashAttention: IO-aware attention"
@@ -346,28 +348,22 @@ def _memory_judge(case, obs):
 
 def _call_flash(fn, case, device, causal_entry: bool) -> dict:
     x = case.inputs
-    base = {n: x[n].to(device) for n in ("q", "k", "v")}
+    base = {n: padded(x[n], device) for n in ("q", "k", "v")}
     q, k, v = (_view(base[n], x["layout"]) for n in ("q", "k", "v"))
     b, h, sq, d = q.shape
-    out, out_storage = poisoned((b, h, sq, d), q.dtype, device)
-    lse, lse_storage = poisoned((b, h, sq), torch.float32, device)
-    kwargs = dict(scale=x["scale"], out=out, lse=lse, BLOCK_M=x["block_m"], BLOCK_N=x["block_n"])
+    kwargs = dict(scale=x["scale"], BLOCK_M=x["block_m"], BLOCK_N=x["block_n"])
     if causal_entry:
         kwargs["return_stats"] = True
     else:
         kwargs["causal"] = False
-    with record_launches() as launched:
-        ret = fn(q, k, v, **kwargs)
-    synchronize(device)
-    obs = {"launches": list(launched), "out": out.cpu(), "lse": lse.cpu(),
-           "guard": guard_report(out_storage, out.numel(), "out") or guard_report(lse_storage, lse.numel(), "lse"),
-           "inputs_after": {n: t.cpu() for n, t in base.items()}, "device": str(device)}
+    call = observe_kernel(lambda out, lse: fn(q, k, v, out=out, lse=lse, **kwargs),
+                          {"out": ((b, h, sq, d), q.dtype), "lse": ((b, h, sq), torch.float32)}, device, inputs=base)
+    ret = call.returned
+    obs = {**call.as_obs(), "device": str(device)}
     n_ret = 3 if causal_entry else 2
     if not isinstance(ret, (tuple, list)) or len(ret) != n_ret:
         obs["bad_return"] = _describe(ret)
         return obs
-    obs["returned_out"] = all(isinstance(r, torch.Tensor) and r.data_ptr() == buf.data_ptr() and r.shape == buf.shape
-                              for r, buf in zip(ret[:2], (out, lse)))
     if causal_entry:
         stats = ret[2]
         if isinstance(stats, dict):
@@ -427,23 +423,34 @@ def _judge_stats(case, obs, q, k) -> str | None:
     return None
 
 
+_TASK = "compute attention with your @triton.jit kernel, not with PyTorch (F.scaled_dot_product_attention included)"
+
+
+def _computed_outside(obs, fn_name, q, out64, lse64, tol):
+    """The ladder's rung for outputs computed outside the learner's kernels (by the ablated run)."""
+    def right(o):
+        outs = [o.get("out"), o.get("lse")] if "out" in o else [o.get("returned[0]"), o.get("returned[1]")]
+        return (isinstance(outs[0], torch.Tensor) and compare(outs[0], out64, dtype=q.dtype, **tol["out"]) is None) or \
+            (isinstance(outs[1], torch.Tensor) and compare(outs[1], lse64, dtype=torch.float32, **tol["lse"]) is None)
+    return outside_verdict(obs, fn_name, right)
+
+
 def _judge_flash(case, obs, causal: bool, fn_name: str) -> str | None:
     x = case.inputs
-    if not obs["launches"]:
-        return (f"no Triton kernel was launched: {fn_name} must compute attention with your @triton.jit kernel, "
-                "not with PyTorch (F.scaled_dot_product_attention included).")
-    if obs["guard"]:
-        return obs["guard"]
+    q, k, v = (_view(x[n], x["layout"]) for n in ("q", "k", "v"))
+    out64, lse64 = attention64(q, k, v, causal, x["scale"])
+    tol = _tolerances(x, obs.get("device", "cpu"))
+    verdict = (launch_verdict(obs, fn_name, _TASK) or _computed_outside(obs, fn_name, q, out64, lse64, tol)
+               or bounds_verdict(obs))
+    if verdict:
+        return verdict
     if "bad_return" in obs:
         want = "(out, lse, stats)" if causal else "(out, lse)"
         return f"{fn_name} must return {want}, got {obs['bad_return']}."
-    q, k, v = (_view(x[n], x["layout"]) for n in ("q", "k", "v"))
     if causal:
         msg = _judge_stats(case, obs, q, k)
         if msg:
             return msg
-    out64, lse64 = attention64(q, k, v, causal, x["scale"])
-    tol = _tolerances(x, obs.get("device", "cpu"))
     msg = compare(obs["out"], out64, dtype=q.dtype, name="out", **tol["out"])
     if msg:
         if x["layout"] == "rows":  # the gaps hold NaN: a kernel reading them gets NaN
@@ -466,7 +473,7 @@ def _judge_flash(case, obs, causal: bool, fn_name: str) -> str | None:
         elif k.shape[2] > x["block_n"]:
             msg += ("\n  With several key blocks, the running max changes: rescale l and acc by "
                     "exp(m_old - m_new) before adding the new block.")
-        return msg
+        return mismatch_verdict(msg, obs)
     if not obs.get("returned_out"):
         return (f"{fn_name} must write into `out` and `lse` when they are given and return those same tensors "
                 "(the check passes buffers pre-filled with NaN).")
@@ -477,8 +484,8 @@ def _judge_flash(case, obs, causal: bool, fn_name: str) -> str | None:
         if not hint and q.dtype == torch.float16 and near:
             hint = ("\n  Small errors with fp16 inputs: accumulate q·kᵀ in float32 (tl.dot's default out_dtype) and "
                     "keep m, l and acc in float32; only p is cast to fp16, for p @ v.")
-        return msg + hint
-    return changed_inputs(case, obs["inputs_after"])
+        return mismatch_verdict(msg + hint, obs)
+    return final_verdict(case, obs)
 
 
 def _unwritten_tail(out) -> int | None:
@@ -523,12 +530,12 @@ def _alloc_case(gen, seqs=None) -> Case:
 def _call_flash_alloc(fn, case, device) -> dict:
     """Call ``fn(q, k, v)`` without ``out`` and ``lse``; observe what it returns."""
     x = case.inputs
-    base = {n: x[n].to(device) for n in ("q", "k", "v")}
+    base = {n: padded(x[n], device) for n in ("q", "k", "v")}
     q, k, v = (_view(base[n], x["layout"]) for n in ("q", "k", "v"))
-    with record_launches() as launched:
-        ret = fn(q, k, v, causal=False, scale=x["scale"], BLOCK_M=x["block_m"], BLOCK_N=x["block_n"])
-    synchronize(device)
-    obs = {"launches": list(launched), "inputs_after": {n: t.cpu() for n, t in base.items()}, "device": str(device)}
+    call = observe_kernel(lambda: fn(q, k, v, causal=False, scale=x["scale"], BLOCK_M=x["block_m"],
+                                     BLOCK_N=x["block_n"]), {}, device, inputs=base)
+    ret = call.returned
+    obs = {**call.as_obs(), "device": str(device)}
     if not isinstance(ret, (tuple, list)) or len(ret) != 2 or not all(isinstance(r, torch.Tensor) for r in ret):
         obs["bad_return"] = _describe(ret)
         return obs
@@ -538,12 +545,15 @@ def _call_flash_alloc(fn, case, device) -> dict:
 
 def _judge_alloc(case, obs) -> str | None:
     x = case.inputs
-    if not obs["launches"]:
-        return ("no Triton kernel was launched: flash_attention must compute attention with your @triton.jit "
-                "kernel, not with PyTorch (F.scaled_dot_product_attention included).")
+    q, k, v = (_view(x[n], x["layout"]) for n in ("q", "k", "v"))
+    out64, lse64 = attention64(q, k, v, False, x["scale"])
+    tol = _tolerances(x, obs.get("device", "cpu"))
+    verdict = (launch_verdict(obs, "flash_attention", _TASK)
+               or _computed_outside(obs, "flash_attention", q, out64, lse64, tol) or bounds_verdict(obs))
+    if verdict:
+        return verdict
     if "bad_return" in obs:
         return f"flash_attention(q, k, v) must return (out, lse), got {obs['bad_return']}."
-    q, k, v = (_view(x[n], x["layout"]) for n in ("q", "k", "v"))
     out, lse = obs["out"], obs["lse"]
     b, h, sq, d = q.shape
     if out.dtype != q.dtype or tuple(out.shape) != (b, h, sq, d):
@@ -553,11 +563,9 @@ def _judge_alloc(case, obs) -> str | None:
         return (f"with lse=None, flash_attention returned lse of dtype {lse.dtype} and shape {tuple(lse.shape)}; "
                 f"allocate it as float32 {(b, h, sq)} whatever q's dtype: float16 keeps only ~3 significant "
                 "digits of a log-sum-exp, and the backward pass recomputes P = exp(s - lse) from it.")
-    out64, lse64 = attention64(q, k, v, False, x["scale"])
-    tol = _tolerances(x, obs.get("device", "cpu"))
     msg = (compare(out, out64, dtype=q.dtype, name="out", **tol["out"])
            or compare(lse, lse64, dtype=torch.float32, name="lse", **tol["lse"]))
-    return msg or changed_inputs(case, obs["inputs_after"])
+    return mismatch_verdict(msg, obs) if msg else final_verdict(case, obs)
 
 
 def _flash_run(ns, case, device):
@@ -646,17 +654,32 @@ def _backward_run(ns, case, device):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with record_launches() as fwd_launches:
+        with watch_launches() as fwd:
             out = fn(q, k, v, causal=x["causal"], scale=x["scale"])
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
         return {"bad_return": "a tensor that requires grad" if isinstance(out, torch.Tensor) else type(out).__name__}
-    with record_launches() as bwd_launches:
+    with watch_launches() as bwd:
         out.backward(x["dout"].to(device))
     synchronize(device)
     grads = {n: (t.grad.detach().cpu() if t.grad is not None else None) for n, t in (("dq", q), ("dk", k), ("dv", v))}
-    return {"out": out.detach().cpu(), **grads, "saved": saved, "fwd_launches": list(fwd_launches),
-            "bwd_launches": list(bwd_launches), "device": str(device),
+    return {"out": out.detach().cpu(), **grads, "saved": saved, "fwd_launches": list(fwd.names),
+            "bwd_launches": list(bwd.names), "bwd_own_launches": bwd.own, "device": str(device),
+            "guard": fwd.first_out_of_bounds(writes=True) or bwd.first_out_of_bounds(writes=True),
+            "oob_read": fwd.first_out_of_bounds(writes=False) or bwd.first_out_of_bounds(writes=False),
+            "ablated": _ablated_grads(fn, x, device) if bwd.own else None,
             "inputs_after": {n: t.detach().cpu() for n, t in (("q", q), ("k", k), ("v", v))}}
+
+
+def _ablated_grads(fn, x, device) -> dict | None:
+    """dq, dk, dv of a forward and backward in which the learner's kernels do not run (on leaves
+    of their own: the observed run's gradients stay as they are)."""
+    q, k, v = (x[n].detach().to(device, copy=True).requires_grad_() for n in ("q", "k", "v"))
+
+    def grads():
+        fn(q, k, v, causal=x["causal"], scale=x["scale"]).backward(x["dout"].to(device))
+        return {n: t.grad.detach().cpu() for n, t in (("dq", q), ("dk", k), ("dv", v)) if t.grad is not None}
+    ran, got = run_ablated(grads, device)
+    return got if ran else None
 
 
 def _backward_judge(case, obs):
@@ -668,6 +691,11 @@ def _backward_judge(case, obs):
     if not obs["bwd_launches"]:
         return ("no Triton kernel was launched during backward: compute dq, dk and dv with your own @triton.jit "
                 "kernels (recomputing P from the lse), not with PyTorch autograd.")
+    verdict = launch_verdict({"launches": obs["bwd_launches"], "own_launches": obs["bwd_own_launches"]},
+                             "backward", "compute dq, dk and dv with your own @triton.jit kernels (recomputing P "
+                             "from the lse), not with PyTorch autograd") or bounds_verdict(obs)
+    if verdict:
+        return verdict
     b, h, sq, d = q.shape
     allowed = sum(t.numel() * t.element_size() for t in (q, k, v)) + q.numel() * q.element_size() + 4 * b * h * sq
     total = sum(nb for _, nb in obs["saved"])
@@ -678,6 +706,12 @@ def _backward_judge(case, obs):
                 "tile by tile in backward: that is FlashAttention's memory saving in training.")
     out64, dq64, dk64, dv64 = attention_grads64(q, k, v, x["causal"], x["scale"], dout)
     on_gpu = obs.get("device") == "cuda"
+    rel = 5e-3 if q.dtype == torch.float16 else (2e-2 if on_gpu else 1e-5)
+    verdict = outside_verdict(obs, "backward", lambda o: any(
+        compare(o[n], want, dtype=q.dtype, atol=rel * (1.0 + float(want.abs().max())), rtol=max(rel, 1e-4)) is None
+        for n, want in (("dq", dq64), ("dk", dk64), ("dv", dv64)) if n in o))
+    if verdict:
+        return verdict
     msg = compare(obs["out"], out64, dtype=q.dtype, name="out",
                   **({"atol": 1e-2, "rtol": 1e-2} if on_gpu and q.dtype == torch.float32 else {}))
     if msg:
@@ -693,8 +727,8 @@ def _backward_judge(case, obs):
             hint = {"dv": "dV = Pᵀ dO, with P = exp(scale · Q Kᵀ - lse) (masked entries 0).",
                     "dk": "dK = scale · dSᵀ Q with dS = P ∘ (dP - δ), dP = dO Vᵀ, δ = rowsum(dO ∘ O).",
                     "dq": "dQ = scale · dS K with dS = P ∘ (dP - δ), δ = rowsum(dO ∘ O)."}[name]
-            return msg + "\n  " + hint
-    return changed_inputs(case, obs["inputs_after"])
+            return mismatch_verdict(msg + "\n  " + hint, obs)
+    return final_verdict(case, obs)
 
 
 EXERCISES = [
