@@ -11,9 +11,9 @@ Every Triton kernel object (compiled ``JITFunction``, the CPU ``InterpretedFunct
   every load and store against the tensors passed to the kernel: an access outside all of them is
   recorded (an :class:`OutOfBounds`), and one outside all of their *storages* is not performed, so a
   missing mask never reads unmapped memory or corrupts the heap, whatever the block size. (Pointers
-  carry no provenance in the interpreter, so an overflow that lands inside *another* argument is
-  not seen; the checks' own buffers are followed by ``MAX_BLOCK`` elements of padding, so theirs
-  cannot.)
+  carry no provenance in the interpreter, so the part of an overflow that runs on into *another*
+  argument is performed and not counted; its first elements, in the padding or guard region that
+  follows every buffer a check makes, are always reported.)
   With ``ablate=True`` the learner's kernels do not run at all, and every tensor PyTorch allocates
   uninitialised (``torch.empty`` and friends) is filled with poison, so a scratch buffer never
   holds an earlier run's values by chance: a check can see whether the output was really
@@ -147,7 +147,6 @@ class LaunchWatch:
         """The first report of writes (or reads); ``names``: ``{storage data_ptr: name}`` of known tensors."""
         bad = [o for o in self.out_of_bounds if o.writes == writes]
         return bad[0].message((names or {}).get(bad[0].storage)) if bad else None
-
 
 
 @contextlib.contextmanager

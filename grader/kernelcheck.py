@@ -33,11 +33,14 @@ not at how it was written), a name appended to the launch record by walking the 
 kernel of the learner's ran, so ablation still sees the right output), kernels borrowed from
 gpulab, the grader or a package. What they do not catch: a wrapper that detects the ablated run
 (for instance by inspecting ``KernelInterface.__getitem__`` or the check's frames) and behaves
-differently in it; a learner kernel that only copies a result PyTorch computed into ``out`` (04
-and 08 add their own PyTorch-op and allocation rules for that); reads and writes far outside
-every buffer on a GPU (compiled kernels are not bounds-checked: the guard region covers an
-unmasked 1-D block of any size and 2-D tiles overhanging by less than it). In a notebook, the
-lab's locked cells count as the learner's own code (only the grader can tell them apart).
+differently in it; a learner kernel that does a token share of the work PyTorch's result depends
+on (copying the result into ``out``, or an input into a scratch tensor: without it the ablated
+run is wrong too; 04 and 08 add their own PyTorch-op and allocation rules against that); kernels
+launched other than by ``kernel[grid](...)`` (``kernel.run``) are not seen at all; reads and
+writes far outside every buffer on a GPU (compiled kernels are not bounds-checked: the guard
+region covers an unmasked 1-D block of any size and 2-D tiles overhanging by less than it). In a
+notebook, the lab's locked cells count as the learner's own code (only the grader can tell them
+apart).
 """
 from __future__ import annotations
 
