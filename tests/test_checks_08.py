@@ -388,7 +388,7 @@ def _int8_matmul_fp16_accumulator(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_
         kk = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
         w = tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < K), other=0)
-        acc = tl.dot(x, w.to(x.dtype), acc)
+        acc = tl.dot(x, w.to(x.dtype), acc, out_dtype=tl.float16)  # Triton 3.6 needs out_dtype to match acc
     acc = acc * tl.load(s_ptr + rn, mask=rn < N, other=0.0)[None, :]
     tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=(rm[:, None] < M) & (rn[None, :] < N))
