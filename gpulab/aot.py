@@ -288,6 +288,41 @@ def _stand_in_driver(device: Device):
 
 # --- compiling kernels the interpreter owns -------------------------------------------------------
 
+def scope_interpreter_patches() -> None:
+    """Make Triton's interpreter undo the language patches of a nested ``@triton.jit`` call.
+
+    To interpret a kernel, Triton patches ``triton.language`` (``tl.core.mul`` and friends) and
+    restores it afterwards, except for a call to another jit function from inside a kernel
+    (``tl.sum``, ``tl.cdiv``, your own helpers): ``InterpretedFunction.__call__`` never restores those
+    patches (Triton 3.6 to 3.9). Interpreting still works, but compiling a kernel later in the same
+    process fails. Called by :func:`gpulab.device.use_interpreter`; calling it again does nothing.
+    """
+    from triton.runtime import interpreter
+
+    leaky_call = interpreter.InterpretedFunction.__call__
+    if getattr(leaky_call, "_gpulab_scoped", False):
+        return
+
+    def scoped_call(self, *args, **kwargs):
+        scopes, patch_lang = [], interpreter._patch_lang
+
+        def patch_and_remember(fn):
+            scope = patch_lang(fn)
+            scopes.append(scope)
+            return scope
+
+        interpreter._patch_lang = patch_and_remember
+        try:
+            return leaky_call(self, *args, **kwargs)
+        finally:
+            interpreter._patch_lang = patch_lang
+            for scope in reversed(scopes):
+                scope.restore()
+
+    scoped_call._gpulab_scoped = True
+    interpreter.InterpretedFunction.__call__ = scoped_call
+
+
 def _code_names(code) -> set:
     names = set(code.co_names)
     for const in code.co_consts:

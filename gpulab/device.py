@@ -46,6 +46,12 @@ def use_interpreter() -> None:
         # Kernels decorated before this point are already compiled-mode kernels.
         from triton import knobs  # noqa: PLC0415 - only when triton is already loaded
         knobs.runtime.interpret = True
+    from gpulab.aot import scope_interpreter_patches  # noqa: PLC0415
+
+    try:
+        scope_interpreter_patches()  # keeps compiling for a GPU possible in this process (gpulab.aot)
+    except ImportError:  # no Triton on this machine (macOS wheels do not exist)
+        pass
 
 
 def set_device(requested: str = "auto") -> str:

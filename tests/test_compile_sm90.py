@@ -10,6 +10,7 @@ version is committed under ``benchmarks/results/``.
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -268,3 +269,43 @@ def test_report_is_skipped_inside_the_grader(monkeypatch, capsys):
     monkeypatch.setenv("GPULAB_GRADING", "1")
     assert aot.report(lambda: pytest.fail("must not compile while grading")) is None
     assert "skipped while grading" in capsys.readouterr().out
+
+
+_LEAK_SCRIPT = """
+import os, sys
+sys.path.insert(0, {root!r})
+if {use_setup}:
+    import gpulab
+    gpulab.setup("cpu", 0)
+else:
+    os.environ["TRITON_INTERPRET"] = "1"  # the interpreter, without gpulab's repair
+import torch, triton, triton.language as tl
+from gpulab import aot
+
+@triton.jit
+def scale_by_sum(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(x_ptr + offs, x * tl.sum(x, 0), mask=offs < n)  # tl.sum: a nested jit function
+
+scale_by_sum[(1,)](torch.ones(8), 8, BLOCK=8)  # interpreted first, as in a notebook
+(r,) = aot.compile_kernel(scale_by_sum, (1,), torch.empty(1024, device="meta"), 1024, BLOCK=1024)
+print("compiled", r.registers)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("use_setup", [True, False])
+def test_compiling_after_the_interpreter_ran_a_nested_jit_call(use_setup, tmp_path):
+    """Triton's interpreter leaks the patches of a nested jit call; gpulab.setup scopes them."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "leak.py"  # a file: Triton reads a kernel's source
+    script.write_text(_LEAK_SCRIPT.format(root=str(ROOT), use_setup=use_setup))
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache")}  # a cached kernel would skip the compiler
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    if use_setup:
+        assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-2000:]
+    else:  # the leak Triton leaves: tl.core's builtins still point at the interpreter
+        assert run.returncode != 0 and "CompilationError" in run.stderr, run.stderr[-2000:]
