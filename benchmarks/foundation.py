@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     path = out_dir / f"foundation_{device}_{slug}{'_tiny' if args.tiny else ''}.json"
     path.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {path}")
-    return 0
+    return 1 if any("error" in r for r in report["results"]) else 0  # the JSON is written either way
 
 
 if __name__ == "__main__":

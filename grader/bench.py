@@ -17,13 +17,15 @@ from typing import Any, Callable
 class Benchmark:
     """One timed comparison. ``make(device, tiny)`` returns the inputs dict, with the op's
     ``"bytes"`` and ``"flops"`` (for rates); ``call(fn, inputs)`` runs the learner's ``entry``;
-    ``baseline(inputs)`` runs the PyTorch equivalent."""
+    ``baseline(inputs)`` runs the PyTorch equivalent; ``info()``, if given, returns fields recorded
+    with the row (what the baseline really ran, for instance which attention backend)."""
 
     name: str
     entry: str
     make: Callable[[str, bool], dict]
     call: Callable[[Callable, dict], Any]
     baseline: Callable[[dict], Any]
+    info: Callable[[], dict] | None = None
 
 
 def run_benchmarks(benchmarks: list[Benchmark], ns: dict, device: str, tiny: bool = False,
@@ -31,8 +33,9 @@ def run_benchmarks(benchmarks: list[Benchmark], ns: dict, device: str, tiny: boo
     """Time every benchmark whose entry ``ns`` defines; returns ``{"peaks": ..., "results": [...]}``.
 
     ``repeats`` applies off the GPU (on CUDA, ``do_bench`` decides); a smoke test passes 1.
+    A benchmark that fails records its error in its row and the others still run. Kernels and
+    baselines are timed by their median, as the peaks are.
     """
-    from gpulab.bench import benchmark, gbps, pct_of_peak, tflops
     from gpulab.peaks import measured_peaks
 
     peaks = measured_peaks(device)
@@ -41,26 +44,45 @@ def run_benchmarks(benchmarks: list[Benchmark], ns: dict, device: str, tiny: boo
         if b.entry not in ns:
             rows.append({"name": b.name, "skipped": f"`{b.entry}` is not defined"})
             continue
-        inputs = b.make(device, tiny)
-        fn = ns[b.entry]
         try:
-            mine = benchmark(lambda: b.call(fn, inputs), device=device, repeats=repeats, warmup=min(3, repeats))
+            rows.append(_run_one(b, ns[b.entry], device, tiny, repeats, peaks))
         except NotImplementedError:
             rows.append({"name": b.name, "skipped": f"`{b.entry}` is not implemented yet"})
-            continue
-        base = benchmark(lambda: b.baseline(inputs), device=device, repeats=repeats, warmup=min(3, repeats))
-        row = {"name": b.name, "ms": mine.median_ms, "p95_ms": mine.p95_ms, "baseline_ms": base.median_ms,
-               "speedup_vs_baseline": base.median_ms / mine.median_ms}
-        if inputs.get("bytes"):
-            row["gbps"] = gbps(inputs["bytes"], mine.median_ms)
-            row["pct_of_copy"] = pct_of_peak(row["gbps"], peaks.copy_gbps)
-        if inputs.get("flops"):
-            row["tflops"] = tflops(inputs["flops"], mine.median_ms)
-            row["pct_of_matmul"] = pct_of_peak(row["tflops"], peaks.matmul_tflops)
-        rows.append(row)
+        except Exception as exc:  # noqa: BLE001 - one broken row must not cost the others (or the JSON)
+            rows.append({"name": b.name, "error": f"{type(exc).__name__}: {exc}"[:500]})
+        finally:
+            _free_device_memory(device)
     return {"device": device, "device_name": peaks.name, "tiny": tiny,
             "peaks": {"copy_gbps": peaks.copy_gbps, "matmul_tflops": peaks.matmul_tflops,
                       "matmul_dtype": peaks.matmul_dtype}, "results": rows}
+
+
+def _run_one(b: Benchmark, fn: Callable, device: str, tiny: bool, repeats: int, peaks) -> dict:
+    """One row: the learner's call and the baseline, by median time, with rates and % of the peaks."""
+    from gpulab.bench import benchmark, gbps, pct_of_peak, tflops
+
+    inputs = b.make(device, tiny)
+    mine = benchmark(lambda: b.call(fn, inputs), device=device, repeats=repeats, warmup=min(3, repeats))
+    base = benchmark(lambda: b.baseline(inputs), device=device, repeats=repeats, warmup=min(3, repeats))
+    row = {"name": b.name, "ms": mine.median_ms, "p95_ms": mine.p95_ms, "baseline_ms": base.median_ms,
+           "speedup_vs_baseline": base.median_ms / mine.median_ms}
+    if inputs.get("bytes"):
+        row["gbps"] = gbps(inputs["bytes"], mine.median_ms)
+        row["pct_of_copy"] = pct_of_peak(row["gbps"], peaks.copy_gbps)
+    if inputs.get("flops"):
+        row["tflops"] = tflops(inputs["flops"], mine.median_ms)
+        row["pct_of_matmul"] = pct_of_peak(row["tflops"], peaks.matmul_tflops)
+    if b.info is not None:
+        row.update(b.info())
+    return row
+
+
+def _free_device_memory(device: str) -> None:
+    """Give a finished row's buffers back, so one large row cannot starve the next."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 def format_table(report: dict) -> str:
@@ -69,8 +91,8 @@ def format_table(report: dict) -> str:
              + ("   [tiny sizes: CPU interpreter timings say nothing about a GPU]" if report["tiny"] else ""),
              f"{'benchmark':36s}{'ms':>10}{'GB/s':>10}{'% copy':>8}{'TFLOP/s':>9}{'vs torch':>10}"]
     for r in report["results"]:
-        if "skipped" in r:
-            lines.append(f"{r['name']:36s}  skipped: {r['skipped']}")
+        if "skipped" in r or "error" in r:
+            lines.append(f"{r['name']:36s}  {'skipped' if 'skipped' in r else 'FAILED'}: {r.get('skipped') or r['error']}")
             continue
         lines.append(f"{r['name']:36s}{r['ms']:>10.4f}{r.get('gbps', float('nan')):>10.1f}"
                      f"{r.get('pct_of_copy', float('nan')):>7.0f}%{r.get('tflops', float('nan')):>9.2f}"
@@ -118,4 +140,4 @@ def bench_notebook(path, lab: str | None, device: str, out: str | None = None, t
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "bench.json").write_text(json.dumps(report, indent=1))
         print(f"wrote {Path(out) / 'bench.json'}")
-    return 0
+    return 1 if any("error" in r for r in report["results"]) else 0  # written first, then the verdict

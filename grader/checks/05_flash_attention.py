@@ -789,11 +789,22 @@ def _bench_baseline(d):
         return F.scaled_dot_product_attention(d["q"], d["k"], d["v"], is_causal=d["causal"])
 
 
+def _sdpa_info() -> dict:
+    """Which attention the baseline ran: the SDPA backend pinned above, and the FlashAttention
+    implementation PyTorch had active (its own FlashAttention-2 unless FA3/FA4 was activated)."""
+    from torch.nn import attention
+
+    current = getattr(attention, "current_flash_attention_impl", lambda: None)()  # torch >= 2.9
+    default = "PyTorch's built-in FlashAttention-2" if torch.cuda.is_available() else "PyTorch's CPU flash kernel"
+    return {"baseline_sdpa_backend": "FLASH_ATTENTION", "baseline_flash_impl": current or default,
+            "torch": torch.__version__}
+
+
 from grader.bench import Benchmark  # noqa: E402 - kept next to its only use
 
 BENCHMARKS = [
     Benchmark(f"flash D={d} S={s // 1024}k{' causal' if c else ''} vs SDPA", "flash_attention",
               _bench_make(s, d, c), lambda fn, inp: fn(inp["q"], inp["k"], inp["v"], causal=inp["causal"]),
-              _bench_baseline)
+              _bench_baseline, info=_sdpa_info)
     for d in (64, 128) for c in (False, True) for s in (1024, 2048, 4096, 8192)
 ]
