@@ -151,6 +151,7 @@ class KernelRecord:
     device: Device = field(default=H100, repr=False)
     ptx: str = field(default="", repr=False)
     ttgir: str = field(default="", repr=False)
+    cubin: bytes = field(default=b"", repr=False)
 
     @property
     def int8_loads(self) -> bool:
@@ -165,6 +166,10 @@ class KernelRecord:
     @property
     def warps_per_sm(self) -> int | None:
         return None if self.ctas_per_sm is None else self.ctas_per_sm * self.threads // self.device.warp_size
+
+    def sass(self) -> str:
+        """The machine code ``ptxas`` made (SASS), disassembled by Triton's bundled ``cuobjdump``."""
+        return disassemble(self.cubin)
 
     def config_text(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.config.items())
@@ -201,6 +206,18 @@ def resource_usage(cubin: bytes) -> dict:
     if found is None:
         raise RuntimeError(f"cuobjdump printed no resource usage:\n{text}")
     return dict(zip(("REG", "STACK", "SHARED", "LOCAL"), map(int, found.groups())))
+
+
+def disassemble(cubin: bytes) -> str:
+    """SASS of a cubin (``cuobjdump -sass``)."""
+    from triton import knobs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        return subprocess.run([knobs.nvidia.cuobjdump.path, "-sass", path],
+                              capture_output=True, text=True, check=True).stdout
 
 
 class _Utils:
@@ -523,7 +540,8 @@ def _record(copy, kernel, device: Device) -> KernelRecord:
     record = KernelRecord(kernel=kernel.name, config=config, shared=meta.shared,
                           threads=meta.num_warps * device.warp_size * getattr(meta, "num_ctas", 1),
                           tensor_cores=tensor_core_instructions(ptx), vector_bits=global_load_bits(ptx),
-                          loads=loaded_dtypes(ttir), device=device, ptx=ptx, ttgir=kernel.asm.get("ttgir", ""))
+                          loads=loaded_dtypes(ttir), device=device, ptx=ptx, ttgir=kernel.asm.get("ttgir", ""),
+                          cubin=kernel.asm.get("cubin", b""))
     record.error = _launch_error(kernel)
     if not record.error:
         record.registers, record.spills = kernel.n_regs, kernel.n_spills
