@@ -130,7 +130,8 @@ def loaded_dtypes(ttir: str) -> tuple[str, ...]:
 class KernelRecord:
     """One compiled kernel: its configuration and what the compiler made of it for ``device``.
 
-    ``spills`` counts 32-bit registers spilled to local memory per thread (Triton's ``n_spills``);
+    ``spills`` is Triton's ``n_spills``: a thread's local memory (spilled registers and stack frame,
+    from the cubin) in 32-bit words, as ``cuFuncGetAttribute(LOCAL_SIZE_BYTES) / 4`` on a GPU;
     ``vector_bits`` is the widest global load; ``error`` is Triton's launch-time refusal (for example
     too much shared memory), in which case registers and occupancy are unknown (None).
     """
