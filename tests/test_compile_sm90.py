@@ -21,9 +21,9 @@ import triton.language as tl
 
 from gpulab import aot
 from grader.checks import load_lab
+from gpulab.paths import ROOT
 from grader.notebooks import answer_cells, exec_source, export_source, read_notebook
 
-ROOT = Path(__file__).resolve().parent.parent
 LABS = ["02_triton_basics", "03_reductions", "04_matmul", "05_flash_attention", "08_quantization"]
 
 # What each kernel must show, by name. Every compiled kernel must be listed (a new kernel gets rules).
