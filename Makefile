@@ -6,6 +6,9 @@ TORCH_PIN ?= torch==2.13.0
 PORT   ?= 8888
 STAMP  := $(VENV)/.gpulab-installed
 
+# setuptools explains editable installs in a banner on every setup; the install is standard, so hush it.
+QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
+
 .PHONY: lab test test-gpu test-triton36 setup release bench clean
 
 # Containers often run as root, which Jupyter refuses without --allow-root.
@@ -37,7 +40,7 @@ $(VENV36)/.gpulab-installed: pyproject.toml
 	test -x $(VENV36)/bin/python || $(PYTHON) -m venv $(VENV36)
 	$(VENV36)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV36)/bin/python -c "import torch" 2>/dev/null || $(VENV36)/bin/python -m pip install --quiet $(TORCH_PIN)
-	$(VENV36)/bin/python -m pip install --quiet -e ".[test]" "$(TRITON36_PIN)" "numpy<2.4"
+	$(QUIET_EDITABLE) $(VENV36)/bin/python -m pip install --quiet -e ".[test]" "$(TRITON36_PIN)" "numpy<2.4"
 	touch $@
 
 release: $(STAMP)
@@ -50,7 +53,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet $(TORCH_PIN)
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(QUIET_EDITABLE) $(PY) -m pip install --quiet -e ".[test]"
 	touch $(STAMP)
 
 clean:
