@@ -20,6 +20,7 @@ import torch
 
 PUBLIC_SEED = 0
 STATUSES = ("passed", "failed", "error", "timeout", "crashed", "not_attempted")
+RUN_STATUSES = ("error", "crashed", "not_attempted")  # what run_case and the worker report besides "ok"
 
 
 @dataclass(frozen=True)
@@ -148,8 +149,11 @@ def judge_case(ex: Exercise, case: Case, outcome: dict) -> CaseResult:
     """Turn a :func:`run_case` outcome into a :class:`CaseResult`, in the judge's process."""
     status = outcome.get("status")
     if status != "ok":
-        return CaseResult(case.name, status if status in STATUSES else "error",
-                          str(outcome.get("message", "")))
+        # Only the statuses the run side produces: an outcome saying "passed" was forged (the judge
+        # alone decides what passes), and it earns nothing.
+        message = outcome.get("message", "")
+        return CaseResult(case.name, status if status in RUN_STATUSES else "error",
+                          message[:4000] if isinstance(message, str) else "malformed outcome")
     try:
         message = ex.judge(case, outcome["obs"])
     except Exception as exc:  # malformed observations (wrong types) are the learner's failure

@@ -46,7 +46,10 @@ from grader.worker import CHANNEL_FD, HEADER
 DEFAULT_TIMEOUT = 60.0   # seconds per exercise (its answer cell plus all its cases)
 STARTUP_ALLOWANCE = 30.0  # importing torch and triton, and the locked setup cells
 LOG_CAP = 32 * 1024       # bytes of a worker's own stdout/stderr kept for grader.log
-FRAME_CAP = {b"M": 256, b"T": 256 * 1024, b"O": 512 << 20}  # the largest frame of each kind
+FRAME_CAP = {b"M": 256, b"T": 256 * 1024, b"O": 256 << 20}  # the largest frame of each kind
+OUTPUT_CAP = 256 * 1024   # characters of learner output kept per worker; further T frames are dropped
+MAX_ITEMS = 200_000       # items an exercise's observations may hold, written out in full
+MAX_DEPTH = 50            # nesting depth of those observations
 
 
 def solution_path(stem: str) -> Path:
@@ -168,46 +171,56 @@ def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeo
     os.set_blocking(proc.stdout.fileno(), False)
     sel.register(read_fd, selectors.EVENT_READ, "channel")
     sel.register(proc.stdout.fileno(), selectors.EVENT_READ, "log")
+
+    def take(received) -> None:
+        nonlocal want, running, since
+        for kind, payload in received:
+            if kind == b"M" and payload.decode("utf-8", "replace") == want:
+                run.marker, since = want, time.monotonic()
+                running = want[4:] if want.startswith("run ") else None
+                want = next(expected, None)
+            elif kind == b"O" and running and payload.startswith(running.encode() + b"\0"):
+                run.observations.setdefault(running, payload[len(running) + 1:])
+            elif kind == b"T" and running and sum(map(len, run.output)) < OUTPUT_CAP:
+                run.output.append(payload.decode("utf-8", "replace"))
+
+    def finished() -> bool:
+        return run.how == "tampered" or run.marker == "done" or set(runs) <= set(run.observations)
+
+    graced = False
     try:
-        while sel.get_map():
-            now = time.monotonic()
-            limit = STARTUP_ALLOWANCE if run.marker in ("", "setup") else timeout_s
-            if now - since > limit or now - started > deadline_s:
-                run.how = "timeout"
-                break
-            for key, _ in sel.select(timeout=0.1):
+        while sel.get_map() and not finished():
+            ready = sel.select(timeout=0.1)
+            for key, _ in ready:
                 try:
                     data = os.read(key.fd, 1 << 20)
                 except BlockingIOError:
                     continue
                 if not data:
                     sel.unregister(key.fd)
-                    continue
-                if key.data == "log":
+                elif key.data == "log":
                     run.log += data
                     del run.log[:-LOG_CAP]
+                else:
+                    try:
+                        take(frames.feed(data))
+                    except ValueError:
+                        run.how = "tampered"
+                        break
+            if finished():
+                break
+            if not ready and proc.poll() is not None:
+                break  # exited, and everything it wrote has been read
+            # The clock is read after the pipes: when this thread was starved (a busy judge in a
+            # cohort), what the worker sent meanwhile counts before any verdict of "too slow".
+            now = time.monotonic()
+            limit = STARTUP_ALLOWANCE if run.marker in ("", "setup") else timeout_s
+            if now - since > limit or now - started > deadline_s:
+                if ready and not graced:  # one more look at what is waiting, once
+                    graced = True
                     continue
-                try:
-                    received = frames.feed(data)
-                except ValueError:
-                    run.how = "tampered"
-                    break
-                for kind, payload in received:
-                    if kind == b"M" and payload.decode("utf-8", "replace") == want:
-                        run.marker, since = want, time.monotonic()
-                        running = want[4:] if want.startswith("run ") else None
-                        want = next(expected, None)
-                    elif kind == b"O" and running and payload.startswith(running.encode() + b"\0"):
-                        run.observations.setdefault(running, payload[len(running) + 1:])
-                    elif kind == b"T" and running:
-                        run.output.append(payload.decode("utf-8", "replace"))
-                if run.how == "tampered" or run.marker == "done" or set(runs) <= set(run.observations):
-                    break
-            else:
-                if proc.poll() is not None and not sel.select(timeout=0):
-                    break
-                continue
-            break
+                run.how = "timeout"
+                break
     finally:
         sel.close()
         os.close(read_fd)
@@ -215,10 +228,38 @@ def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeo
     return run
 
 
+def _expanded_size(value, memo: dict, depth: int = 0) -> int:
+    """How many items ``value`` has when written out in full (a list shared twice counts twice).
+
+    Pickle keeps shared references, so a few bytes can hold a structure whose ``repr`` would take
+    hours: the judge measures first, through the memo, in time proportional to what it received.
+    """
+    if depth > MAX_DEPTH:
+        return MAX_ITEMS + 1
+    key = id(value)
+    if key in memo:
+        return memo[key]
+    if isinstance(value, dict):
+        size = 1 + sum(_expanded_size(k, memo, depth + 1) + _expanded_size(v, memo, depth + 1)
+                       for k, v in value.items())
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        size = 1 + sum(_expanded_size(v, memo, depth + 1) for v in value)
+    elif isinstance(value, (str, bytes)):
+        size = 1 + len(value) // 64
+    else:
+        size = 1  # numbers, tensors (their size is bounded by the frame cap), None
+    memo[key] = size = min(size, MAX_ITEMS + 1)
+    return size
+
+
 def _decode(data: bytes):
+    """The observations of one exercise, or a ValueError when they are not plain, modest values."""
     import torch
 
-    return torch.load(io.BytesIO(data), weights_only=True)
+    outcomes = torch.load(io.BytesIO(data), weights_only=True)
+    if _expanded_size(outcomes, {}) > MAX_ITEMS:
+        raise ValueError("too large or too deeply nested")
+    return outcomes
 
 
 def _ship_by_value() -> None:
@@ -271,7 +312,8 @@ def run_answers(stem: str, setup_source: str, answers: dict[str, str], cases: di
                 done[eid] = _decode(data)
             except Exception as exc:
                 fatal[eid] = ("error", "the answer returned something that is not plain numbers, strings "
-                                       f"or tensors ({type(exc).__name__}); return the documented types.")
+                                       f"or tensors, or far too much of it ({type(exc).__name__}: "
+                                       f"{str(exc)[:80]}); return the documented types.")
         if run.marker == "done" or all(e in done or e in fatal for e in remaining):
             break
         what = run.marker.split(" ", 1)

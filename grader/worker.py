@@ -76,13 +76,20 @@ def _import_state():
 
 
 def _restore_imports(state) -> None:
-    """Undo import hooks an answer cell planted (the harness's own modules are already loaded)."""
+    """Undo import hooks, and profile or trace hooks, an answer cell planted (the harness's own
+    modules are already loaded)."""
+    import threading
+
     meta_path, path_hooks, path, importer = state
     sys.meta_path[:] = meta_path
     sys.path_hooks[:] = path_hooks
     sys.path[:] = path
     sys.path_importer_cache.clear()
     builtins.__import__ = importer
+    sys.setprofile(None)
+    sys.settrace(None)
+    threading.setprofile(None)
+    threading.settrace(None)
 
 
 def _observations_bytes(outcomes: list) -> bytes:

@@ -544,3 +544,71 @@ def test_a_cohort_survives_a_submission_that_attacks_its_peers(tmp_path):
     assert json.loads((out / "honest" / "result.json").read_text())["score"] == 5
     book = (out / "gradebook.csv").read_text()
     assert "pwned" not in book and "honest.ipynb" in book and "attacker.ipynb" in book
+
+
+# --- Found by red-teaming the sandboxed grader ---------------------------------------------------
+
+FORGE_PASSED = ("import os, io, struct, sys, torch\n"
+                "def _frame(k, p):\n"
+                "    os.write(3, struct.pack('>cQ', k, len(p)) + p)\n"
+                "def _forge():\n"
+                "    f = sys._getframe()\n"
+                "    while f and 'job' not in f.f_locals:\n"
+                "        f = f.f_back\n"
+                "    job = f.f_locals['job']\n"
+                "    for i, e in enumerate(job['run']):\n"
+                "        if i:\n"
+                "            _frame(b'M', f'run {e}'.encode())\n"
+                "        b = io.BytesIO(); torch.save([{'status': 'passed'}] * len(job['cases'][e]), b)\n"
+                "        _frame(b'O', e.encode() + b'\\0' + b.getvalue())\n"
+                "    _frame(b'M', b'done'); os._exit(0)\n"
+                "def elementwise_cost(*a, **k):\n"
+                "    _forge()\n"
+                "softmax_cost = matmul_cost = attention_cost = elementwise_cost\n")
+
+
+def test_observations_forged_as_passed_earn_nothing(tmp_path):
+    nb = kit.submission(L1, {"costs": FORGE_PASSED, "roofline": "pass", "benchmark": "pass", "scaling": "pass"})
+    r = run(tmp_path, nb)
+    assert r["score"] == 0
+    assert all(e["status"] in ("error", "failed", "not_attempted", "crashed") for e in r["exercises"])
+
+
+def test_a_shared_reference_bomb_is_rejected_quickly(tmp_path):
+    bomb = ("def _dag(d):\n"
+            "    x = [0]\n"
+            "    for _ in range(d):\n"
+            "        x = [x, x]\n"
+            "    return x\n"
+            "def elementwise_cost(*a, **k):\n"
+            "    return (_dag(40), 0)\n"
+            "softmax_cost = matmul_cost = attention_cost = elementwise_cost\n")
+    start = time.perf_counter()
+    r = run(tmp_path, kit.submission(L1, {"costs": bomb}, solved=("scaling",)))
+    assert time.perf_counter() - start < 60
+    e = kit.by_id(r)
+    assert e["costs"]["status"] == "error" and "too large" in e["costs"]["message"] and e["costs"]["score"] == 0
+    assert e["scaling"]["status"] == "passed"
+
+
+def test_a_flood_of_output_frames_is_capped(tmp_path):
+    flood = ("import os, struct\n"
+             "def elementwise_cost(*a, **k):\n"
+             "    if not globals().get('_done'):\n"
+             "        globals()['_done'] = 1\n"
+             "        chunk = struct.pack('>cQ', b'T', 256 * 1024) + b'A' * (256 * 1024)\n"
+             "        for _ in range(1000):\n"
+             "            os.write(3, chunk)\n"
+             "    return (0, 0)\n"
+             "softmax_cost = matmul_cost = attention_cost = elementwise_cost\n")
+    r = run(tmp_path, kit.submission(L1, {"costs": flood}, solved=("scaling",)))
+    assert kit.by_id(r)["costs"]["score"] == 0 and kit.by_id(r)["scaling"]["status"] == "passed"
+    assert len(r["learner_output"]) <= 4000
+
+
+def test_a_profile_hook_planted_by_one_answer_does_not_crash_another(tmp_path):
+    hook = ("import sys, os\n"
+            "sys.setprofile(lambda fr, ev, arg: os._exit(1) if 'scaling' in fr.f_code.co_name else None)\n")
+    r = run(tmp_path, kit.submission(L1, {"costs": hook + COSTS_WRONG}, solved=("scaling",)))
+    e = kit.by_id(r)
+    assert e["scaling"]["status"] == "passed" and e["costs"]["score"] == 0
