@@ -146,8 +146,9 @@ def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeo
     """
     deadline_s = STARTUP_ALLOWANCE + timeout_s * (len(plan) + 1)
     argv = [sys.executable, "-m", "grader.worker"]
-    command, limits, env, cwd = sandbox.wrap(argv, device=device, cpu_seconds=deadline_s, cwd_outside=work,
-                                             with_checks=cloudpickle is None)
+    launch = sandbox.wrap(argv, device=device, cpu_seconds=deadline_s, cwd_outside=work,
+                          with_checks=cloudpickle is None)
+    limits = launch.preexec
     read_fd, write_fd = os.pipe()
     os.set_inheritable(write_fd, True)
     run = WorkerRun()
@@ -157,7 +158,8 @@ def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeo
         limits()
 
     try:
-        proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(launch.command, cwd=launch.cwd, env=launch.env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, pass_fds=(write_fd, CHANNEL_FD), preexec_fn=plumbing,
                                 start_new_session=True)
     finally:
@@ -225,6 +227,7 @@ def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeo
         sel.close()
         os.close(read_fd)
         _kill(proc)
+        launch.cleanup()
     return run
 
 

@@ -91,11 +91,13 @@ def run_rebuilt(solution, answers: dict[str, str], device: str, timeout_s: float
     argv = [sys.executable, "-m", "papermill", "-", "-", "-k", "python3", "-p", "DEVICE", device, "-p", "SEED", "0",
             "--no-progress-bar", "--no-log-output", "--execution-timeout", str(int(timeout_s))]
     with tempfile.TemporaryDirectory(prefix="gpulab-nb-") as tmp:
-        command, limits, env, cwd = sandbox.wrap(argv, device=device, cpu_seconds=budget, cwd_outside=Path(tmp))
+        launch = sandbox.wrap(argv, device=device, cpu_seconds=budget, cwd_outside=Path(tmp))
         try:
-            proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, preexec_fn=limits, start_new_session=True)
+            proc = subprocess.Popen(launch.command, cwd=launch.cwd, env=launch.env, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=launch.preexec,
+                                    start_new_session=True)
         except OSError as exc:
+            launch.cleanup()
             return {"status": "skipped", "error": f"could not start papermill ({exc})."}
         try:
             out, err = proc.communicate(nbformat.writes(nb).encode(), timeout=budget)
@@ -111,6 +113,7 @@ def run_rebuilt(solution, answers: dict[str, str], device: str, timeout_s: float
                 except (ProcessLookupError, PermissionError):
                     proc.kill()
                 proc.wait()
+            launch.cleanup()
     if log is not None:
         log.append("--- notebook run (papermill) ---\n" + err[-LOG_CAP:].decode("utf-8", "replace"))
     if timed_out:

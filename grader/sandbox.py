@@ -28,8 +28,10 @@ import sys
 import sysconfig
 import threading
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 from gpulab.paths import ROOT
+from grader import cgroups
 
 # The grader modules a worker imports (the judge's modules and the checks stay outside).
 RUN_SIDE = ("grader/__init__.py", "grader/worker.py", "grader/notebooks.py", "grader/exercise.py")
@@ -37,6 +39,7 @@ RUN_SIDE_MODULES = {"grader", "grader.worker", "grader.notebooks", "grader.exerc
 TMP_BYTES = 1 << 30          # the sandbox's whole writable space
 FILE_BYTES = 256 << 20       # the largest file learner code may write
 ADDRESS_SPACE = 8 << 30      # per process, CPU only (CUDA reserves far more virtual memory)
+WORKER_MEMORY = 8 << 30      # all of one worker's processes together, where a control group can be made
 OPEN_FILES = 1024
 PROCESSES = 256              # per worker (its own user id when the grader is root)
 
@@ -127,11 +130,13 @@ def _next_uid() -> int:
         return 200_000 + (os.getpid() % 20_000) * 50 + _uid_next[0] % 50
 
 
-def _limits(device: str, cpu_seconds: float, uid_of_its_own: bool):
+def _limits(device: str, cpu_seconds: float, uid_of_its_own: bool, group: cgroups.Group | None):
     """A ``preexec_fn`` setting the worker's resource limits (inherited by everything it starts)."""
     nproc = PROCESSES if uid_of_its_own else PROCESSES + _processes_of_this_user()
 
     def apply() -> None:
+        if group is not None:
+            group.join()
         if device != "cuda":
             resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
         resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_BYTES, FILE_BYTES))
@@ -156,16 +161,39 @@ def _processes_of_this_user() -> int:
     return count
 
 
+@functools.lru_cache(maxsize=None)
+def _group_kind() -> str | None:
+    """"v2" or "v1" where this grader can make a control group per worker, else None."""
+    probe = cgroups.create(WORKER_MEMORY, PROCESSES)
+    if probe is None:
+        return None
+    probe.remove()
+    return probe.kind
+
+
 def limits_summary(device: str) -> dict:
     """The limits :func:`wrap` sets, for ``result.json``."""
-    return {"address_space_bytes": None if device == "cuda" else ADDRESS_SPACE, "file_bytes": FILE_BYTES,
+    return {"address_space_bytes": None if device == "cuda" else ADDRESS_SPACE,
+            "worker_memory_bytes": WORKER_MEMORY if _group_kind() else None, "control_group": _group_kind(),
+            "file_bytes": FILE_BYTES,
             "tmp_bytes": TMP_BYTES if isolation()["mode"] == "bwrap" else None,
             "processes": PROCESSES, "open_files": OPEN_FILES}
 
 
+class Launch(NamedTuple):
+    """How to start one boxed process: ``Popen(command, preexec_fn=preexec, env=env, cwd=cwd)``, then
+    ``cleanup()`` once it has ended (it removes the worker's control group)."""
+
+    command: list
+    preexec: Callable[[], None]
+    env: dict | None
+    cwd: Path | None
+    cleanup: Callable[[], None]
+
+
 def wrap(argv: list[str], *, device: str, cpu_seconds: float, cwd_outside: Path | None = None,
-         with_checks: bool = False):
-    """``(command, preexec_fn, env, cwd)`` to start ``argv`` (a ``python`` command line) in the box.
+         with_checks: bool = False) -> Launch:
+    """A :class:`Launch` of ``argv`` (a ``python`` command line) in the box.
 
     ``cwd_outside`` is only used without bubblewrap (the worker's working directory on this
     machine); in the box the working directory is ``/tmp/work`` on the tmpfs. ``with_checks`` binds
@@ -174,8 +202,11 @@ def wrap(argv: list[str], *, device: str, cpu_seconds: float, cwd_outside: Path 
     """
     env = environment(device)
     exe = _bwrap()
+    group = cgroups.create(WORKER_MEMORY, PROCESSES) if _group_kind() else None
+    done = group.remove if group is not None else (lambda: None)
     if isolation()["mode"] != "bwrap" or exe is None:
-        return argv, _limits(device, cpu_seconds, False), {**env, "HOME": str(cwd_outside or "/tmp")}, cwd_outside
+        return Launch(argv, _limits(device, cpu_seconds, False, group), {**env, "HOME": str(cwd_outside or "/tmp")},
+                      cwd_outside, done)
     args = _namespace_args(exe)
     for top in ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin"):
         if Path(top).exists():
@@ -208,4 +239,4 @@ def wrap(argv: list[str], *, device: str, cpu_seconds: float, cwd_outside: Path 
         args += ["--chmod", "1777", "/tmp", "--chmod", "0777", "/tmp/home", "--chmod", "0777", "/tmp/work",
                  shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}",
                  "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
-    return args + argv, _limits(device, cpu_seconds, uid_of_its_own), None, None
+    return Launch(args + argv, _limits(device, cpu_seconds, uid_of_its_own, group), None, None, done)

@@ -612,3 +612,19 @@ def test_a_profile_hook_planted_by_one_answer_does_not_crash_another(tmp_path):
     r = run(tmp_path, kit.submission(L1, {"costs": hook + COSTS_WRONG}, solved=("scaling",)))
     e = kit.by_id(r)
     assert e["scaling"]["status"] == "passed" and e["costs"]["score"] == 0
+
+
+@SANDBOXED
+def test_children_share_one_memory_cap(tmp_path):
+    """RLIMIT_AS is per process: four children of 3 GiB each would take 12 GiB without the group."""
+    if sandbox.limits_summary("cpu")["control_group"] is None:
+        pytest.skip("this machine lets the grader make no control group")
+    hog = ("import subprocess, sys\n"
+           "procs = [subprocess.Popen([sys.executable, '-c', \"b = b'1' * (3 << 30); import time; time.sleep(3)\"])\n"
+           "         for _ in range(4)]\n"
+           "raise RuntimeError(f'children exited with {[p.wait() for p in procs]}')\n")
+    r = run(tmp_path, kit.submission(L1, {"costs": hog}, solved=("scaling",)))
+    e = kit.by_id(r)
+    assert e["costs"]["score"] == 0 and "-9" in e["costs"]["message"]
+    assert e["scaling"]["status"] == "passed"
+    assert r["isolation"]["limits"]["worker_memory_bytes"] == sandbox.WORKER_MEMORY
