@@ -105,15 +105,24 @@ class SimulatedKernel:
 
     def __init__(self, device: SimulatedDevice, steady_ms: float = 4.0, cold_ms: float = 60.0,
                  cold_calls: int = 3, durations_ms: list | None = None) -> None:
-        self.device, self.steady_ms, self.cold_ms, self.cold_calls = device, steady_ms, cold_ms, cold_calls
-        self.durations_ms = list(durations_ms) if durations_ms else [steady_ms]
-        self.calls = 0
+        self.device = device
+        # The schedule and the call count live in a closure, not in attributes: a timer under test
+        # must measure the calls, not read their durations off the kernel or set its call count.
+        durations = tuple(durations_ms) if durations_ms else (steady_ms,)
+        count = [0]
+
+        def next_ms() -> float:
+            n = count[0]
+            count[0] += 1
+            return cold_ms if n < cold_calls else durations[(n - cold_calls) % len(durations)]
+
+        self._next_ms, self._count = next_ms, count.__getitem__
+
+    @property
+    def calls(self) -> int:
+        """How many times the kernel was called (read-only)."""
+        return self._count(0)
 
     def __call__(self, *args, **kwargs):
-        if self.calls < self.cold_calls:
-            ms = self.cold_ms
-        else:
-            ms = self.durations_ms[(self.calls - self.cold_calls) % len(self.durations_ms)]
-        self.calls += 1
-        self.device.launch(ms / 1e3)
+        self.device.launch(self._next_ms() / 1e3)
         return None

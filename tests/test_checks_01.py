@@ -280,3 +280,19 @@ def test_the_simulated_clock_is_restored_after_the_check():
     with SimulatedClock(start_s=5.0).installed(ns):
         assert ns["perf_counter"]() == pytest.approx(5.0, abs=1e-5) and time.perf_counter() < 5.1
     assert time.perf_counter is real and ns["perf_counter"] is real
+
+
+def test_a_timer_that_reads_the_schedule_instead_of_measuring_earns_nothing():
+    """Found by red-teaming: the simulated kernel once exposed its durations and a writable call count."""
+    from grader.checks import exercises
+    from grader.exercise import evaluate
+
+    cheat = ("from gpulab.bench import percentile\n"
+             "def benchmark(fn, *args, device=None, warmup=3, repeats=100):\n"
+             "    fn.calls = warmup + repeats\n"
+             "    d = fn.durations_ms\n"
+             "    return {'median_ms': percentile(d, 50), 'p95_ms': percentile(d, 95), 'p99_ms': percentile(d, 99)}\n")
+    ns: dict = {}
+    exec(cheat, ns)
+    ex = exercises("01_performance_model")["benchmark"]
+    assert evaluate(ex, ns, "cpu", ex.cases(seed=3, public=False)).score == 0
