@@ -105,7 +105,7 @@ class SimulatedKernel:
 
     def __init__(self, device: SimulatedDevice, steady_ms: float = 4.0, cold_ms: float = 60.0,
                  cold_calls: int = 3, durations_ms: list | None = None) -> None:
-        self.device = device
+        self.device, self.steady_ms, self.cold_ms, self.cold_calls = device, steady_ms, cold_ms, cold_calls
         # The schedule and the call count live in a closure, not in attributes: a timer under test
         # must measure the calls, not read their durations off the kernel or set its call count.
         durations = tuple(durations_ms) if durations_ms else (steady_ms,)
