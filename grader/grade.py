@@ -136,7 +136,7 @@ def _kill(proc) -> None:
 
 
 def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeout_s: float,
-                work: Path) -> WorkerRun:
+                work: Path, nonce: str) -> WorkerRun:
     """Run one worker until it finishes, dies, or runs out of time; trust nothing it sends.
 
     ``plan`` is the markers the worker must send, in order; a marker out of order is ignored and an
@@ -174,9 +174,14 @@ def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeo
     sel.register(read_fd, selectors.EVENT_READ, "channel")
     sel.register(proc.stdout.fileno(), selectors.EVENT_READ, "log")
 
+    prefix = nonce.encode() + b" "
+
     def take(received) -> None:
         nonlocal want, running, since
         for kind, payload in received:
+            if not payload.startswith(prefix):
+                continue  # not from the harness of this worker
+            payload = payload[len(prefix):]
             if kind == b"M" and payload.decode("utf-8", "replace") == want:
                 run.marker, since = want, time.monotonic()
                 running = want[4:] if want.startswith("run ") else None
@@ -293,6 +298,7 @@ def run_answers(stem: str, setup_source: str, answers: dict[str, str], cases: di
     done: dict[str, list] = {}
     fatal: dict[str, tuple[str, str]] = {}  # eid -> (status, message)
     no_exec: set[str] = set()               # answer cells that crash or hang when executed
+    retried: set[str] = set()               # exercises already given a fresh worker of their own
     output, log = [], []
     for attempt in range(1, 2 * len(order) + 2):
         remaining = [e for e in order if e not in done and e not in fatal]
@@ -300,13 +306,15 @@ def run_answers(stem: str, setup_source: str, answers: dict[str, str], cases: di
             break
         cells = [(e, answers[e]) for e in order if e in answers and e not in no_exec]
         plan = ["setup"] + [f"exec {e}" for e, _ in cells] + [f"run {e}" for e in remaining]
-        spec = {"lab": stem, "device": device, "setup_source": setup_source, "cells": cells, "run": remaining,
+        nonce = secrets.token_hex(8)
+        spec = {"lab": stem, "nonce": nonce, "device": device, "setup_source": setup_source, "cells": cells,
+                "run": remaining,
                 "cases": {e: cases[e] for e in remaining}}
         if cloudpickle is not None:
             job = cloudpickle.dumps({**spec, "exercises": {e: runnable[e] for e in remaining}})
         else:
             job = pickle.dumps(spec)
-        run = _run_worker(job, plan, remaining, device, timeout_s, work)
+        run = _run_worker(job, plan, remaining, device, timeout_s, work, nonce)
         output += run.output
         log.append(f"--- worker {attempt}: {run.how} at {run.marker or 'start'!r} ---\n"
                    + run.log.decode("utf-8", "replace"))
@@ -325,8 +333,9 @@ def run_answers(stem: str, setup_source: str, answers: dict[str, str], cases: di
             for eid in remaining:
                 fatal[eid] = ("error", f"the lab's setup did not complete ({run.how}); see grader.log.")
             break
-        if what[0] == "run" and culprit != remaining[0]:
-            continue  # not the first to run in this worker: run it again first, in a fresh one
+        if what[0] == "run" and culprit != remaining[0] and culprit not in retried:
+            retried.add(culprit)  # not the first to run in this worker: run it again first, in a fresh one
+            continue
         status, message = _failure(run.how, timeout_s)
         fatal[culprit] = (status, message if what[0] == "run" else message + " (while its answer cell ran)")
         if what[0] == "exec":

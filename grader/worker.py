@@ -60,11 +60,16 @@ class CappedStream(io.TextIOBase):
         return new
 
 
-def _channel(fd: int):
-    """A ``send(kind, payload)`` bound to ``fd`` and ``os.write`` now, before learner code exists."""
-    write, pack = os.write, HEADER.pack
+def _channel(fd: int, nonce: bytes):
+    """A ``send(kind, payload)`` bound to ``fd`` and ``os.write`` now, before learner code exists.
+
+    Every payload starts with this worker's ``nonce``: frames a careless or spamming answer writes
+    to the channel are ignored by the judge (a deliberate forger can still find the nonce in memory).
+    """
+    write, pack, prefix = os.write, HEADER.pack, nonce + b" "
 
     def send(kind: bytes, payload: bytes) -> None:
+        payload = prefix + payload
         data = memoryview(pack(kind, len(payload)) + payload)
         while data:
             data = data[write(fd, data):]
@@ -107,7 +112,6 @@ def _observations_bytes(outcomes: list) -> bytes:
 
 
 def main() -> int:
-    send = _channel(CHANNEL_FD)
     import pickle
 
     import torch  # noqa: F401 - imported before learner code can shadow anything
@@ -119,6 +123,7 @@ def main() -> int:
     from grader.notebooks import exec_source
 
     job = pickle.loads(sys.stdin.buffer.read())  # from the judge, over a pipe: trusted
+    send = _channel(CHANNEL_FD, job["nonce"].encode())
     if "exercises" not in job:  # no cloudpickle on the judge's machine: the checks are bound here
         from grader.checks import exercises
 

@@ -423,11 +423,11 @@ def test_spamming_progress_markers_cannot_outlive_the_deadline(tmp_path):
             "    while True:\n"
             "        time.sleep(0.01)\n")
     start = time.perf_counter()
-    r = run(tmp_path, kit.submission(L1, {"costs": spam}, solved=("scaling",)), timeout_s=4)
-    assert time.perf_counter() - start < 90
+    r = run(tmp_path, kit.submission(L1, {"costs": spam}, solved=("scaling",)), timeout_s=3)
+    assert time.perf_counter() - start < 60
     e = kit.by_id(r)
-    assert e["costs"]["score"] == 0 and e["costs"]["status"] in ("timeout", "error")
-    assert r["score"] <= 2  # frames written over the harness's may cost the spammer more, never gain
+    assert e["costs"]["score"] == 0 and e["costs"]["status"] == "timeout"
+    assert e["scaling"]["status"] == "passed"  # frames without the worker's nonce are ignored
 
 
 @SANDBOXED
@@ -480,11 +480,11 @@ def test_five_gradings_give_identical_exercise_lists(tmp_path):
     """Heap corruption, a crash and honest answers: the same statuses and scores every time."""
     answers = {"scaling": HEAP_CORRUPTION,
                "roofline": kit.solution_with(L1, "roofline", "return", "import os; os._exit(3)\n    return", )}
-    nb = kit.submission(L1, answers, solved=("costs", "benchmark"))
+    nb = kit.submission(L1, answers, solved=("benchmark",))
     lists = [run(tmp_path, nb, name=f"s{i}.ipynb", seed=7)["exercises"] for i in range(5)]
     assert all(lst == lists[0] for lst in lists)
     statuses = {e["id"]: e["status"] for e in lists[0]}
-    assert statuses["costs"] == statuses["benchmark"] == "passed" and statuses["roofline"] == "crashed"
+    assert statuses["benchmark"] == "passed" and statuses["roofline"] == "crashed"
 
 
 @pytest.fixture
