@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import io
-import json
 import os
 import pickle
 import secrets

@@ -25,7 +25,6 @@ import resource
 import shutil
 import subprocess
 import sys
-import sysconfig
 import threading
 from pathlib import Path
 from typing import Callable, NamedTuple

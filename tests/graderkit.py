@@ -57,3 +57,34 @@ def by_id(result: dict) -> dict:
 
 def deepcopy(nb: dict) -> dict:
     return copy.deepcopy(nb)
+
+
+# --- Shared rules for check tests: do-nothing answers earn nothing; every rule in every hidden set ----
+
+DO_NOTHING = {"return []": lambda *a, **k: [], "return None": lambda *a, **k: None,
+              "return True": lambda *a, **k: True, "return 0.0": lambda *a, **k: 0.0, "return {}": lambda *a, **k: {},
+              "return the first argument": lambda *a, **k: a[0] if a else None}
+
+
+def assert_do_nothing_scores_zero(ex) -> None:
+    """Every do-nothing answer scores 0 on the public cases and two hidden sets of ``ex``."""
+    from grader.exercise import evaluate
+
+    cases = ex.cases() + ex.cases(1, public=False) + ex.cases(2, public=False)
+    for stub, fn in DO_NOTHING.items():
+        r = evaluate(ex, {name: fn for name in ex.entries}, "cpu", cases)
+        assert r.score == 0, (stub, r.message)
+
+
+def hidden_rules(ex, seed: int) -> list:
+    """The rule tags of a hidden set: each case is named ``"<rule>: <details>"``."""
+    return sorted(c.name.split(":")[0] for c in ex.cases(seed, public=False))
+
+
+def assert_same_rules_every_seed(ex, not_rules: tuple = ("random",)) -> None:
+    """One case per rule, named by it, and the same rules for every seed (a regrade cannot change a score)."""
+    rules = hidden_rules(ex, 1)
+    assert not any(r.startswith(not_rules) for r in rules), rules
+    assert len(set(rules)) == len(rules), rules
+    for seed in (2, 3, 20261122, 987654321):
+        assert hidden_rules(ex, seed) == rules

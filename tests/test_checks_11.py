@@ -21,6 +21,7 @@ import torch.nn as nn
 from grader.checks import exercises, load_lab
 from grader.exercise import evaluate
 from tests.conftest import HIDDEN_SEED, grade, solution_namespace, with_answer
+from tests import graderkit as kit
 
 STEM = "11_data_parallel"
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -356,18 +357,10 @@ def test_sharded_optimizer_keeping_full_state_fails(sol11):
 
 # --- answers that compute nothing earn nothing; every rule in every hidden set ------------------------
 
-_DO_NOTHING = {"return []": lambda *a, **k: [], "return None": lambda *a, **k: None,
-               "return True": lambda *a, **k: True, "return 0.0": lambda *a, **k: 0.0,
-               "return the first argument": lambda *a, **k: a[0] if a else None}
-
-
 @pytest.mark.parametrize("eid", ["collective_cost", "bucket_assignment"])
 def test_answers_that_compute_nothing_score_zero(eid):
     ex = exercises(STEM)[eid]
-    cases = ex.cases() + ex.cases(1, public=False) + ex.cases(2, public=False)
-    for stub, fn in _DO_NOTHING.items():
-        r = evaluate(ex, {name: fn for name in ex.entries}, "cpu", cases)
-        assert r.score == 0, (stub, r.message)
+    kit.assert_do_nothing_scores_zero(ex)
 
 
 class WrapperDoingNothing(nn.Module):
@@ -400,15 +393,6 @@ def test_distributed_answers_that_compute_nothing_score_zero(sol11, eid, answer)
     assert r.status == "failed" and r.score == 0, r.message
 
 
-def _rules(ex, seed):
-    return sorted(c.name.split(":")[0] for c in ex.cases(seed, public=False))
-
-
 @pytest.mark.parametrize("eid", sorted(exercises(STEM)))
 def test_every_hidden_set_covers_the_same_rules(eid):
-    ex = exercises(STEM)[eid]
-    rules = _rules(ex, 1)
-    assert not any(r.startswith("random") for r in rules), rules
-    assert len(set(rules)) == len(rules), rules  # one case per rule, named by it
-    for seed in (2, 3, 20261122, 987654321):
-        assert _rules(ex, seed) == rules
+    kit.assert_same_rules_every_seed(exercises(STEM)[eid])

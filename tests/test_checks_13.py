@@ -14,6 +14,7 @@ from gpulab.schedules import Step
 from grader.checks import exercises, load_lab
 from grader.exercise import evaluate
 from tests.conftest import grade, solution_namespace, with_answer
+from tests import graderkit as kit
 
 # Wrong runners defined here are shipped to the ranks by value (the ranks need not import this file).
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -356,29 +357,12 @@ def test_a_runner_that_computes_nothing_scores_zero(sol13):
 
 # --- answers that compute nothing earn nothing; every rule in every hidden set ------------------------
 
-_DO_NOTHING = {"return []": lambda *a, **k: [], "return None": lambda *a, **k: None,
-               "return True": lambda *a, **k: True, "return 0.0": lambda *a, **k: 0.0,
-               "return the first argument": lambda *a, **k: a[0] if a else None}
-
-
 @pytest.mark.parametrize("eid", [e for e in exercises(STEM) if e != "pipeline_run"])  # ranks: the test above
 def test_answers_that_compute_nothing_score_zero(eid):
     ex = exercises(STEM)[eid]
-    cases = ex.cases() + ex.cases(1, public=False) + ex.cases(2, public=False)
-    for stub, fn in _DO_NOTHING.items():
-        r = evaluate(ex, {name: fn for name in ex.entries}, "cpu", cases)
-        assert r.score == 0, (stub, r.message)
-
-
-def _rules(ex, seed):
-    return sorted(c.name.split(":")[0] for c in ex.cases(seed, public=False))
+    kit.assert_do_nothing_scores_zero(ex)
 
 
 @pytest.mark.parametrize("eid", sorted(exercises(STEM)))
 def test_every_hidden_set_covers_the_same_rules(eid):
-    ex = exercises(STEM)[eid]
-    rules = _rules(ex, 1)
-    assert not any(r.startswith(("random", "hidden")) for r in rules), rules
-    assert len(set(rules)) == len(rules), rules  # one case per rule, named by it
-    for seed in (2, 3, 20261122, 987654321):
-        assert _rules(ex, seed) == rules
+    kit.assert_same_rules_every_seed(exercises(STEM)[eid], ("random", "hidden"))
