@@ -17,7 +17,6 @@ import os
 import pickle
 import secrets
 import selectors
-import signal
 import subprocess
 import sys
 import tempfile
@@ -124,16 +123,6 @@ def _send_job(proc, job: bytes) -> None:
         pass  # the worker died before reading its job: the judge reports it
 
 
-def _kill(proc) -> None:
-    """End the worker and everything it started (the sandbox's PID namespace dies with bwrap)."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            proc.kill()
-    proc.wait()
-
-
 def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeout_s: float,
                 work: Path, nonce: str) -> WorkerRun:
     """Run one worker until it finishes, dies, or runs out of time; trust nothing it sends.
@@ -230,7 +219,7 @@ def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeo
     finally:
         sel.close()
         os.close(read_fd)
-        _kill(proc)
+        sandbox.stop(proc)
         launch.cleanup()
     return run
 

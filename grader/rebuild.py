@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -107,12 +105,7 @@ def run_rebuilt(solution, answers: dict[str, str], device: str, timeout_s: float
         else:
             timed_out = False
         finally:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    proc.kill()
-                proc.wait()
+            sandbox.stop(proc)
             launch.cleanup()
     if log is not None:
         log.append("--- notebook run (papermill) ---\n" + err[-LOG_CAP:].decode("utf-8", "replace"))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import os
 import resource
+import signal
 import shutil
 import subprocess
 import sys
@@ -239,3 +240,14 @@ def wrap(argv: list[str], *, device: str, cpu_seconds: float, cwd_outside: Path 
                  shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}",
                  "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
     return Launch(args + argv, _limits(device, cpu_seconds, uid_of_its_own, group), None, None, done)
+
+
+def stop(proc) -> None:
+    """End a boxed process and everything it started (the box's PID namespace dies with bwrap; without
+    bwrap, the process group it leads)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+    proc.wait()
