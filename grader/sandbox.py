@@ -207,7 +207,8 @@ def wrap(argv: list[str], *, device: str, cpu_seconds: float, cwd_outside: Path 
     if isolation()["mode"] != "bwrap" or exe is None:
         return Launch(argv, _limits(device, cpu_seconds, False, group), {**env, "HOME": str(cwd_outside or "/tmp")},
                       cwd_outside, done)
-    args = _namespace_args(exe)
+    # The tmpfs first: binds that follow may lie under /tmp (a project cloned there) and stay visible.
+    args = _namespace_args(exe) + ["--size", str(TMP_BYTES), "--perms", "1777", "--tmpfs", "/tmp"]
     for top in ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin"):
         if Path(top).exists():
             args += ["--ro-bind", top, top]
@@ -229,8 +230,7 @@ def wrap(argv: list[str], *, device: str, cpu_seconds: float, cwd_outside: Path 
         args += ["--dev-bind", "/dev", "/dev", "--ro-bind", "/sys", "/sys"]
     else:
         args += ["--dev", "/dev"]
-    args += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp", "--dir", "/tmp/home", "--dir", "/tmp/work",
-             "--chdir", "/tmp/work"]
+    args += ["--dir", "/tmp/home", "--dir", "/tmp/work", "--chdir", "/tmp/work"]
     for key, value in env.items():
         args += ["--setenv", key, value]
     uid_of_its_own = os.geteuid() == 0

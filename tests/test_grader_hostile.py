@@ -628,3 +628,12 @@ def test_children_share_one_memory_cap(tmp_path):
     assert e["costs"]["score"] == 0 and "-9" in e["costs"]["message"]
     assert e["scaling"]["status"] == "passed"
     assert r["isolation"]["limits"]["worker_memory_bytes"] == sandbox.WORKER_MEMORY
+
+
+@SANDBOXED
+def test_the_tmpfs_comes_before_every_bind():
+    """A project cloned under /tmp must stay visible in the box (the tmpfs once hid it)."""
+    command = sandbox.wrap(["python"], device="cpu", cpu_seconds=10).command
+    tmpfs = command.index("--tmpfs")
+    assert command[tmpfs + 1] == "/tmp"
+    assert all(i > tmpfs for i, arg in enumerate(command) if arg in ("--ro-bind", "--bind", "--dev-bind"))
