@@ -633,7 +633,9 @@ def test_children_share_one_memory_cap(tmp_path):
 @SANDBOXED
 def test_the_tmpfs_comes_before_every_bind():
     """A project cloned under /tmp must stay visible in the box (the tmpfs once hid it)."""
-    command = sandbox.wrap(["python"], device="cpu", cpu_seconds=10).command
+    launch = sandbox.wrap(["python"], device="cpu", cpu_seconds=10)
+    launch.cleanup()  # nothing was started: remove its control group
+    command = launch.command
     tmpfs = command.index("--tmpfs")
     assert command[tmpfs + 1] == "/tmp"
     assert all(i > tmpfs for i, arg in enumerate(command) if arg in ("--ro-bind", "--bind", "--dev-bind"))
