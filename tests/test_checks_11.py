@@ -390,7 +390,9 @@ class OptimizerDoingNothing(torch.optim.Optimizer):
                                          ("sharded_optimizer", {"ShardedOptimizer": OptimizerDoingNothing})])
 def test_distributed_answers_that_compute_nothing_score_zero(sol11, eid, answer):
     r = grade(STEM, eid, with_answer(sol11, **answer), hidden=False)  # one launch
-    assert r.status == "failed" and r.score == 0, r.message
+    # A rank of a do-nothing answer may finish early and gloo then reports a broken pipe on its peer
+    # (seen once under load): an error, which earns nothing too.
+    assert r.status in ("failed", "error") and r.score == 0, r.message
 
 
 @pytest.mark.parametrize("eid", sorted(exercises(STEM)))
