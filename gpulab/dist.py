@@ -14,6 +14,7 @@ Use plain ``send``/``recv``/``isend``/``irecv`` with gloo: its ``batch_isend_ire
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -27,11 +28,37 @@ from pathlib import Path
 from gpulab.paths import ROOT  # noqa: E402
 
 
-class RankError(RuntimeError):
+class RankFailure(RuntimeError):
+    """A launch that did not finish. The message is prose for people; checks read the fields.
+
+    ``kind`` says what happened, without parsing the message:
+
+    - ``"error"``: a rank raised; ``exc_type``/``exc_message`` name its exception;
+    - ``"not_implemented"``: that exception was ``NotImplementedError`` (an unfinished exercise);
+    - ``"peer_gone"``: a rank failed because a peer left while it waited (one side of a deadlock);
+    - ``"timeout"``: a rank timed out waiting, or did not finish in time (a hang).
+
+    ``rank`` is the rank whose failure explains the others (``None`` when several hung), and
+    ``report`` its traceback or output.
+    """
+
+    def __init__(self, message: str, kind: str, rank: int | None = None, report: str = "",
+                 exc_type: str = "", exc_message: str = ""):
+        super().__init__(message)
+        self.kind, self.rank, self.report = kind, rank, report
+        self.exc_type, self.exc_message = exc_type, exc_message
+
+    @property
+    def hung(self) -> bool:
+        """A deadlock: a rank timed out, or its peer left while it waited."""
+        return self.kind in ("timeout", "peer_gone")
+
+
+class RankError(RankFailure):
     """A rank raised an exception; the message holds that rank's traceback."""
 
 
-class RankTimeout(RuntimeError):
+class RankTimeout(RankFailure):
     """A rank did not finish in time (a hang: a missing send, a collective only some ranks call)."""
 
 
@@ -106,6 +133,15 @@ def _tail(path: Path, n: int = 3000) -> str:
         return ""
 
 
+def _exception_of(work: Path, rank: int) -> tuple[str, str]:
+    """``(type name, message)`` of the exception rank ``rank`` raised, as its worker recorded it."""
+    try:
+        exc = json.loads((work / f"rank{rank}.exc").read_text())
+        return str(exc["type"]), str(exc["message"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "", ""
+
+
 def _first_failure(procs, work: Path) -> tuple[int, str] | None:
     """The rank whose failure explains the others, and its report, if any rank failed.
 
@@ -146,25 +182,31 @@ def _watch(procs, work: Path, timeout_s: float) -> None:
             if _first_failure(procs, work):
                 time.sleep(1.0)  # let the peers of a crashed rank report, then pick the first failure
                 rank, report = _first_failure(procs, work)
+                exc_type, exc_message = _exception_of(work, rank)
                 if any(w in report.lower() for w in _TIMEOUT_WORDS):
                     raise RankTimeout(f"rank {rank} of {len(procs)} timed out waiting for another rank "
                                       f"(limit {timeout_s:g} s): a hang, usually a send without a matching recv, "
-                                      f"or a collective that not every rank calls.\n{report}")
+                                      f"or a collective that not every rank calls.\n{report}", "timeout", rank,
+                                      report, exc_type, exc_message)
+                kind = "not_implemented" if exc_type == "NotImplementedError" else "error"
                 if any(w in report.lower() for w in _PEER_GONE_WORDS):
+                    kind = "peer_gone"
                     report += ("\n(Another rank exited or crashed while this one was waiting for it: a send "
                                "without a matching recv, or a collective that not every rank calls.)")
-                raise RankError(f"rank {rank} of {len(procs)} failed:\n{report}")
+                raise RankError(f"rank {rank} of {len(procs)} failed:\n{report}", kind, rank, report,
+                                exc_type, exc_message)
             codes = [p.poll() for p in procs]
             if all(code == 0 for code in codes):
                 return
             if time.monotonic() > deadline:
                 hung = [r for r, c in enumerate(codes) if c is None]
                 done = [r for r, c in enumerate(codes) if c == 0]
+                outputs = "\n".join(f"--- rank {r} output ---\n{_tail(work / f'rank{r}.log', 1500)}" for r in hung)
                 raise RankTimeout(
                     f"rank(s) {hung} did not finish within {timeout_s:g} s and were stopped"
                     f"{f'; rank(s) {done} had finished' if done else ''}. A hang usually means a send without "
-                    "a matching recv, or a collective that not every rank calls.\n"
-                    + "\n".join(f"--- rank {r} output ---\n{_tail(work / f'rank{r}.log', 1500)}" for r in hung))
+                    "a matching recv, or a collective that not every rank calls.\n" + outputs,
+                    "timeout", None, outputs)
             time.sleep(0.05)
     finally:
         _kill(procs)

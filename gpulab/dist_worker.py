@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import sys
 import traceback
 from pathlib import Path
@@ -28,6 +29,8 @@ def main(work: str, rank: int, world_size: int, backend: str, timeout_s: float) 
 
     def fail() -> int:
         # Written before the process group goes down: peers fail right after, and the first error is the cause.
+        exc = sys.exc_info()[1]
+        (work_dir / f"rank{rank}.exc").write_text(json.dumps({"type": type(exc).__name__, "message": str(exc)}))
         (work_dir / f"rank{rank}.error").write_text(traceback.format_exc())
         return 1
 

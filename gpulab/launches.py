@@ -1,5 +1,9 @@
 """Watching Triton kernel launches, so a check can tell the learner's kernel from anything else (lesson 02).
 
+This module owns every hook the checks put into Triton and PyTorch internals (the patch of
+``KernelInterface.__getitem__``, the interpreter's memory access and store builder, and the
+``TorchDispatchMode`` recorders); the checks import these context managers and patch nothing themselves.
+
 Every Triton kernel object (compiled ``JITFunction``, the CPU ``InterpretedFunction``, the
 ``Autotuner`` and ``Heuristics`` wrappers) is launched through ``KernelInterface.__getitem__``
 (``kernel[grid](...)``), so patching it sees every launch in both modes.
@@ -18,6 +22,9 @@ Every Triton kernel object (compiled ``JITFunction``, the CPU ``InterpretedFunct
   uninitialised (``torch.empty`` and friends) is filled with poison, so a scratch buffer never
   holds an earlier run's values by chance: a check can see whether the output was really
   computed by those kernels.
+- Next to a watch: :func:`record_torch_ops` (PyTorch arithmetic outside the kernels),
+  :func:`record_allocations` (floating-point tensors created) and :func:`record_stores` (the
+  order in which programs store into an output, in the interpreter).
 
 How the interpreter touches memory (Triton 3.9, ``triton/runtime/interpreter.py``): a tensor
 argument becomes its raw address (``data_ptr()``; CPU storages are used in place, not copied),
@@ -98,6 +105,8 @@ def is_own_kernel(kernel) -> bool:
 class Launch:
     name: str
     own: bool
+    kind: str = ""                                    # the launcher's type: JITFunction, InterpretedFunction, Autotuner ...
+    tensors: list = field(default_factory=list)       # (dtype name, numel, data_ptr) of each tensor argument
 
 
 @dataclass
@@ -138,6 +147,7 @@ class LaunchWatch:
     names: list = field(default_factory=list)
     launches: list = field(default_factory=list)          # Launch per launch, in order
     out_of_bounds: list = field(default_factory=list)     # OutOfBounds, first occurrence order
+    depth: int = 0                                        # > 0 while a kernel runs (its own tensor ops)
 
     @property
     def own(self) -> list[str]:
@@ -343,21 +353,27 @@ def watch_launches(*, check_bounds: bool = True, ablate: bool = False):
 
     def watching_getitem(self, grid):
         pyfn = _python_function(self)
-        launch = Launch(_kernel_name(self), is_own_kernel(self))
+        launch = Launch(_kernel_name(self), is_own_kernel(self), type(self).__name__)
         watch.names.append(launch.name)
         watch.launches.append(launch)
         if ablate and launch.own:
             return lambda *args, **kwargs: None
         launcher = original(self, grid)
-        if not check_bounds:
-            return launcher
 
         def run(*args, **kwargs):
-            tensors = _tensor_args(pyfn, args, kwargs)
-            if not tensors or any(t.device.type != "cpu" for _, t in tensors):
-                return launcher(*args, **kwargs)  # compiled on a GPU: the guard regions remain
-            with _checked_memory(_Bounds(launch.name, tensors, watch)):
-                return launcher(*args, **kwargs)
+            import torch
+
+            launch.tensors = [(str(a.dtype), a.numel(), a.data_ptr()) for a in (*args, *kwargs.values())
+                              if isinstance(a, torch.Tensor)]
+            tensors = _tensor_args(pyfn, args, kwargs) if check_bounds else []
+            watch.depth += 1  # the interpreter's own tensor copies are not the caller's PyTorch ops
+            try:
+                if not tensors or any(t.device.type != "cpu" for _, t in tensors):
+                    return launcher(*args, **kwargs)  # compiled on a GPU: the guard regions remain
+                with _checked_memory(_Bounds(launch.name, tensors, watch)):
+                    return launcher(*args, **kwargs)
+            finally:
+                watch.depth -= 1
         return run
 
     KernelInterface.__getitem__ = watching_getitem
@@ -366,3 +382,96 @@ def watch_launches(*, check_bounds: bool = True, ablate: bool = False):
             yield watch
     finally:
         KernelInterface.__getitem__ = original
+
+
+# --- PyTorch operations and stores next to the kernels ------------------------------------------------
+
+@contextlib.contextmanager
+def record_torch_ops(watch: LaunchWatch, allowed: frozenset | set = frozenset()):
+    """Inside a :func:`watch_launches` block: yield a list collecting ``"aten.<op>"`` for every PyTorch
+    operation run outside the kernels (lesson 04: a matmul done by PyTorch next to a token kernel),
+    except the names in ``allowed`` (views, copies, allocation)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ops: list = []
+
+    class _Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if watch.depth == 0 and name not in allowed:
+                ops.append(f"aten.{name}")
+            return func(*args, **(kwargs or {}))
+
+    with _Ops():
+        yield ops
+
+
+@dataclass
+class Allocations:
+    """What :func:`record_allocations` saw: elements of floating-point tensors created, and the biggest."""
+
+    float_elements: int = 0
+    biggest: tuple = (0, "", ())    # (numel, op, shape)
+
+
+@contextlib.contextmanager
+def record_allocations():
+    """Yield an :class:`Allocations` adding up every floating-point tensor an ATen op *creates*
+    (views, in-place and ``out=`` ops create nothing): lesson 08's weight-only kernel must not
+    materialise the dequantized weights."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = Allocations()
+
+    class _Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            schema = func._schema
+            if not schema.is_mutable and all(r.alias_info is None for r in schema.returns):
+                for o in (out if isinstance(out, (tuple, list)) else (out,)):
+                    if isinstance(o, torch.Tensor) and o.dtype.is_floating_point and o.numel():
+                        seen.float_elements += o.numel()
+                        seen.biggest = max(seen.biggest, (o.numel(), str(func), tuple(o.shape)))
+            return out
+
+    with _Mode():
+        yield seen
+
+
+@contextlib.contextmanager
+def record_stores(out):
+    """In the interpreter, yield a list of ``(program id, first element written)`` for each store into
+    the tensor ``out``, in execution order (lesson 04: the grouped tile order). Yields ``None`` where
+    it cannot observe (compiled kernels, a Triton without the interpreter's builder)."""
+    from gpulab.device import interpreted
+
+    if not interpreted():
+        yield None
+        return
+    try:
+        from triton.runtime import interpreter as interp
+        builder = interp.interpreter_builder
+        original = builder.create_masked_store
+    except (ImportError, AttributeError):
+        yield None
+        return
+    base, end = out.data_ptr(), out.data_ptr() + out.numel() * out.element_size()
+    events: list = []
+
+    def create_masked_store(ptrs, value, mask, *args, **kwargs):
+        addrs = ptrs.data[mask.data] if mask is not None else ptrs.data.ravel()
+        if addrs.size:
+            first = int(addrs.min())
+            if base <= first < end:
+                events.append((int(builder.grid_idx[0]), (first - base) // out.element_size()))
+        return original(ptrs, value, mask, *args, **kwargs)
+
+    builder.create_masked_store = create_masked_store
+    try:
+        yield events
+    finally:
+        try:
+            del builder.create_masked_store
+        except AttributeError:
+            pass

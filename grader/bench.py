@@ -1,6 +1,6 @@
 """``python -m grader bench NB``: time a notebook's kernels and the PyTorch baseline in one run.
 
-Each lab may define ``BENCHMARKS`` (a list of :class:`Benchmark`) in its check module. Rates are
+Each lab may define ``BENCHMARKS`` (a list of :class:`grader.exercise.Benchmark`) in its check module. Rates are
 reported as achieved GB/s or TFLOP/s and as % of this device's measured peaks (lesson 01). Needs
 only torch, triton and numpy. Learner code runs in this process: bench is a tool for the learner's
 own code, not a grade.
@@ -8,24 +8,10 @@ own code, not a grade.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-
-@dataclass(frozen=True)
-class Benchmark:
-    """One timed comparison. ``make(device, tiny)`` returns the inputs dict, with the op's
-    ``"bytes"`` and ``"flops"`` (for rates); ``call(fn, inputs)`` runs the learner's ``entry``;
-    ``baseline(inputs)`` runs the PyTorch equivalent; ``info()``, if given, returns fields recorded
-    with the row (what the baseline really ran, for instance which attention backend)."""
-
-    name: str
-    entry: str
-    make: Callable[[str, bool], dict]
-    call: Callable[[Callable, dict], Any]
-    baseline: Callable[[dict], Any]
-    info: Callable[[], dict] | None = None
+from grader.exercise import Benchmark
 
 
 def run_benchmarks(benchmarks: list[Benchmark], ns: dict, device: str, tiny: bool = False,

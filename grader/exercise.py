@@ -45,8 +45,25 @@ class Exercise:
     title: str = ""
 
     def cases(self, seed: int = PUBLIC_SEED, public: bool = True) -> list[Case]:
-        gen = torch.Generator().manual_seed(PUBLIC_SEED if public else seed)
+        """The public or hidden cases drawn from ``seed`` (:mod:`grader.kit.cases`): the notebook's
+        inline check uses :data:`PUBLIC_SEED`, the grader its run's seed for both kinds."""
+        gen = torch.Generator().manual_seed(seed)
         return list(self.make_cases(gen, public))
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One timed comparison. ``make(device, tiny)`` returns the inputs dict, with the op's
+    ``"bytes"`` and ``"flops"`` (for rates); ``call(fn, inputs)`` runs the learner's ``entry``;
+    ``baseline(inputs)`` runs the PyTorch equivalent; ``info()``, if given, returns fields recorded
+    with the row (what the baseline really ran, for instance which attention backend)."""
+
+    name: str
+    entry: str
+    make: Callable[[str, bool], dict]
+    call: Callable[[Callable, dict], Any]
+    baseline: Callable[[dict], Any]
+    info: Callable[[], dict] | None = None
 
 
 class Neutral(str):

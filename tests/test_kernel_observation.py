@@ -1,4 +1,4 @@
-"""grader.kernelcheck and gpulab.launches: what one observed call of a kernel wrapper records, the
+"""grader.kit.kernels and gpulab.launches: what one observed call of a kernel wrapper records, the
 interpreter's bounds check, the guard regions that stand in for it on a GPU, the ablated run, and
 the verdict ladder."""
 import pytest
@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-import grader.kernelcheck as kc
+import grader.kit.kernels as kc
 from gpulab import launches
 from gpulab.compare import GUARD, MAX_BLOCK, compare, guard_elements, padded
 from tests.conftest import ROOT

@@ -1,6 +1,6 @@
 """Checks of lab 02, Triton basics: vector add, fused bias+GELU, strided 2-D copy, fusion bytes.
 
-Every kernel check observes the learner's wrapper with ``grader.kernelcheck``: a *poisoned* output
+Every kernel check observes the learner's wrapper with ``grader.kit.kernels``: a *poisoned* output
 buffer followed by a guard region and padded inputs (so unwritten elements and out-of-bounds
 accesses both show, at any block size), the learner's own Triton kernels launched and really
 computing the output (so a PyTorch one-liner earns nothing), and the inputs not modified.
@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from gpulab.compare import compare, padded
-from grader.exercise import Case, Exercise, entry
-from grader.kernelcheck import judge_kernel, observe_kernel
+from grader.exercise import Benchmark, Case, Exercise, entry
+from grader.kit.kernels import judge_kernel, observe_kernel
 
 LAB = "02_triton_basics"
 TITLE = "Triton basics: programs, masks, fusion"
@@ -229,8 +229,6 @@ def _bench_inputs_gelu(approximate):
 def _bench_gelu_baseline(d):
     return F.gelu(d["x"] + d["bias"], approximate=d["approximate"])
 
-
-from grader.bench import Benchmark  # noqa: E402 - kept next to its only use
 
 BENCHMARKS = [
     Benchmark("vector_add fp32 vs torch.add", "vector_add", _bench_inputs_add,

@@ -2,7 +2,7 @@
 
 Every kernel check passes a *poisoned* output followed by a guard region, records which Triton
 kernels launched and that the learner's own kernels computed the output, and verifies the inputs
-were not modified (lab 02's rules, in ``grader.kernelcheck``). What this lab adds,
+were not modified (lab 02's rules, in ``grader.kit.kernels``). What this lab adds,
 from the curriculum's "C:" line:
 
 - **rows wider than one block**: cases pass a small ``BLOCK_N``, so a row spans several blocks and a
@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from gpulab.compare import compare, guard_elements, padded
-from grader.exercise import Case, Exercise, entry
-from grader.kernelcheck import (bounds_verdict, final_verdict, judge_kernel, launch_verdict, observe_kernel,
+from grader.exercise import Benchmark, Case, Exercise, entry
+from grader.kit.kernels import (bounds_verdict, final_verdict, judge_kernel, launch_verdict, observe_kernel,
                                 outside_verdict, return_verdict)
 
 LAB = "03_reductions"
@@ -783,8 +783,6 @@ def _eager_rmsnorm(d, eps=1e-6):
     x = d["x"]
     return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype) * d["weight"]
 
-
-from grader.bench import Benchmark  # noqa: E402 - kept next to its only use
 
 # Each softmax moves 1 GiB (read + write), as the copy that measures the peak does: a 64 MB softmax
 # runs for ~20 us on an H100, too short to compare with a bandwidth measured over 2 GiB.

@@ -1,7 +1,7 @@
 """Checks of lab 04, matmul: tile intensity, grouped program order, a tiled Triton matmul, autotune
 configurations, and a fused bias + activation epilogue.
 
-Every kernel check (observed by ``grader.kernelcheck``) passes a *poisoned* output buffer followed by a
+Every kernel check (observed by ``grader.kit.kernels``) passes a *poisoned* output buffer followed by a
 guard region, records which Triton kernels launched (the learner's own, really computing the
 output) and which PyTorch operations ran outside them (so a `torch.matmul` or a
 PyTorch epilogue is caught), checks the inputs were not modified, and uses sizes that are not
@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from gpulab.compare import compare, guard_elements, padded
 from gpulab.device import interpreted
 from gpulab.launches import record_launches
-from grader.exercise import Case, Exercise, entry
-from grader.kernelcheck import (bounds_verdict, final_verdict, launch_verdict, mismatch_verdict, observe_kernel,
+from grader.exercise import Benchmark, Case, Exercise, entry
+from grader.kit.kernels import (bounds_verdict, final_verdict, launch_verdict, mismatch_verdict, observe_kernel,
                                 outside_verdict, return_verdict)
 
 LAB = "04_matmul"
@@ -736,8 +736,6 @@ def _bench_make(size_full, epilogue=False):
         return d
     return make
 
-
-from grader.bench import Benchmark  # noqa: E402 - kept next to its only use
 
 BENCHMARKS = [
     Benchmark("autotuned fp16 4096^3 vs torch.mm", "matmul_autotuned", _bench_make(4096),

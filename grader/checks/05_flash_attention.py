@@ -32,8 +32,8 @@ import torch
 from gpulab.compare import compare, padded
 from gpulab.device import synchronize
 from gpulab.launches import watch_launches
-from grader.exercise import Case, Exercise, changed_inputs, entry
-from grader.kernelcheck import (bounds_verdict, final_verdict, launch_verdict, mismatch_verdict, observe_kernel,
+from grader.exercise import Benchmark, Case, Exercise, changed_inputs, entry
+from grader.kit.kernels import (bounds_verdict, final_verdict, launch_verdict, mismatch_verdict, observe_kernel,
                                 outside_verdict, run_ablated)
 
 LAB = "05_flash_attention"
@@ -799,8 +799,6 @@ def _sdpa_info() -> dict:
     return {"baseline_sdpa_backend": "FLASH_ATTENTION", "baseline_flash_impl": current or default,
             "torch": torch.__version__}
 
-
-from grader.bench import Benchmark  # noqa: E402 - kept next to its only use
 
 BENCHMARKS = [
     Benchmark(f"flash D={d} S={s // 1024}k{' causal' if c else ''} vs SDPA", "flash_attention",

@@ -24,8 +24,8 @@ import torch.nn as nn
 
 from gpulab.compare import compare, padded
 from gpulab.device import synchronize
-from grader.exercise import Case, Exercise, changed_inputs, entry, to_cpu
-from grader.kernelcheck import (bounds_verdict, final_verdict, launch_verdict, mismatch_verdict, observe_kernel,
+from grader.exercise import Benchmark, Case, Exercise, changed_inputs, entry, to_cpu
+from grader.kit.kernels import (bounds_verdict, final_verdict, launch_verdict, mismatch_verdict, observe_kernel,
                                 outside_verdict, return_verdict)
 
 LAB = "08_quantization"
@@ -1052,8 +1052,6 @@ def _bench_dequant(device, tiny):
     return {"q": q, "scale": torch.tensor(4.0 / 127, device=device), "zp": torch.tensor(0, dtype=torch.int32, device=device),
             "bytes": n * (1 + 4)}
 
-
-from grader.bench import Benchmark  # noqa: E402 - kept next to its only use
 
 BENCHMARKS = [
     Benchmark(f"int8 W-only M={m} K=N={kn} vs fp16", "int8_weight_matmul", _bench_wmm(m, kn),

@@ -16,7 +16,7 @@ import torch
 from gpulab.compare import compare
 from gpulab.models import RECOMPUTE_CANDIDATES as CANDIDATES
 from gpulab.models import make_block
-from grader.exercise import Case, Exercise, Neutral, entry
+from grader.exercise import Benchmark, Case, Exercise, Neutral, entry
 
 LAB = "10_memory_checkpointing"
 TITLE = "Where memory goes: activations, checkpointing, ZeRO and offload"
@@ -830,8 +830,6 @@ def _bench_make(device, tiny):
 def _bench_step(out):
     out.sum().backward()
 
-
-from grader.bench import Benchmark  # noqa: E402 - kept next to its only use
 
 BENCHMARKS = [
     Benchmark("block, full checkpoint vs plain", "checkpoint", _bench_make,

@@ -23,7 +23,7 @@ import math
 import torch
 
 from gpulab.compare import compare
-from grader.exercise import Case, Exercise, entry
+from grader.exercise import Benchmark, Case, Exercise, entry
 
 LAB = "12_tensor_parallel"
 TITLE = "Tensor parallelism: Megatron layers"
@@ -909,8 +909,6 @@ def _bench_call(cls, d):
         d["mlp"].load_from_full(d["ref"])
     d["mlp"](d["x"]).sum().backward()
 
-
-from grader.bench import Benchmark  # noqa: E402 - kept next to its only use
 
 BENCHMARKS = [
     Benchmark("ParallelMLP fwd+bwd, 1 rank vs MLP", "ParallelMLP", _bench_make, _bench_call,
