@@ -10,6 +10,10 @@ Release is a short, ordered list of transforms on each solution notebook:
 4. put the "generated" banner on top of the first cell; store the kernelspec JupyterLab writes and
    a digest of the cells, by which a later release tells a learner's edits from its own output.
 
+Points are declared once, in the lab's ``grader/checks/NN_name.py``: release copies each exercise's
+points into the answer cell's metadata, in ``labs/`` and in ``solutions/`` alike (``--check`` reports
+a solution whose copy differs), so the notebooks never disagree with the grade.
+
 Writing never destroys a learner's work: a lab that holds answers or outputs is kept unless
 ``force``. ``check`` compares with the committed lab (git HEAD) as well as the working copy, so
 answers saved in ``labs/`` do not make the check fail.
@@ -84,9 +88,27 @@ def strip_regions(source: str, *, markdown: bool, where: str, eid: str | None = 
     return "\n".join(out), count
 
 
+def with_declared_points(nb: nbformat.NotebookNode, stem: str, where: str) -> nbformat.NotebookNode:
+    """``nb`` with each answer cell's ``points`` set from the lab's check file (in place)."""
+    from grader.checks import exercises, lab_stems
+
+    if stem not in lab_stems():
+        return nb  # a lab without checks yet (or a test's demo): nothing declares its points
+    declared = exercises(stem)
+    for i, cell in enumerate(nb.cells):
+        eid = exercise_id(cell)
+        if eid is None:
+            continue
+        if eid not in declared:
+            raise ReleaseError(f"{where}, cell {i}: exercise {eid!r} is not declared in grader/checks/{stem}.py.")
+        cell.metadata["gpulab"]["points"] = declared[eid].points
+    return nb
+
+
 def release_notebook(solution_path: Path) -> nbformat.NotebookNode:
     """The generated lab notebook for one solution notebook (nothing is written)."""
     nb = nbformat.from_dict(copy.deepcopy(read_notebook(solution_path)))
+    with_declared_points(nb, solution_path.stem, solution_path.name)
     for i, cell in enumerate(nb.cells):
         where = f"{solution_path.name}, cell {i} (id {cell.get('id', '?')})"
         eid = exercise_id(cell)
@@ -187,6 +209,14 @@ def release(root: Path | None = None, check: bool = False, force: bool = False) 
     labs_dir = root / "labs"
     report = ReleaseReport()
     for path in solutions:
+        solution_text = path.read_text(encoding="utf-8")
+        synced = render(with_declared_points(nbformat.reads(solution_text, as_version=4), path.stem, path.name))
+        if synced != solution_text:
+            if check:
+                report.changed.append(f"solutions/{path.name} (points differ from grader/checks/{path.stem}.py)")
+            else:
+                path.write_text(synced, encoding="utf-8")
+                report.changed.append(f"solutions/{path.name} (points from grader/checks/{path.stem}.py)")
         text = render(release_notebook(path))
         rel = f"labs/{path.name}"
         target = root / rel

@@ -232,3 +232,27 @@ def test_repository_labs_are_in_sync_with_solutions():
     proc = subprocess.run([sys.executable, "-m", "grader", "release", "--check"], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_points_are_declared_once_in_the_checks_and_copied_by_release(tmp_path):
+    """A solution whose points drifted from grader/checks is reported by --check and fixed by release."""
+    import shutil
+
+    from grader.checks import exercises
+
+    (tmp_path / "solutions").mkdir()
+    path = tmp_path / "solutions" / "01_performance_model.ipynb"
+    shutil.copy(ROOT / "solutions" / path.name, path)
+    nb = nbformat.read(path, 4)
+    cell = next(c for c in nb.cells if c.metadata.get("gpulab", {}).get("exercise"))
+    eid = cell.metadata["gpulab"]["exercise"]
+    cell.metadata["gpulab"]["points"] = 99
+    path.write_text(nbformat.writes(nb) + "\n")
+    assert f"solutions/{path.name} (points differ from grader/checks/01_performance_model.py)" in \
+        release(tmp_path, check=True).changed
+    release(tmp_path)
+    for folder in ("solutions", "labs"):
+        cell = next(c for c in nbformat.read(tmp_path / folder / path.name, 4).cells
+                    if c.metadata.get("gpulab", {}).get("exercise") == eid)
+        assert cell.metadata["gpulab"]["points"] == exercises("01_performance_model")[eid].points
+    assert release(tmp_path, check=True).changed == []
