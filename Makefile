@@ -19,6 +19,7 @@ lab: $(STAMP)
 		--LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb $(LAB_ARGS)
 
 test: $(STAMP)
+	$(PY) -m ruff check .
 	$(PY) -m grader release --check
 	$(PY) -m pytest -n 2 --dist worksteal
 

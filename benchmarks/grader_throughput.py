@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project, importable as a script
 from gpulab.paths import ROOT  # noqa: E402
+
 STEM = "02_triton_basics"
 
 

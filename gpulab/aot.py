@@ -237,7 +237,8 @@ class _Utils:
         """(module, function, n_regs, n_spills, n_max_threads) as the CUDA driver would return them."""
         usage = resource_usage(cubin)
         regs = usage["REG"]
-        per_warp = math.ceil(max(regs, 1) * self.device.warp_size / self.device.reg_alloc_unit) * self.device.reg_alloc_unit
+        unit = self.device.reg_alloc_unit
+        per_warp = math.ceil(max(regs, 1) * self.device.warp_size / unit) * unit
         max_threads = min(self.device.threads_per_block, self.device.regs_per_block // per_warp * self.device.warp_size)
         return 0, 0, regs, (usage["LOCAL"] + usage["STACK"]) // 4, max_threads
 

@@ -105,7 +105,7 @@ def is_own_kernel(kernel) -> bool:
 class Launch:
     name: str
     own: bool
-    kind: str = ""                                    # the launcher's type: JITFunction, InterpretedFunction, Autotuner ...
+    kind: str = ""                                    # launcher type: JITFunction, InterpretedFunction ...
     tensors: list = field(default_factory=list)       # (dtype name, numel, data_ptr) of each tensor argument
 
 

@@ -78,7 +78,8 @@ def format_table(report: dict) -> str:
              f"{'benchmark':36s}{'ms':>10}{'GB/s':>10}{'% copy':>8}{'TFLOP/s':>9}{'vs torch':>10}"]
     for r in report["results"]:
         if "skipped" in r or "error" in r:
-            lines.append(f"{r['name']:36s}  {'skipped' if 'skipped' in r else 'FAILED'}: {r.get('skipped') or r['error']}")
+            why = 'skipped' if 'skipped' in r else 'FAILED'
+            lines.append(f"{r['name']:36s}  {why}: {r.get('skipped') or r['error']}")
             continue
         lines.append(f"{r['name']:36s}{r['ms']:>10.4f}{r.get('gbps', float('nan')):>10.1f}"
                      f"{r.get('pct_of_copy', float('nan')):>7.0f}%{r.get('tflops', float('nan')):>9.2f}"

@@ -37,7 +37,7 @@ from gpulab.paths import ROOT
 from grader import sandbox
 from grader.checks import exercises, lab_stems
 from grader.exercise import Case, ExerciseResult, judge_case, summarize
-from grader.notebooks import InvalidNotebook, answer_cells, export_source, exercise_id, read_notebook
+from grader.notebooks import InvalidNotebook, answer_cells, exercise_id, export_source, read_notebook
 from grader.report import write_reports
 from grader.worker import CHANNEL_FD, HEADER
 

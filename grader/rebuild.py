@@ -121,4 +121,5 @@ def run_rebuilt(solution, answers: dict[str, str], device: str, timeout_s: float
         return {"status": "ok"}
     reason = err.decode("utf-8", "replace").strip().splitlines()
     return {"status": "failed", "cell": None,
-            "error": ("the kernel died or the run was stopped: " + (reason[-1] if reason else "no message"))[:ERROR_CAP]}
+            "error": ("the kernel died or the run was stopped: "
+                      + (reason[-1] if reason else "no message"))[:ERROR_CAP]}

@@ -87,7 +87,8 @@ def table(result: dict) -> str:
     run = result.get("notebook_run")
     if run:
         lines.append(f"  notebook top to bottom: {run['status']}" +
-                     (f" at {run.get('cell') or 'start-up'}: {run.get('error', '')[:100]}" if run["status"] == "failed" else ""))
+                     (f" at {run.get('cell') or 'start-up'}: {run.get('error', '')[:100]}"
+                      if run["status"] == "failed" else ""))
     return "\n".join(lines)
 
 
@@ -123,7 +124,8 @@ def junit_xml(results: list[dict], suite: str = "gpulab") -> str:
         cls = quoteattr(f"{r.get('lab')}.{Path(r['submission']).stem}")
         if r["status"] != "graded":
             errors += 1
-            cases.append(f'  <testcase classname={cls} name="submission"><error message={quoteattr(r.get("message", ""))}/>'
+            error = quoteattr(r.get("message", ""))
+            cases.append(f'  <testcase classname={cls} name="submission"><error message={error}/>'
                          "</testcase>")
             continue
         for ex in r["exercises"]:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import functools
 import os
 import resource
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import threading

@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project, importable as a script
-from gpulab.paths import ROOT  # noqa: E402
-
 # Kernels defined in test modules are decorated at import: the interpreter must be on first.
 import gpulab.device  # noqa: E402
+from gpulab.paths import ROOT  # noqa: E402
 
 gpulab.device.set_device("cpu")
 

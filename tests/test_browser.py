@@ -247,7 +247,7 @@ def _open(page, path: str) -> None:
 
 
 def _wait_notebook(page, path: str) -> None:
-    page.locator(f".lm-TabBar-tab.lm-mod-current", has_text=Path(path).name).first.wait_for()
+    page.locator(".lm-TabBar-tab.lm-mod-current", has_text=Path(path).name).first.wait_for()
     page.locator(f"{PANEL} .jp-Notebook .jp-Cell").first.wait_for()
     page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\| Idle")).wait_for(timeout=TIMEOUT_MS)
 

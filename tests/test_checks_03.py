@@ -36,7 +36,8 @@ def test_solution_passes_public_and_hidden_cases(sol03, eid):
 # --- a softmax kernel with a switch per bug -----------------------------------------------------------
 
 @triton.jit
-def _softmax_variant(x_ptr, out_ptr, N, stride_xm, stride_om, BLOCK_N: tl.constexpr, SUB_MAX: tl.constexpr, RESCALE: tl.constexpr,
+def _softmax_variant(x_ptr, out_ptr, N, stride_xm, stride_om, BLOCK_N: tl.constexpr, SUB_MAX: tl.constexpr,
+                     RESCALE: tl.constexpr,
                      GUARD_LANES: tl.constexpr, GUARD_ROW: tl.constexpr, LOAD_LE: tl.constexpr,
                      STORE_LE: tl.constexpr, LOOP: tl.constexpr, ACC: tl.constexpr, STATS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -253,7 +254,8 @@ def test_stats_in_pytorch_earns_nothing(sol03):
 # --- a norm kernel with a switch per bug -------------------------------------------------------------
 
 @triton.jit
-def _norm_variant(x_ptr, w_ptr, b_ptr, out_ptr, N, stride_xm, stride_om, eps, BLOCK_N: tl.constexpr, LAYER: tl.constexpr,
+def _norm_variant(x_ptr, w_ptr, b_ptr, out_ptr, N, stride_xm, stride_om, eps, BLOCK_N: tl.constexpr,
+                  LAYER: tl.constexpr,
                   ACC: tl.constexpr, EPS_INSIDE: tl.constexpr, UNBIASED: tl.constexpr, LOOP: tl.constexpr,
                   STORE_MASK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -510,7 +512,8 @@ def test_stats_allocated_in_x_dtype_fail_on_float16(sol03):
     # BUG: the default `out` in x's dtype (right for float32 inputs; the check always passed `out` before)
     wrong = _wrong_solution(sol03, "softmax_online_state",
                             "out = rows_out(x, out, out_shape=(x.shape[0], 2), out_dtype=torch.float32)",
-                            "out = torch.empty((x.shape[0], 2), dtype=x.dtype, device=x.device) if out is None else out")
+                            "out = torch.empty((x.shape[0], 2), dtype=x.dtype, device=x.device) "
+                            "if out is None else out")
     ex = exercises(STEM)["softmax_online_state"]
     cases = [c for seed in (None, 1, 2) for c in (ex.cases() if seed is None else ex.cases(seed=seed, public=False))
              if c.inputs.get("kind") == "alloc"]

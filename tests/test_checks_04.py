@@ -385,7 +385,7 @@ def _rules(eid, case) -> set:
                                 ("GROUP_M > num_pid_m", g > m), ("one column", n == 1), ("GROUP_M = 1", g == 1)) if on}
     if x.get("kind") == "configs":
         return {"configs"}
-    a, b = x["a"], x["b"]
+    a = x["a"]
     rules = {f"layout {x['layout']}", f"{a.dtype} {x['layout']}".replace("torch.", ""), f"data {x['kind']}"}
     if x.get("epilogue"):
         rules.add(f"{x['epilogue']} in {a.dtype}".replace("torch.", ""))

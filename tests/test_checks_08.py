@@ -12,8 +12,8 @@ import triton.language as tl
 
 from grader.checks import exercises
 from grader.exercise import evaluate
-from tests.conftest import grade, solution_namespace, with_answer
 from tests import graderkit as kit
+from tests.conftest import grade, solution_namespace, with_answer
 
 STEM = "08_quantization"
 
@@ -253,8 +253,10 @@ def _float_weight_matmul(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, s
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-        w = tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < K), other=0.0)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K),
+                    other=0.0)
+        w = tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < K),
+                    other=0.0)
         acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc)
     tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=(rm[:, None] < M) & (rn[None, :] < N))
@@ -315,7 +317,8 @@ def _int8_matmul_store_unmasked_cols(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stri
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K),
+                    other=0.0)
         w = tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < K), other=0)
         acc = tl.dot(x, w.to(x.dtype), acc)
     acc = acc * tl.load(s_ptr + rn, mask=rn < N, other=0.0)[None, :]
@@ -329,7 +332,8 @@ def test_store_without_column_mask_writes_the_guard_region(sol08):
         N = w_q.shape[0]
         out = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
         _int8_matmul_store_unmasked_cols[(triton.cdiv(M, 16), triton.cdiv(N, 32))](
-            x, w_q, w_scale, out, M, N, K, x.stride(0), w_q.stride(0), out.stride(0), BLOCK_M=16, BLOCK_N=32, BLOCK_K=64)
+            x, w_q, w_scale, out, M, N, K, x.stride(0), w_q.stride(0), out.stride(0),
+            BLOCK_M=16, BLOCK_N=32, BLOCK_K=64)
         return out
     r = grade(STEM, "int8_weight_matmul", with_answer(sol08, int8_weight_matmul=int8_weight_matmul), hidden=False)
     assert r.status == "failed" and "past the end" in r.message
@@ -387,7 +391,8 @@ def _int8_matmul_fp16_accumulator(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float16)  # BUG: the running sum keeps 11 bits
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K),
+                    other=0.0)
         w = tl.load(w_ptr + rn[None, :] * stride_wn + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < K), other=0)
         acc = tl.dot(x, w.to(x.dtype), acc, out_dtype=tl.float16)  # Triton 3.6 needs out_dtype to match acc
     acc = acc * tl.load(s_ptr + rn, mask=rn < N, other=0.0)[None, :]

@@ -11,8 +11,8 @@ import torch
 
 from gpulab.models import RECOMPUTE_CANDIDATES, make_block
 from grader.checks import exercises
-from tests.conftest import ROOT, grade, solution_namespace, with_answer
 from tests import graderkit as kit
+from tests.conftest import ROOT, grade, solution_namespace, with_answer
 
 STEM = "10_memory_checkpointing"
 checks = importlib.import_module(f"grader.checks.{STEM}")

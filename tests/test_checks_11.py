@@ -20,8 +20,8 @@ import torch.nn as nn
 
 from grader.checks import exercises, load_lab
 from grader.exercise import evaluate
-from tests.conftest import HIDDEN_SEED, grade, solution_namespace, with_answer
 from tests import graderkit as kit
+from tests.conftest import HIDDEN_SEED, grade, solution_namespace, with_answer
 
 STEM = "11_data_parallel"
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from gpulab.schedules import Step
 from grader.checks import exercises, load_lab
 from grader.exercise import evaluate
-from tests.conftest import grade, solution_namespace, with_answer
 from tests import graderkit as kit
+from tests.conftest import grade, solution_namespace, with_answer
 
 # Wrong runners defined here are shipped to the ranks by value (the ranks need not import this file).
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

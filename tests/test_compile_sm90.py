@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,8 +19,8 @@ import triton
 import triton.language as tl
 
 from gpulab import aot
-from grader.checks import load_lab
 from gpulab.paths import ROOT
+from grader.checks import load_lab
 from grader.notebooks import answer_cells, exec_source, export_source, read_notebook
 
 LABS = ["02_triton_basics", "03_reductions", "04_matmul", "05_flash_attention", "08_quantization"]

@@ -69,7 +69,8 @@ def test_a_rank_stuck_outside_any_collective_is_stopped_by_the_watchdog():
         return rank
 
     start = time.monotonic()
-    with pytest.raises(RankTimeout, match=r"rank\(s\) \[1\] did not finish within 3 s(.|\n)*rank\(s\) \[0\] had finished"):
+    finished = r"rank\(s\) \[1\] did not finish within 3 s(.|\n)*rank\(s\) \[0\] had finished"
+    with pytest.raises(RankTimeout, match=finished):
         launch(spin, 2, timeout_s=3)
     assert time.monotonic() - start < 3 + 40
 

@@ -224,7 +224,8 @@ def test_a_random_notebook_is_invalid(tmp_path):
 def test_cli_writes_reports_and_never_prints_a_traceback(tmp_path):
     bad = tmp_path / "bad.ipynb"
     bad.write_bytes(b"\x00\x01 not a notebook")
-    proc = subprocess.run([sys.executable, "-m", "grader", "grade", str(bad), "--lab", L1, "--out", str(tmp_path / "o")],
+    proc = subprocess.run([sys.executable, "-m", "grader", "grade", str(bad), "--lab", L1,
+                           "--out", str(tmp_path / "o")],
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
     result = json.loads((tmp_path / "o" / "result.json").read_text())
@@ -283,7 +284,8 @@ def test_result_records_the_isolation_used(tmp_path):
 def test_solutions_and_checks_are_not_readable(tmp_path):
     steal = ("import json, pathlib\n"
              f"nb = json.loads(pathlib.Path({str(ROOT / 'solutions' / (L1 + '.ipynb'))!r}).read_text())\n"
-             "exec(''.join(c['source']) for c in nb['cells'] if c.get('metadata', {}).get('gpulab', {}).get('exercise') == 'costs')\n")
+             "exec(''.join(c['source']) for c in nb['cells']\n"
+             "     if c.get('metadata', {}).get('gpulab', {}).get('exercise') == 'costs')\n")
     reference = "from grader.checks import load_lab\nglobals().update(vars(load_lab('01_performance_model')))\n"
     r = run(tmp_path, kit.submission(L1, {"costs": steal, "scaling": reference}))
     e = kit.by_id(r)

@@ -9,7 +9,6 @@ import re
 
 import pytest
 import torch
-import triton
 
 from gpulab import aot
 from tests.conftest import solution_namespace

@@ -11,7 +11,7 @@ import pytest
 
 from grader.checks import exercises, lab_stems
 from grader.exercise import evaluate
-from grader.notebooks import answer_cells, exec_source, export_source, exercise_id, is_parameters, read_notebook
+from grader.notebooks import answer_cells, exec_source, exercise_id, export_source, is_parameters, read_notebook
 from grader.release import KERNELSPEC, LANGUAGE_INFO, release_notebook, render
 from tests.conftest import ROOT
 

@@ -34,7 +34,8 @@ def tensor_match(dtype: torch.dtype | None = None, **tolerances) -> Callable[[ob
     return lambda got, want: compare(got, want, dtype=dtype, **tolerances) is None
 
 
-def diagnose(message: str | None, got, variants, same, template: str = "\n  Your output matches {} instead.") -> str | None:
+def diagnose(message: str | None, got, variants, same,
+             template: str = "\n  Your output matches {} instead.") -> str | None:
     """``message`` with ``template`` naming the first matching variant appended (``message`` if none
     matches or there is no mismatch to explain)."""
     if not message:
