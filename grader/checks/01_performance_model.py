@@ -1,104 +1,95 @@
-"""Checks of lab 01, performance model: costs, roofline, a correct timer, scaling laws."""
+"""Checks of lab 01, performance model: costs, roofline, a correct timer, scaling laws.
+
+Answers are formulas of plain numbers; the timer is run on a simulated GPU and clock (no GPU, no waiting).
+"""
 from __future__ import annotations
 
-import math
 import statistics
 
 import torch
 
 from grader.exercise import Case, Exercise, entry
+from grader.kit.cases import randint, uniform
+from grader.kit.close import close
 
 LAB = "01_performance_model"
 TITLE = "Performance model: timing, roofline, scaling"
-
-
-def _randint(gen, lo, hi) -> int:
-    return int(torch.randint(lo, hi + 1, (1,), generator=gen))
-
-
-def _close(got, want, rel=1e-9) -> bool:
-    try:
-        return math.isclose(float(got), float(want), rel_tol=rel, abs_tol=1e-12)
-    except (TypeError, ValueError):
-        return False
+FORMULA_RTOL = 1e-6  # roofline and scaling answers may be computed in another (equivalent) order
 
 
 # --- costs: FLOPs and bytes of the four op families ---------------------------------------------
 
-def ref_costs(inp: dict) -> dict:
+def ref_costs(x: dict) -> dict:
     """The reference (flops, bytes) of every op in one case."""
-    b = inp["dtype_bytes"]
-    n, rows, cols = inp["numel"], inp["rows"], inp["cols"]
-    M, N, K = inp["M"], inp["N"], inp["K"]
-    B, H, Sq, Sk, D = inp["batch"], inp["heads"], inp["seq_q"], inp["seq_k"], inp["head_dim"]
-    causal = inp["causal"]
+    b, n, rows, cols, M, N, K = x["dtype_bytes"], x["numel"], x["rows"], x["cols"], x["M"], x["N"], x["K"]
+    B, H, Sq, Sk, D = x["batch"], x["heads"], x["seq_q"], x["seq_k"], x["head_dim"]
     # query i sees keys 0..i (top-left aligned), at most seq_k of them
-    pairs = sum(min(i + 1, Sk) for i in range(Sq)) if causal else Sq * Sk
-    return {
-        "elementwise": (n * inp["flops_per_element"], n * (inp["n_inputs"] + 1) * b),
-        "softmax": (5 * rows * cols, 2 * rows * cols * b),
-        "matmul": (2 * M * N * K, (M * K + K * N + M * N) * b),
-        "attention": (4 * B * H * pairs * D, B * H * (2 * Sq + 2 * Sk) * D * b),
-    }
+    pairs = sum(min(i + 1, Sk) for i in range(Sq)) if x["causal"] else Sq * Sk
+    return {"elementwise": (n * x["flops_per_element"], n * (x["n_inputs"] + 1) * b),
+            "softmax": (5 * rows * cols, 2 * rows * cols * b),
+            "matmul": (2 * M * N * K, (M * K + K * N + M * N) * b),
+            "attention": (4 * B * H * pairs * D, B * H * (2 * Sq + 2 * Sk) * D * b)}
 
 
 def _costs_cases(gen, public):
-    cases = []
-    if public:
-        cases.append(Case("fp32 sizes from the lesson", dict(
+    cases = [] if not public else [
+        Case("fp32 sizes from the lesson", dict(
             numel=1 << 20, n_inputs=2, flops_per_element=1, rows=4096, cols=1024, M=1024, N=1024,
-            K=1024, batch=1, heads=8, seq_q=1024, seq_k=1024, head_dim=64, causal=False, dtype_bytes=4)))
-        cases.append(Case("fp16, causal attention, odd sizes", dict(
+            K=1024, batch=1, heads=8, seq_q=1024, seq_k=1024, head_dim=64, causal=False, dtype_bytes=4)),
+        Case("fp16, causal attention, odd sizes", dict(
             numel=1000, n_inputs=1, flops_per_element=8, rows=3, cols=77, M=100, N=33, K=7,
-            batch=2, heads=3, seq_q=5, seq_k=5, head_dim=16, causal=True, dtype_bytes=2)))
-        cases.append(Case("fp16, causal attention with fewer keys than queries (seq_k < seq_q)", dict(
+            batch=2, heads=3, seq_q=5, seq_k=5, head_dim=16, causal=True, dtype_bytes=2)),
+        Case("fp16, causal attention with fewer keys than queries (seq_k < seq_q)", dict(
             numel=77, n_inputs=3, flops_per_element=2, rows=5, cols=3, M=7, N=100, K=33,
-            batch=1, heads=2, seq_q=12, seq_k=5, head_dim=32, causal=True, dtype_bytes=2)))
-    # Hidden cases: random sizes inside fixed rules, so every seed has causal and non-causal
-    # attention with seq_k <, = and > seq_q, and every dtype size.
+            batch=1, heads=2, seq_q=12, seq_k=5, head_dim=32, causal=True, dtype_bytes=2))]
+    # Random sizes inside fixed rules, so every seed has causal and non-causal attention with
+    # seq_k <, = and > seq_q, and every dtype size.
     shapes = ["seq_k < seq_q", "seq_k > seq_q", "seq_k = seq_q"]
     for i in range(2 if public else 6):
-        sq = _randint(gen, 2, 300)
-        sk = {"seq_k < seq_q": _randint(gen, 1, sq - 1), "seq_k > seq_q": sq + _randint(gen, 1, 200),
+        sq = randint(gen, 2, 300)
+        sk = {"seq_k < seq_q": randint(gen, 1, sq - 1), "seq_k > seq_q": sq + randint(gen, 1, 200),
               "seq_k = seq_q": sq}[shapes[i % 3]]
         causal = i % 2 == 0
         cases.append(Case(f"random sizes #{i}: {'causal' if causal else 'full'} attention, {shapes[i % 3]}", dict(
-            numel=_randint(gen, 1, 1 << 22), n_inputs=_randint(gen, 1, 3),
-            flops_per_element=_randint(gen, 1, 20), rows=_randint(gen, 1, 5000),
-            cols=_randint(gen, 1, 5000), M=_randint(gen, 1, 4096), N=_randint(gen, 1, 4096),
-            K=_randint(gen, 1, 4096), batch=_randint(gen, 1, 8), heads=_randint(gen, 1, 32),
+            numel=randint(gen, 1, 1 << 22), n_inputs=randint(gen, 1, 3),
+            flops_per_element=randint(gen, 1, 20), rows=randint(gen, 1, 5000),
+            cols=randint(gen, 1, 5000), M=randint(gen, 1, 4096), N=randint(gen, 1, 4096),
+            K=randint(gen, 1, 4096), batch=randint(gen, 1, 8), heads=randint(gen, 1, 32),
             seq_q=sq, seq_k=sk, head_dim=64, causal=causal, dtype_bytes=[1, 2, 4][i % 3])))
     return cases
 
 
 def _costs_run(ns, case, device):
     x = case.inputs
-    return {
-        "elementwise": entry(ns, "elementwise_cost")(x["numel"], x["dtype_bytes"], n_inputs=x["n_inputs"],
-                                                     flops_per_element=x["flops_per_element"]),
-        "softmax": entry(ns, "softmax_cost")(x["rows"], x["cols"], x["dtype_bytes"]),
-        "matmul": entry(ns, "matmul_cost")(x["M"], x["N"], x["K"], x["dtype_bytes"]),
-        "attention": entry(ns, "attention_cost")(x["batch"], x["heads"], x["seq_q"], x["seq_k"],
-                                                 x["head_dim"], x["dtype_bytes"], causal=x["causal"]),
-    }
+    return {"elementwise": entry(ns, "elementwise_cost")(x["numel"], x["dtype_bytes"], n_inputs=x["n_inputs"],
+                                                         flops_per_element=x["flops_per_element"]),
+            "softmax": entry(ns, "softmax_cost")(x["rows"], x["cols"], x["dtype_bytes"]),
+            "matmul": entry(ns, "matmul_cost")(x["M"], x["N"], x["K"], x["dtype_bytes"]),
+            "attention": entry(ns, "attention_cost")(x["batch"], x["heads"], x["seq_q"], x["seq_k"],
+                                                     x["head_dim"], x["dtype_bytes"], causal=x["causal"])}
 
 
 def _costs_judge(case, obs):
-    want = ref_costs(case.inputs)
-    for op, (flops, nbytes) in want.items():
+    x = case.inputs
+    for op, (flops, nbytes) in ref_costs(x).items():
         got = obs.get(op)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             return f"{op}_cost must return a pair (flops, bytes), got {got!r}."
-        if not _close(got[0], flops):
-            msg = f"{op}_cost: flops {got[0]!r}, expected {flops} for {case.inputs}."
-            x = case.inputs
+        if not close(got[0], flops):
+            msg = f"{op}_cost: flops {got[0]!r}, expected {flops} for {x}."
             if op == "attention" and x["causal"] and x["seq_k"] < x["seq_q"]:
                 msg += (" Here seq_k < seq_q: query i sees min(i + 1, seq_k) keys, so the last "
                         f"{x['seq_q'] - x['seq_k']} queries see all {x['seq_k']} keys.")
             return msg
-        if not _close(got[1], nbytes):
-            return f"{op}_cost: bytes {got[1]!r}, expected {nbytes} for {case.inputs}."
+        if not close(got[1], nbytes):
+            return f"{op}_cost: bytes {got[1]!r}, expected {nbytes} for {x}."
     return None
+
+
+COSTS = Exercise("costs", 3, ("elementwise_cost", "softmax_cost", "matmul_cost", "attention_cost"),
+                 _costs_cases, _costs_run, _costs_judge, title="FLOPs and bytes of four op families",
+                 hint="A matmul does one multiply and one add per (m, n, k): 2*M*N*K FLOPs. Count every tensor "
+                      "read once and every output written once. Causal attention skips the masked pairs.")
 
 
 # --- roofline ------------------------------------------------------------------------------------
@@ -110,13 +101,10 @@ def _roofline_cases(gen, public):
     cases = [Case(f"flops={f:.3g} bytes={b:.3g}", dict(flops=f, bytes=b, peak_flops=pf, peak_bw=pb))
              for f, b, pf, pb in fixed]
     for i in range(2 if public else 8):
-        pf = 10 ** (11 + 4 * float(torch.rand(1, generator=gen)))
-        pb = 10 ** (10 + 3 * float(torch.rand(1, generator=gen)))
-        nbytes = 10 ** (4 + 6 * float(torch.rand(1, generator=gen)))
-        ridge = pf / pb
+        pf, pb, nbytes = 10 ** uniform(gen, 11, 15), 10 ** uniform(gen, 10, 13), 10 ** uniform(gen, 4, 10)
         # 1.1x .. 10x away from the ridge (never a tie), below it (memory-bound) on even cases
-        factor = 10 ** (0.05 + 0.95 * float(torch.rand(1, generator=gen)))
-        ai = ridge / factor if i % 2 == 0 else ridge * factor
+        factor = 10 ** uniform(gen, 0.05, 1.0)
+        ai = pf / pb / factor if i % 2 == 0 else pf / pb * factor
         bound = "memory" if i % 2 == 0 else "compute"
         cases.append(Case(f"random machine #{i}, {bound}-bound",
                           dict(flops=ai * nbytes, bytes=nbytes, peak_flops=pf, peak_bw=pb)))
@@ -133,9 +121,9 @@ def _roofline_run(ns, case, device):
 def _roofline_judge(case, obs):
     x = case.inputs
     t_compute, t_memory = x["flops"] / x["peak_flops"], x["bytes"] / x["peak_bw"]
-    if not _close(obs["ai"], x["flops"] / x["bytes"], 1e-6):
+    if not close(obs["ai"], x["flops"] / x["bytes"], FORMULA_RTOL):
         return f"arithmetic_intensity = {obs['ai']!r}, expected flops / bytes = {x['flops'] / x['bytes']:.6g}."
-    if not _close(obs["time"], max(t_compute, t_memory), 1e-6):
+    if not close(obs["time"], max(t_compute, t_memory), FORMULA_RTOL):
         return (f"roofline_time = {obs['time']!r} s, expected {max(t_compute, t_memory):.6g} s: compute "
                 f"takes {t_compute:.3g} s, memory {t_memory:.3g} s, and they overlap.")
     want = "memory" if t_memory > t_compute else "compute"
@@ -143,6 +131,11 @@ def _roofline_judge(case, obs):
         return f"bound = {obs['bound']!r}, expected {want!r} (arithmetic intensity {x['flops'] / x['bytes']:.3g} " \
                f"vs ridge point {x['peak_flops'] / x['peak_bw']:.3g} FLOP/byte)."
     return None
+
+
+ROOFLINE = Exercise("roofline", 2, ("arithmetic_intensity", "roofline_time", "bound"),
+                    _roofline_cases, _roofline_run, _roofline_judge, title="Roofline time and bound",
+                    hint="Compute and memory traffic overlap, so the time is the larger of the two, not their sum.")
 
 
 # --- benchmark: a timer that synchronises and warms up ----------------------------------------
@@ -165,17 +158,14 @@ def _durations(gen, typical_ms: float) -> list:
 
 
 def _benchmark_cases(gen, public):
-    specs = [(4.0, 300.0, 3, 5), (8.0, 400.0, 1, 3)]
-    if not public:  # random typical times, the same rules
-        specs = [(1.0 + 7.0 * float(torch.rand(1, generator=gen)), 300.0, 3, 5),
-                 (1.0 + 7.0 * float(torch.rand(1, generator=gen)), 400.0, 1, 3)]
+    typical = [4.0, 8.0] if public else [uniform(gen, 1.0, 8.0), uniform(gen, 1.0, 8.0)]  # random on hidden
     cases = []
-    for typical, cold, cold_calls, warmup in specs:
+    for typical_ms, (cold, cold_calls, warmup) in zip(typical, [(300.0, 3, 5), (400.0, 1, 3)]):
         first = f"first {cold_calls} calls" if cold_calls > 1 else "first call"
-        cases.append(Case(f"simulated GPU kernel: typically {typical:.3g} ms per call, some slower, "
+        cases.append(Case(f"simulated GPU kernel: typically {typical_ms:.3g} ms per call, some slower, "
                           f"{first} {cold:.0f} ms",
-                          dict(steady_ms=typical, cold_ms=cold, cold_calls=cold_calls, warmup=warmup,
-                               repeats=REPEATS, durations_ms=_durations(gen, typical))))
+                          dict(steady_ms=typical_ms, cold_ms=cold, cold_calls=cold_calls, warmup=warmup,
+                               repeats=REPEATS, durations_ms=_durations(gen, typical_ms))))
     return cases
 
 
@@ -216,26 +206,28 @@ def _benchmark_judge(case, obs):
     return _percentile_mismatch(obs, samples)
 
 
+def _near(got: float, want: float) -> bool:
+    return abs(got - want) <= PERCENTILE_RTOL * want + PERCENTILE_ATOL_MS
+
+
 def _percentile_mismatch(obs, samples) -> str | None:
     """A message if the reported median, p95 or p99 are not those of the per-call samples."""
     from gpulab.bench import percentile
 
-    mean = statistics.fmean(samples)
-    std = statistics.pstdev(samples)
+    mean, std = statistics.fmean(samples), statistics.pstdev(samples)
     for key, q, label in (("median_ms", 50, "median"), ("p95_ms", 95, "95th percentile"),
                           ("p99_ms", 99, "99th percentile")):
-        want, got = percentile(samples, q), obs[key]
-        if abs(got - want) <= PERCENTILE_RTOL * want + PERCENTILE_ATOL_MS:
+        got, want = obs[key], percentile(samples, q)
+        if _near(got, want):
             continue
         msg = (f"{key} = {got:.3f} ms, but the {label} of the {len(samples)} per-call times your timer measured "
                f"is {want:.3f} ms (they range from {min(samples):.3g} to {max(samples):.3g} ms).")
-        near = lambda v: abs(got - v) <= PERCENTILE_RTOL * v + PERCENTILE_ATOL_MS  # noqa: E731
-        if near(mean):
+        if _near(got, mean):
             msg += (" You reported the mean (a total time divided by the number of calls?): time each call "
                     "separately and take percentiles of those samples.")
-        elif near(max(samples)):
+        elif _near(got, max(samples)):
             msg += " You reported the slowest sample, the max: p99 is the value 99% of the way up the sorted samples."
-        elif key != "median_ms" and any(near(mean + z * std) for z in (1.645, 2.0, 2.326, 3.0)):
+        elif key != "median_ms" and any(_near(got, mean + z * std) for z in (1.645, 2.0, 2.326, 3.0)):
             msg += (" You reported mean + z * std, which assumes normally distributed times; timings have a long "
                     "tail. Sort the samples and take the value q% of the way up.")
         else:
@@ -244,16 +236,24 @@ def _percentile_mismatch(obs, samples) -> str | None:
     return None
 
 
+BENCHMARK = Exercise("benchmark", 3, ("benchmark",), _benchmark_cases, _benchmark_run, _benchmark_judge,
+                     title="A correct timer",
+                     hint="Warm up with untimed calls; call synchronize(device) before you start AND before you "
+                          "stop the clock of each call; report the median and p95/p99 of the samples.")
+
+
 # --- scaling laws ----------------------------------------------------------------------------------
+
+SCALING_NAMES = {"amdahl": "amdahl_speedup", "strong": "strong_scaling_efficiency", "weak": "weak_scaling_efficiency"}
+
 
 def _scaling_cases(gen, public):
     cases = [Case("p=0.95, n=8, 10 s -> 1.6 s", dict(p=0.95, n=8, t1=10.0, tn=1.6)),
              Case("p=0.5, n=64, 10 s -> 10 s (no gain)", dict(p=0.5, n=64, t1=10.0, tn=10.0))]
     for i in range(2 if public else 6):
-        n = _randint(gen, 2, 1024)
-        cases.append(Case(f"random #{i}", dict(p=float(torch.rand(1, generator=gen)), n=n,
-                                               t1=1 + 99 * float(torch.rand(1, generator=gen)),
-                                               tn=0.1 + 50 * float(torch.rand(1, generator=gen)))))
+        n = randint(gen, 2, 1024)
+        cases.append(Case(f"random #{i}", dict(p=uniform(gen, 0.0, 1.0), n=n, t1=uniform(gen, 1.0, 100.0),
+                                               tn=uniform(gen, 0.1, 50.1))))
     return cases
 
 
@@ -268,26 +268,14 @@ def _scaling_judge(case, obs):
     x = case.inputs
     want = {"amdahl": 1 / ((1 - x["p"]) + x["p"] / x["n"]), "strong": x["t1"] / (x["n"] * x["tn"]),
             "weak": x["t1"] / x["tn"]}
-    names = {"amdahl": "amdahl_speedup", "strong": "strong_scaling_efficiency", "weak": "weak_scaling_efficiency"}
     for key, value in want.items():
-        if not _close(obs[key], value, 1e-6):
-            return f"{names[key]} = {obs[key]!r}, expected {value:.6g} for {x}."
+        if not close(obs[key], value, FORMULA_RTOL):
+            return f"{SCALING_NAMES[key]} = {obs[key]!r}, expected {value:.6g} for {x}."
     return None
 
 
-EXERCISES = [
-    Exercise("costs", 3, ("elementwise_cost", "softmax_cost", "matmul_cost", "attention_cost"),
-             _costs_cases, _costs_run, _costs_judge, title="FLOPs and bytes of four op families",
-             hint="A matmul does one multiply and one add per (m, n, k): 2*M*N*K FLOPs. Count every tensor "
-                  "read once and every output written once. Causal attention skips the masked pairs."),
-    Exercise("roofline", 2, ("arithmetic_intensity", "roofline_time", "bound"),
-             _roofline_cases, _roofline_run, _roofline_judge, title="Roofline time and bound",
-             hint="Compute and memory traffic overlap, so the time is the larger of the two, not their sum."),
-    Exercise("benchmark", 3, ("benchmark",), _benchmark_cases, _benchmark_run, _benchmark_judge,
-             title="A correct timer",
-             hint="Warm up with untimed calls; call synchronize(device) before you start AND before you stop "
-                  "the clock of each call; report the median and p95/p99 of the samples."),
-    Exercise("scaling", 2, ("amdahl_speedup", "strong_scaling_efficiency", "weak_scaling_efficiency"),
-             _scaling_cases, _scaling_run, _scaling_judge, title="Amdahl and scaling efficiency",
-             hint="Amdahl: the serial fraction (1 - p) does not shrink with n. Strong scaling divides by n."),
-]
+SCALING = Exercise("scaling", 2, tuple(SCALING_NAMES.values()), _scaling_cases, _scaling_run, _scaling_judge,
+                   title="Amdahl and scaling efficiency",
+                   hint="Amdahl: the serial fraction (1 - p) does not shrink with n. Strong scaling divides by n.")
+
+EXERCISES = [COSTS, ROOFLINE, BENCHMARK, SCALING]
