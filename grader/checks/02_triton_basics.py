@@ -10,15 +10,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gpulab.compare import compare, padded
+from gpulab.compare import padded
 from grader.exercise import Benchmark, Case, Exercise, entry
-from grader.kit.kernels import judge_kernel, observe_kernel
+from grader.kit.cases import randint, randn
+from grader.kit.kernels import judge_out, observe_out
+from grader.kit.variants import diagnose, tensor_match
 
 LAB = "02_triton_basics"
 TITLE = "Triton basics: programs, masks, fusion"
-
-def _randn(gen, *shape, scale=1.0):
-    return torch.randn(*shape, generator=gen) * scale
 
 
 def _layout(t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -32,46 +31,40 @@ def _layout(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t
 
 
-def _call_kernel(fn, args: dict, out_shape, out_dtype, device, may_reject: bool, inputs: dict) -> dict:
-    """Call ``fn(*args, out=out)`` with a poisoned ``out``; observe everything a check needs.
-    ``inputs``: the (padded) tensors behind ``args``."""
-    return observe_kernel(lambda out: fn(*args.values(), out=out), {"out": (out_shape, out_dtype)}, device,
-                          inputs=inputs, may_reject=may_reject).as_obs()
-
-
-def _judge_kernel(case, obs, expected, dtype, fn_name: str, may_reject: bool) -> str | None:
-    return judge_kernel(case, obs, fn_name, lambda outs: compare(outs["out"], expected, dtype=dtype, name=fn_name),
-                        may_reject=may_reject)
-
-
 # --- vector add ---------------------------------------------------------------------------------
 
 def _vector_add_cases(gen, public):
     sizes = [(1, "float32"), (1000, "float32"), (4096, "float32"), (98_307, "float16")]
     if not public:
-        sizes = [(int(torch.randint(1, 1 << 17, (1,), generator=gen)), d) for d in ("float32", "float16")] * 2
-    cases = []
-    for n, dtype in sizes:
-        dt = getattr(torch, dtype)
-        cases.append(Case(f"n={n} {dtype}", dict(x=_randn(gen, n).to(dt), y=_randn(gen, n).to(dt), layout="contiguous")))
-    n = 777 if public else int(torch.randint(100, 5000, (1,), generator=gen))
+        sizes = [(randint(gen, 1, (1 << 17) - 1), d) for d in ("float32", "float16")] * 2
+    cases = [Case(f"n={n} {dtype}", dict(x=randn(gen, n).to(getattr(torch, dtype)),
+                                         y=randn(gen, n).to(getattr(torch, dtype)), layout="contiguous"))
+             for n, dtype in sizes]
+    n = 777 if public else randint(gen, 100, 4999)
     cases.append(Case(f"n={n} float32, non-contiguous x and y (stride 2): handle or reject",
-                      dict(x=_randn(gen, 2 * n), y=_randn(gen, 2 * n), layout="strided")))
+                      dict(x=randn(gen, 2 * n), y=randn(gen, 2 * n), layout="strided")))
     return cases
 
 
 def _vector_add_run(ns, case, device):
     x_base, y_base = padded(case.inputs["x"], device), padded(case.inputs["y"], device)
     x, y = _layout(x_base, case.inputs["layout"]), _layout(y_base, case.inputs["layout"])
-    return _call_kernel(entry(ns, "vector_add"), {"x": x, "y": y}, x.shape, x.dtype, device,
-                        may_reject=case.inputs["layout"] != "contiguous", inputs={"x": x_base, "y": y_base})
+    fn = entry(ns, "vector_add")
+    return observe_out(lambda out: fn(x, y, out=out), x.shape, x.dtype, device, inputs={"x": x_base, "y": y_base},
+                       may_reject=case.inputs["layout"] != "contiguous")
 
 
 def _vector_add_judge(case, obs):
     x = _layout(case.inputs["x"], case.inputs["layout"])
     y = _layout(case.inputs["y"], case.inputs["layout"])
-    expected = x.double() + y.double()
-    return _judge_kernel(case, obs, expected, x.dtype, "vector_add", case.inputs["layout"] != "contiguous")
+    return judge_out(case, obs, "vector_add", x.double() + y.double(), x.dtype,
+                     may_reject=case.inputs["layout"] != "contiguous")
+
+
+VECTOR_ADD = Exercise(
+    "vector_add", 2, ("vector_add",), _vector_add_cases, _vector_add_run, _vector_add_judge,
+    title="Vector add: programs and masks",
+    hint="Launch triton.cdiv(n, BLOCK) programs and mask every load and store with offs < n.")
 
 
 # --- fused bias + GELU ----------------------------------------------------------------------------
@@ -85,20 +78,15 @@ def _bias_gelu_cases(gen, public):
     shapes = [(1, 1, "none", "float32"), (3, 77, "tanh", "float32"), (64, 1000, "none", "float32"),
               (17, 300, "tanh", "float16"), (33, 130, "none", "float16")]
     if not public:
-        shapes = []
-        for approx in ("none", "tanh"):
-            for dtype in ("float32", "float16"):
-                m = int(torch.randint(1, 80, (1,), generator=gen))
-                n = int(torch.randint(1, 1500, (1,), generator=gen))
-                shapes.append((m, n, approx, dtype))
+        shapes = [(randint(gen, 1, 79), randint(gen, 1, 1499), approx, dtype)
+                  for approx in ("none", "tanh") for dtype in ("float32", "float16")]
     cases = []
     for m, n, approx, dtype in shapes:
-        dt = getattr(torch, dtype)
-        cases.append(Case(f"({m}, {n}) {dtype} approximate={approx!r}", dict(
-            x=_randn(gen, m, n, scale=2.5).to(dt), bias=_randn(gen, n).to(dt), approximate=approx,
-            layout="contiguous")))
+        x, bias = randn(gen, m, n, scale=2.5).to(getattr(torch, dtype)), randn(gen, n).to(getattr(torch, dtype))
+        cases.append(Case(f"({m}, {n}) {dtype} approximate={approx!r}",
+                          dict(x=x, bias=bias, approximate=approx, layout="contiguous")))
     cases.append(Case("(40, 24) float32 approximate='tanh', x transposed (non-contiguous): handle or reject",
-                      dict(x=_randn(gen, 24, 40, scale=2.5), bias=_randn(gen, 24), approximate="tanh",
+                      dict(x=randn(gen, 24, 40, scale=2.5), bias=randn(gen, 24), approximate="tanh",
                            layout="transposed")))
     return cases
 
@@ -106,23 +94,28 @@ def _bias_gelu_cases(gen, public):
 def _bias_gelu_run(ns, case, device):
     x_base, bias = padded(case.inputs["x"], device), padded(case.inputs["bias"], device)
     x = _layout(x_base, case.inputs["layout"])
-    fn = entry(ns, "bias_gelu")
-    approx = case.inputs["approximate"]
-    return _call_kernel(lambda x, bias, out: fn(x, bias, approximate=approx, out=out),
-                        {"x": x, "bias": bias}, x.shape, x.dtype, device,
-                        may_reject=case.inputs["layout"] != "contiguous", inputs={"x": x_base, "bias": bias})
+    fn, approx = entry(ns, "bias_gelu"), case.inputs["approximate"]
+    return observe_out(lambda out: fn(x, bias, approximate=approx, out=out), x.shape, x.dtype, device,
+                       inputs={"x": x_base, "bias": bias}, may_reject=case.inputs["layout"] != "contiguous")
 
 
 def _bias_gelu_judge(case, obs):
-    x = _layout(case.inputs["x"], case.inputs["layout"])
-    expected = gelu_reference(x, case.inputs["bias"], case.inputs["approximate"])
-    message = _judge_kernel(case, obs, expected, x.dtype, "bias_gelu", case.inputs["layout"] != "contiguous")
-    if message and x.dtype == torch.float32 and obs.get("out") is not None:
-        other = "tanh" if case.inputs["approximate"] == "none" else "none"
-        if compare(obs["out"], gelu_reference(x, case.inputs["bias"], other), dtype=x.dtype) is None:
-            message += (f"\n  Your output matches approximate={other!r} instead: "
-                        f"use the {'erf' if other == 'tanh' else 'tanh'} form here.")
-    return message
+    x, bias, approx = _layout(case.inputs["x"], case.inputs["layout"]), case.inputs["bias"], case.inputs["approximate"]
+    message = judge_out(case, obs, "bias_gelu", gelu_reference(x, bias, approx), x.dtype,
+                        may_reject=case.inputs["layout"] != "contiguous")
+    if x.dtype != torch.float32:  # the two forms differ by 5e-4 at most: within float16's tolerance
+        return message
+    other = "tanh" if approx == "none" else "none"
+    form = "erf" if approx == "none" else "tanh"
+    return diagnose(message, obs.get("out"), [(f"approximate={other!r}", lambda: gelu_reference(x, bias, other))],
+                    tensor_match(x.dtype), f"\n  Your output matches {{}} instead: use the {form} form here.")
+
+
+BIAS_GELU = Exercise(
+    "bias_gelu", 3, ("bias_gelu",), _bias_gelu_cases, _bias_gelu_run, _bias_gelu_judge,
+    title="Fused bias + GELU (erf and tanh forms)",
+    hint="Load x in its dtype, compute in float32, store in x's dtype. erf form: 0.5*z*(1+erf(z/sqrt(2))); "
+         "tanh form: 0.5*z*(1+tanh(sqrt(2/pi)*(z+0.044715*z^3))), with tanh(u) = 2*sigmoid(2u)-1.")
 
 
 # --- strided 2-D copy -----------------------------------------------------------------------------
@@ -131,13 +124,13 @@ def _copy_2d_cases(gen, public):
     specs = [((33, 65), "contiguous", "float32"), ((65, 33), "transposed", "float32"),
              ((40, 61), "sliced", "float16"), ((1, 1), "contiguous", "float32")]
     if not public:
-        specs = [((int(torch.randint(1, 120, (1,), generator=gen)), int(torch.randint(1, 120, (1,), generator=gen))),
-                  layout, dtype) for layout in ("contiguous", "transposed", "sliced") for dtype in ("float32", "float16")]
+        specs = [((randint(gen, 1, 119), randint(gen, 1, 119)), layout, dtype)
+                 for layout in ("contiguous", "transposed", "sliced") for dtype in ("float32", "float16")]
     cases = []
     for shape, layout, dtype in specs:
         if layout == "sliced" and shape[1] < 2:
             shape = (shape[0], 2)
-        base = _randn(gen, *shape).to(getattr(torch, dtype))
+        base = randn(gen, *shape).to(getattr(torch, dtype))
         view = _layout(base, layout)
         cases.append(Case(f"{layout} source of shape {tuple(view.shape)} strides {view.stride()} {dtype}",
                           dict(src=base, layout=layout)))
@@ -147,16 +140,23 @@ def _copy_2d_cases(gen, public):
 def _copy_2d_run(ns, case, device):
     base = padded(case.inputs["src"], device)
     src = _layout(base, case.inputs["layout"])
-    return _call_kernel(entry(ns, "copy_2d"), {"src": src}, src.shape, src.dtype, device, may_reject=False,
-                        inputs={"src": base})
+    fn = entry(ns, "copy_2d")
+    return observe_out(lambda out: fn(src, out=out), src.shape, src.dtype, device, inputs={"src": base})
 
 
 def _copy_2d_judge(case, obs):
     src = _layout(case.inputs["src"], case.inputs["layout"])
-    message = _judge_kernel(case, obs, src.contiguous(), src.dtype, "copy_2d", may_reject=False)
+    message = judge_out(case, obs, "copy_2d", src.contiguous(), src.dtype)
     if message and case.inputs["layout"] != "contiguous" and "differ" in message:
         message += "\n  Index the source with its strides: src_ptr + row * stride_row + col * stride_col."
     return message
+
+
+COPY_2D = Exercise(
+    "copy_2d", 2, ("copy_2d",), _copy_2d_cases, _copy_2d_run, _copy_2d_judge,
+    title="Strided 2-D copy",
+    hint="Use 2-D blocks of offsets (rows[:, None], cols[None, :]), the source's strides for loads, "
+         "the output's row-major layout for stores, and a 2-D mask.")
 
 
 # --- bytes moved by fused vs unfused bias+GELU ----------------------------------------------------
@@ -171,8 +171,7 @@ def ref_bias_gelu_bytes(M: int, N: int, dtype_bytes: int, fused: bool) -> int:
 def _bytes_cases(gen, public):
     specs = [(4096, 4096, 2), (1, 1, 4), (3, 1000, 4)]
     if not public:
-        specs = [(int(torch.randint(1, 10_000, (1,), generator=gen)), int(torch.randint(1, 10_000, (1,), generator=gen)),
-                  [1, 2, 4][i % 3]) for i in range(6)]
+        specs = [(randint(gen, 1, 9999), randint(gen, 1, 9999), [1, 2, 4][i % 3]) for i in range(6)]
     return [Case(f"M={m} N={n} dtype_bytes={b} fused={f}", dict(M=m, N=n, dtype_bytes=b, fused=f))
             for m, n, b in specs for f in (True, False)]
 
@@ -190,22 +189,12 @@ def _bytes_judge(case, obs):
     return None
 
 
-EXERCISES = [
-    Exercise("vector_add", 2, ("vector_add",), _vector_add_cases, _vector_add_run, _vector_add_judge,
-             title="Vector add: programs and masks",
-             hint="Launch triton.cdiv(n, BLOCK) programs and mask every load and store with offs < n."),
-    Exercise("bias_gelu", 3, ("bias_gelu",), _bias_gelu_cases, _bias_gelu_run, _bias_gelu_judge,
-             title="Fused bias + GELU (erf and tanh forms)",
-             hint="Load x in its dtype, compute in float32, store in x's dtype. erf form: 0.5*z*(1+erf(z/sqrt(2))); "
-                  "tanh form: 0.5*z*(1+tanh(sqrt(2/pi)*(z+0.044715*z^3))), with tanh(u) = 2*sigmoid(2u)-1."),
-    Exercise("copy_2d", 2, ("copy_2d",), _copy_2d_cases, _copy_2d_run, _copy_2d_judge,
-             title="Strided 2-D copy",
-             hint="Use 2-D blocks of offsets (rows[:, None], cols[None, :]), the source's strides for loads, "
-                  "the output's row-major layout for stores, and a 2-D mask."),
-    Exercise("fusion_bytes", 1, ("bias_gelu_bytes",), _bytes_cases, _bytes_run, _bytes_judge,
-             title="Bytes moved: fused vs unfused",
-             hint="Unfused, the intermediate x + bias is written to memory and read back."),
-]
+FUSION_BYTES = Exercise(
+    "fusion_bytes", 1, ("bias_gelu_bytes",), _bytes_cases, _bytes_run, _bytes_judge,
+    title="Bytes moved: fused vs unfused",
+    hint="Unfused, the intermediate x + bias is written to memory and read back.")
+
+EXERCISES = [VECTOR_ADD, BIAS_GELU, COPY_2D, FUSION_BYTES]
 
 
 # --- benchmarks (python -m grader bench) -----------------------------------------------------------

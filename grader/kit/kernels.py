@@ -24,7 +24,9 @@ Judge side, the verdict ladder, first failing rung wins, each message written on
 8. out-of-bounds read with an otherwise right output; 9. an input modified.
 
 Labs whose judges insert their own rungs (04's PyTorch-op and launch-count rules, 05's return
-tuple) call the rungs one by one; :func:`judge_kernel` is the whole ladder.
+tuple) call the rungs one by one; :func:`judge_kernel` is the whole ladder. For the common case,
+a wrapper with one output ``out`` (labs 02 and 03), :func:`observe_out` and :func:`judge_out` are
+the two sides in one call each.
 
 Limits. Everything in the learner's process is ultimately forgeable; the judge only reads
 observations. What these rules catch: PyTorch doing the work next to a token or no-op kernel
@@ -50,7 +52,7 @@ from typing import Callable
 
 import torch
 
-from gpulab.compare import guard_elements, guard_report, poisoned
+from gpulab.compare import compare, guard_elements, guard_report, poisoned
 from gpulab.device import synchronize
 from gpulab.launches import watch_launches
 from grader.exercise import Neutral, changed_inputs
@@ -286,3 +288,19 @@ def judge_kernel(case, obs: dict, fn_name: str, check: Callable[[dict], str | No
     if report:
         return mismatch_verdict(report, obs)
     return final_verdict(case, obs)
+
+
+# --- one output `out` (the common case) ------------------------------------------------------------
+
+def observe_out(call: Callable, shape, dtype: torch.dtype, device, **options) -> dict:
+    """:func:`observe_kernel` of ``call(out=out)`` with one poisoned output ``out`` of ``shape`` and
+    ``dtype`` (``options``: ``inputs``, ``may_reject`` ...), as the judge's observations."""
+    return observe_kernel(call, {"out": (tuple(shape), dtype)}, device, **options).as_obs()
+
+
+def judge_out(case, obs: dict, fn_name: str, expected: torch.Tensor, dtype: torch.dtype, *,
+              may_reject: bool = False, **tolerances):
+    """:func:`judge_kernel` for one output ``out``, compared with ``expected`` by
+    :func:`gpulab.compare.compare` (``tolerances``: its ``atol`` and ``rtol``; default per dtype)."""
+    return judge_kernel(case, obs, fn_name, lambda outs: compare(outs["out"], expected, dtype=dtype, name=fn_name,
+                                                                 **tolerances), may_reject=may_reject)
