@@ -25,6 +25,7 @@ Every Triton kernel object (compiled ``JITFunction``, the CPU ``InterpretedFunct
 - Next to a watch: :func:`record_torch_ops` (PyTorch arithmetic outside the kernels),
   :func:`record_allocations` (floating-point tensors created) and :func:`record_stores` (the
   order in which programs store into an output, in the interpreter).
+- :func:`count_flops`: a ``FlopCounterMode`` that counts totals only (lesson 10's checkpoints).
 
 How the interpreter touches memory (Triton 3.9, ``triton/runtime/interpreter.py``): a tensor
 argument becomes its raw address (``data_ptr()``; CPU storages are used in place, not copied),
@@ -475,3 +476,30 @@ def record_stores(out):
             del builder.create_masked_store
         except AttributeError:
             pass
+
+
+# --- FLOPs (lesson 10) -----------------------------------------------------------------------------
+
+class _NoModuleTracking:
+    """Stands in for ``FlopCounterMode``'s module tracker, whose per-module breakdown puts gradient
+    hooks on module inputs: those make ``torch.autograd.grad`` inside a backward (a correct way to
+    write a checkpoint) raise. The checks only need the total."""
+
+    parents = ("Global",)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def count_flops():
+    """A ``torch.utils.flop_counter.FlopCounterMode`` (display off, used as a context manager) that
+    counts totals only: ``get_total_flops()`` after the block."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    if hasattr(counter, "mod_tracker"):
+        counter.mod_tracker = _NoModuleTracking()
+    return counter

@@ -4,42 +4,47 @@
 The block under test is :class:`gpulab.models.TransformerBlock` (its docstring lists every tensor
 autograd saves). Memory is measured as the bytes of distinct storages packed by
 ``torch.autograd.graph.saved_tensors_hooks`` during the forward pass, parameters excluded; FLOPs
-with ``torch.utils.flop_counter.FlopCounterMode`` (matmuls only, which is all the block's FLOPs).
+with :func:`gpulab.launches.count_flops` (matmuls only, which is all the block's FLOPs).
+Hidden cases: one per rule, the same rules for every seed (a case's name starts with its rule,
+before ':'), random sizes within it.
 """
 from __future__ import annotations
 
-import math
+import contextlib
 import numbers
 
 import torch
 
 from gpulab.compare import compare
+from gpulab.launches import count_flops
 from gpulab.models import RECOMPUTE_CANDIDATES as CANDIDATES
 from gpulab.models import make_block
 from grader.exercise import Benchmark, Case, Exercise, Neutral, entry
+from grader.kit.cases import choice, randint, uniform
+from grader.kit.close import close
 
 LAB = "10_memory_checkpointing"
 TITLE = "Where memory goes: activations, checkpointing, ZeRO and offload"
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+FORMULA_RTOL = 1e-6  # memory and time formulas in float bytes and seconds: any order of the operations passes
 
 
-def _randint(gen, lo, hi) -> int:
-    return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+def _dtype_bytes(dtype) -> int:
+    """Bytes per element of a dtype or its name."""
+    return torch.empty((), dtype=_DTYPES.get(dtype, dtype)).element_size()
 
 
-def _choice(gen, options):
-    return options[_randint(gen, 0, len(options) - 1)]
+def _number(x):
+    """A plain number for the judge (numpy and 0-dim tensor scalars included), else its repr."""
+    if isinstance(x, torch.Tensor) and x.numel() == 1:
+        x = x.item()
+    if isinstance(x, numbers.Real) and not isinstance(x, bool):
+        return int(x) if float(x).is_integer() else float(x)
+    return repr(x)
 
 
-def _close(got, want, rel=1e-9) -> bool:
-    try:
-        return math.isclose(float(got), float(want), rel_tol=rel, abs_tol=1e-9)
-    except (TypeError, ValueError):
-        return False
-
-
-# --- references ------------------------------------------------------------------------------------
+# --- 1. saved bytes, measured ----------------------------------------------------------------------
 
 def ref_saved_bytes(fn, *args, exclude=()) -> int:
     """Bytes of the distinct storages autograd saves while ``fn(*args)`` runs (storages of
@@ -60,6 +65,79 @@ def ref_saved_bytes(fn, *args, exclude=()) -> int:
     del out
     return total
 
+
+def _scenario(name: str, inputs: dict):
+    """Rebuild a scenario (function, arguments, tensors to exclude) from plain case inputs (CPU)."""
+    gen = torch.Generator().manual_seed(inputs["seed"])
+    n, m = inputs["n"], inputs["m"]
+    if name == "square":      # one tensor saved twice by the same op
+        x = torch.randn(n, m, generator=gen).requires_grad_()
+        return (lambda x: x * x), (x,), ()
+    if name == "views":       # two overlapping views of one storage
+        x = torch.randn(n, 3 * m, generator=gen).requires_grad_()
+        return (lambda x: x[:, :2 * m] @ x[:, m:].t()), (x,), ()
+    if name == "linear":      # the weight is saved too, but it is a parameter
+        x = torch.randn(n, m, generator=gen).requires_grad_()
+        w = torch.nn.Parameter(torch.randn(2 * m, m, generator=gen))
+        return (lambda x: torch.relu(torch.nn.functional.linear(x, w)).exp()), (x,), (w,)
+    if name == "block":
+        block = make_block(inputs["d_model"], inputs["n_heads"], None, inputs["dropout"], seed=inputs["seed"])
+        x = torch.randn(n, m, inputs["d_model"], generator=gen).requires_grad_()
+        return block, (x,), tuple(block.parameters())
+    raise ValueError(name)
+
+
+def _saved_cases(gen, public):
+    if public:
+        return [Case("x * x saves x twice: count it once", dict(kind="square", n=16, m=8, seed=1)),
+                Case("a matmul of two overlapping views of one matrix", dict(kind="views", n=8, m=4, seed=2)),
+                Case("relu(linear(x, w)).exp(), w excluded", dict(kind="linear", n=8, m=16, seed=3)),
+                Case("the lesson's block (b=2, s=16, h=32, dropout 0.1)",
+                     dict(kind="block", n=2, m=16, d_model=32, n_heads=2, dropout=0.1, seed=4))]
+    rules = {"square": "x * x saves x twice", "views": "a matmul of two overlapping views",
+             "linear": "a parameter to exclude", "block": "the lesson's block"}
+    cases = []
+    for kind, rule in rules.items():
+        spec = dict(kind=kind, n=randint(gen, 1, 12), m=randint(gen, 2, 24), seed=randint(gen, 0, 999))
+        if kind == "block":
+            spec.update(d_model=choice(gen, (16, 32, 48)), n_heads=choice(gen, (1, 2, 4)),
+                        dropout=choice(gen, (0.0, 0.1)), m=randint(gen, 4, 24))
+        cases.append(Case(f"{rule}: random sizes n={spec['n']} m={spec['m']}", spec))
+    return cases
+
+
+def _saved_run(ns, case, device):
+    fn, args, exclude = _scenario(case.inputs["kind"], case.inputs)
+    return {"bytes": _number(entry(ns, "saved_tensor_bytes")(fn, *args, exclude=exclude))}
+
+
+def _saved_judge(case, obs):
+    fn, args, exclude = _scenario(case.inputs["kind"], case.inputs)
+    want = ref_saved_bytes(fn, *args, exclude=exclude)
+    got = obs["bytes"]
+    if not isinstance(got, (int, float)):
+        return f"saved_tensor_bytes must return a number of bytes, got {got}."
+    if got == want:
+        return None
+    if got > want:
+        hint = (" You count more than autograd keeps: count each *storage* once (several saved tensors can "
+                "be views of one buffer, or the same tensor), and skip the storages of `exclude`.")
+    elif got == 0:
+        hint = " Nothing was counted: is your pack hook installed while fn runs (a `with` block around the call)?"
+    else:
+        hint = (" You count less than autograd keeps: count each storage at its full size, "
+                "`t.untyped_storage().nbytes()`, not only the view's `t.nbytes`.")
+    return f"saved_tensor_bytes = {got} bytes, expected {want} for {case.name}.{hint}"
+
+
+SAVED_BYTES = Exercise("saved_bytes", 2, ("saved_tensor_bytes",), _saved_cases, _saved_run, _saved_judge,
+                       title="Measuring what autograd saves",
+                       hint="Inside `with torch.autograd.graph.saved_tensors_hooks(pack, unpack):` every tensor "
+                            "saved for backward passes through pack. Key by t.untyped_storage().data_ptr(), count "
+                            "untyped_storage().nbytes() once per key, and return t from pack so it stays alive.")
+
+
+# --- 2. the activation formula (and what each piece of the block saves and costs) --------------------
 
 def _parts(batch, seq, d_model, n_heads, d_ff, dropout, dtype_bytes, stats_bytes=None) -> dict:
     """The saved bytes of each piece of :class:`gpulab.models.TransformerBlock` (see its docstring)."""
@@ -112,167 +190,39 @@ def ref_recompute_cost(batch, seq, d_model, n_heads, d_ff, dropout, dtype_bytes,
     return saved - sum(parts[r] for r in rec), sum(flops[r] for r in rec)
 
 
-def ref_plan_recompute(batch, seq, d_model, n_heads, d_ff, dropout, dtype_bytes, budget_bytes, stats_bytes=None):
-    """The candidate with the fewest extra FLOPs whose saved bytes fit the budget (ties: fewer bytes)."""
-    best = None
-    for cand in CANDIDATES:
-        saved, extra = ref_recompute_cost(batch, seq, d_model, n_heads, d_ff, dropout, dtype_bytes, cand, stats_bytes)
-        if saved <= budget_bytes and (best is None or (extra, saved) < best[0]):
-            best = ((extra, saved), frozenset(cand))
-    return None if best is None else best[1]
-
-
-def _dtype_bytes(dtype) -> int:
-    if isinstance(dtype, str):
-        dtype = _DTYPES[dtype]
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def ref_zero_memory(n_params, world_size, stage, param_dtype="bfloat16", grad_dtype="bfloat16",
-                    optimizer="adam", master_weights=True) -> dict:
-    p, g = _dtype_bytes(param_dtype), _dtype_bytes(grad_dtype)
-    states = {"adam": 2, "adamw": 2, "momentum": 1, "sgd": 0}[optimizer]
-    master = 4 if master_weights and p != 4 else 0
-    k = master + 4 * states
-    n, N = n_params, world_size
-    params = p * n / N if stage >= 3 else p * n
-    grads = g * n / N if stage >= 2 else g * n
-    opt = k * n / N if stage >= 1 else k * n
-    return {"params": params, "grads": grads, "optimizer": opt, "total": params + grads + opt}
-
-
-def ref_fsdp_memory(n_params, world_size, unit_params, param_dtype="bfloat16", grad_dtype="bfloat16",
-                    optimizer="adam", master_weights=True) -> dict:
-    out = ref_zero_memory(n_params, world_size, 3, param_dtype, grad_dtype, optimizer, master_weights)
-    gathered = unit_params * (_dtype_bytes(param_dtype) + _dtype_bytes(grad_dtype))
-    out = dict(out, gathered=gathered)
-    out["total"] += gathered
-    return out
-
-
-def ref_offload_bytes(n_params, world_size, what, param_dtype="bfloat16", grad_dtype="bfloat16"):
-    p, g = _dtype_bytes(param_dtype), _dtype_bytes(grad_dtype)
-    shard = n_params / world_size
-    return (g + p) * shard if what == "optimizer" else (2 * p + g) * shard
-
-
-def ref_offload_step_time(compute_s, nbytes, pcie_gbps, overlap=True) -> dict:
-    transfer = nbytes / (pcie_gbps * 1e9)
-    step = max(compute_s, transfer) if overlap else compute_s + transfer
-    return {"transfer_s": transfer, "step_s": step, "hidden": bool(overlap and transfer <= compute_s)}
-
-
-# --- 1. saved bytes, measured ----------------------------------------------------------------------
-
-def _scenario(name: str, inputs: dict):
-    """Rebuild a scenario (function, arguments, tensors to exclude) from plain case inputs (CPU)."""
-    gen = torch.Generator().manual_seed(inputs["seed"])
-    n, m = inputs["n"], inputs["m"]
-    if name == "square":      # one tensor saved twice by the same op
-        x = torch.randn(n, m, generator=gen).requires_grad_()
-        return (lambda x: x * x), (x,), ()
-    if name == "views":       # two overlapping views of one storage
-        x = torch.randn(n, 3 * m, generator=gen).requires_grad_()
-        return (lambda x: x[:, :2 * m] @ x[:, m:].t()), (x,), ()
-    if name == "linear":      # the weight is saved too, but it is a parameter
-        x = torch.randn(n, m, generator=gen).requires_grad_()
-        w = torch.nn.Parameter(torch.randn(2 * m, m, generator=gen))
-        return (lambda x: torch.relu(torch.nn.functional.linear(x, w)).exp()), (x,), (w,)
-    if name == "block":
-        block = make_block(inputs["d_model"], inputs["n_heads"], None, inputs["dropout"], seed=inputs["seed"])
-        x = torch.randn(n, m, inputs["d_model"], generator=gen).requires_grad_()
-        return block, (x,), tuple(block.parameters())
-    raise ValueError(name)
-
-
-def _saved_cases(gen, public):
-    cases = [Case("x * x saves x twice: count it once", dict(kind="square", n=16, m=8, seed=1)),
-             Case("a matmul of two overlapping views of one matrix", dict(kind="views", n=8, m=4, seed=2)),
-             Case("relu(linear(x, w)).exp(), w excluded", dict(kind="linear", n=8, m=16, seed=3)),
-             Case("the lesson's block (b=2, s=16, h=32, dropout 0.1)",
-                  dict(kind="block", n=2, m=16, d_model=32, n_heads=2, dropout=0.1, seed=4))]
-    if not public:  # one case per rule, every seed (the rule is the name before ':'), random sizes
-        rules = {"square": "x * x saves x twice", "views": "a matmul of two overlapping views",
-                 "linear": "a parameter to exclude", "block": "the lesson's block"}
-        cases = []
-        for kind, rule in rules.items():
-            spec = dict(kind=kind, n=_randint(gen, 1, 12), m=_randint(gen, 2, 24), seed=_randint(gen, 0, 999))
-            if kind == "block":
-                spec.update(d_model=_choice(gen, (16, 32, 48)), n_heads=_choice(gen, (1, 2, 4)),
-                            dropout=_choice(gen, (0.0, 0.1)), m=_randint(gen, 4, 24))
-            cases.append(Case(f"{rule}: random sizes n={spec['n']} m={spec['m']}", spec))
-    return cases
-
-
-def _number(x):
-    """A plain number for the judge (numpy and 0-dim tensor scalars included), else its repr."""
-    if isinstance(x, torch.Tensor) and x.numel() == 1:
-        x = x.item()
-    if isinstance(x, numbers.Real) and not isinstance(x, bool):
-        return int(x) if float(x).is_integer() else float(x)
-    return repr(x)
-
-
-def _saved_run(ns, case, device):
-    fn, args, exclude = _scenario(case.inputs["kind"], case.inputs)
-    got = entry(ns, "saved_tensor_bytes")(fn, *args, exclude=exclude)
-    return {"bytes": _number(got)}
-
-
-def _saved_judge(case, obs):
-    fn, args, exclude = _scenario(case.inputs["kind"], case.inputs)
-    want = ref_saved_bytes(fn, *args, exclude=exclude)
-    got = obs["bytes"]
-    if not isinstance(got, (int, float)):
-        return f"saved_tensor_bytes must return a number of bytes, got {got}."
-    if got == want:
-        return None
-    hint = ""
-    if got > want:
-        hint = (" You count more than autograd keeps: count each *storage* once (several saved tensors can "
-                "be views of one buffer, or the same tensor), and skip the storages of `exclude`.")
-    elif got == 0:
-        hint = " Nothing was counted: is your pack hook installed while fn runs (a `with` block around the call)?"
-    else:
-        hint = (" You count less than autograd keeps: count each storage at its full size, "
-                "`t.untyped_storage().nbytes()`, not only the view's `t.nbytes`.")
-    return f"saved_tensor_bytes = {got} bytes, expected {want} for {case.name}.{hint}"
-
-
-# --- 2. the activation formula -----------------------------------------------------------------------
-
 def _formula_cases(gen, public):
-    cases = [Case("b=2 s=16 h=32 a=2 f=128 dropout=0.1 float32",
-                  dict(batch=2, seq=16, d_model=32, n_heads=2, d_ff=128, dropout=0.1, dtype="float32", measure=True)),
-             Case("b=1 s=16 h=32 a=2 f=128 no dropout float32",
-                  dict(batch=1, seq=16, d_model=32, n_heads=2, d_ff=128, dropout=0.0, dtype="float32", measure=True)),
-             Case("b=3 s=8 h=48 a=4 f=100 dropout=0.2 bfloat16 (CPU: LayerNorm statistics in bfloat16)",
-                  dict(batch=3, seq=8, d_model=48, n_heads=4, d_ff=100, dropout=0.2, dtype="bfloat16",
-                       stats_bytes=2, measure=True)),
-             Case("GPT-3 175B layer: b=1 s=2048 h=12288 a=96 f=49152 dropout=0.1 bf16 on a GPU (stats fp32)",
-                  dict(batch=1, seq=2048, d_model=12288, n_heads=96, d_ff=49152, dropout=0.1, dtype="bfloat16",
-                       stats_bytes=4, measure=False)),
-             Case("b=2 s=8 h=32 a=2 f=64 dropout=0.1 bfloat16, stats_bytes left out: the statistics take the "
-                  "dtype's 2 bytes", dict(batch=2, seq=8, d_model=32, n_heads=2, d_ff=64, dropout=0.1,
-                                          dtype="bfloat16", measure=True))]
-    if not public:  # one case per rule, every seed (the rule is the name before ':'), random sizes
-        rules = [("float32 with dropout", "float32", (0.1, 0.5)),  # stats_bytes left out: the dtype's bytes
-                 ("float32 without dropout", "float32", (0.0,)),
-                 ("bfloat16, stats_bytes left out", "bfloat16", (0.0, 0.1)),
-                 ("float64, stats_bytes left out", "float64", (0.0, 0.5))]
-        cases = []
-        for rule, dtype, dropouts in rules:
-            a = _choice(gen, (1, 2, 4))
-            x = dict(batch=_randint(gen, 1, 3), seq=_randint(gen, 2, 24), d_model=a * _choice(gen, (8, 12, 16)),
-                     n_heads=a, d_ff=_randint(gen, 8, 96), dropout=_choice(gen, dropouts), dtype=dtype, measure=True)
-            cases.append(Case(f"{rule}: b={x['batch']} s={x['seq']} h={x['d_model']} a={a} f={x['d_ff']} "
-                              f"dropout={x['dropout']}", x))
-        a = _choice(gen, (16, 32, 64))
-        gpu = dict(batch=_randint(gen, 1, 8), seq=_choice(gen, (1024, 2048, 4096)), d_model=a * 128, n_heads=a,
-                   d_ff=_randint(gen, 2, 4) * a * 128, dropout=_choice(gen, (0.0, 0.1)), dtype="bfloat16",
-                   stats_bytes=4, measure=False)
-        cases.append(Case(f"bfloat16 on a GPU, float32 statistics: b={gpu['batch']} s={gpu['seq']} "
-                          f"h={gpu['d_model']} a={a} f={gpu['d_ff']} dropout={gpu['dropout']}", gpu))
+    if public:
+        return [
+            Case("b=2 s=16 h=32 a=2 f=128 dropout=0.1 float32",
+                 dict(batch=2, seq=16, d_model=32, n_heads=2, d_ff=128, dropout=0.1, dtype="float32", measure=True)),
+            Case("b=1 s=16 h=32 a=2 f=128 no dropout float32",
+                 dict(batch=1, seq=16, d_model=32, n_heads=2, d_ff=128, dropout=0.0, dtype="float32", measure=True)),
+            Case("b=3 s=8 h=48 a=4 f=100 dropout=0.2 bfloat16 (CPU: LayerNorm statistics in bfloat16)",
+                 dict(batch=3, seq=8, d_model=48, n_heads=4, d_ff=100, dropout=0.2, dtype="bfloat16",
+                      stats_bytes=2, measure=True)),
+            Case("GPT-3 175B layer: b=1 s=2048 h=12288 a=96 f=49152 dropout=0.1 bf16 on a GPU (stats fp32)",
+                 dict(batch=1, seq=2048, d_model=12288, n_heads=96, d_ff=49152, dropout=0.1, dtype="bfloat16",
+                      stats_bytes=4, measure=False)),
+            Case("b=2 s=8 h=32 a=2 f=64 dropout=0.1 bfloat16, stats_bytes left out: the statistics take the "
+                 "dtype's 2 bytes", dict(batch=2, seq=8, d_model=32, n_heads=2, d_ff=64, dropout=0.1,
+                                         dtype="bfloat16", measure=True))]
+    rules = [("float32 with dropout", "float32", (0.1, 0.5)),  # stats_bytes left out: the dtype's bytes
+             ("float32 without dropout", "float32", (0.0,)),
+             ("bfloat16, stats_bytes left out", "bfloat16", (0.0, 0.1)),
+             ("float64, stats_bytes left out", "float64", (0.0, 0.5))]
+    cases = []
+    for rule, dtype, dropouts in rules:
+        a = choice(gen, (1, 2, 4))
+        x = dict(batch=randint(gen, 1, 3), seq=randint(gen, 2, 24), d_model=a * choice(gen, (8, 12, 16)),
+                 n_heads=a, d_ff=randint(gen, 8, 96), dropout=choice(gen, dropouts), dtype=dtype, measure=True)
+        cases.append(Case(f"{rule}: b={x['batch']} s={x['seq']} h={x['d_model']} a={a} f={x['d_ff']} "
+                          f"dropout={x['dropout']}", x))
+    a = choice(gen, (16, 32, 64))
+    gpu = dict(batch=randint(gen, 1, 8), seq=choice(gen, (1024, 2048, 4096)), d_model=a * 128, n_heads=a,
+               d_ff=randint(gen, 2, 4) * a * 128, dropout=choice(gen, (0.0, 0.1)), dtype="bfloat16",
+               stats_bytes=4, measure=False)
+    cases.append(Case(f"bfloat16 on a GPU, float32 statistics: b={gpu['batch']} s={gpu['seq']} "
+                      f"h={gpu['d_model']} a={a} f={gpu['d_ff']} dropout={gpu['dropout']}", gpu))
     return cases
 
 
@@ -305,6 +255,7 @@ def _formula_judge(case, obs):
     b, s, h, a, f, p, e = _formula_args(x)
     t, P = b * s, b * a * s * s
     st = x.get("stats_bytes") or e
+    # the answers of the usual mistakes -> what to say
     hints = {
         want - 4 * t * st: "You left out LayerNorm's saved mean and rstd (2 per token per LayerNorm).",
         34 * s * b * h + 5 * a * s * s * b: "That is Korthikanti's 34sbh + 5as²b (2-byte activations, f = 4h, "
@@ -329,6 +280,14 @@ def _formula_judge(case, obs):
     return f"block_activation_bytes = {got}, expected {want} ({how}). {hint}"
 
 
+ACTIVATION_FORMULA = Exercise("activation_formula", 3, ("block_activation_bytes",),
+                              _formula_cases, _formula_run, _formula_judge,
+                              title="Activation bytes of a transformer block, by formula",
+                              hint="Follow TransformerBlock's docstring table: t(8h + 2f)e for the (b, s, ·) "
+                                   "tensors, b·a·s² elements per attention matrix, 1-byte masks, 2 statistics "
+                                   "per token per LayerNorm.")
+
+
 # --- 3. checkpointing as an autograd.Function ------------------------------------------------------
 
 def _build_fn(x: dict, device):
@@ -344,44 +303,12 @@ def _build_fn(x: dict, device):
     return block, fn, [t.to(device).requires_grad_() for t in xs], weight
 
 
-class _NoModuleTracking:
-    """Stands in for FlopCounterMode's module tracker. The tracker's per-module breakdown puts
-    gradient hooks on module inputs, and those make ``torch.autograd.grad`` inside a backward (a
-    correct way to write a checkpoint) raise; the checks only need the total."""
-
-    parents = ("Global",)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-
-def flop_counter():
-    """A ``FlopCounterMode`` (display off) that counts totals only (see :class:`_NoModuleTracking`)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
-    if hasattr(counter, "mod_tracker"):
-        counter.mod_tracker = _NoModuleTracking()
-    return counter
-
-
-def _rng_states(device) -> list:
-    """The caller's random number generators: the CPU one, and the GPU one for CUDA tensors."""
-    states = [torch.get_rng_state()]
-    if device.type == "cuda":
-        states.append(torch.cuda.get_rng_state(device).cpu())
-    return states
-
-
 def _fwd_bwd(block, f, xs, weight, seed):
     block.zero_grad(set_to_none=True)
     for t in xs:
         t.grad = None
     torch.manual_seed(seed)  # seeds the CPU and every GPU generator: the same dropout masks
-    with flop_counter() as counter:
+    with count_flops() as counter:
         y = f(*xs)
         if not isinstance(y, torch.Tensor):
             raise TypeError(f"the checkpointed function must return the tensor fn returns, got {type(y).__name__}.")
@@ -391,40 +318,39 @@ def _fwd_bwd(block, f, xs, weight, seed):
         if y.device.type == "cuda":
             torch.rand(8, device=y.device)
         (y * weight).sum().backward()
-    rng = _rng_states(y.device)
+    # the caller's random number generators: the CPU one, and the GPU one for CUDA tensors
+    rng = [torch.get_rng_state()] + ([torch.cuda.get_rng_state(y.device).cpu()] if y.device.type == "cuda" else [])
     grads = {f"param {n}": (p.grad.detach().cpu() if p.grad is not None else None) for n, p in block.named_parameters()}
     for i, t in enumerate(xs):
         grads[f"input {i}"] = t.grad.detach().cpu() if t.grad is not None else None
     return y.detach().cpu(), grads, counter.get_total_flops(), rng
 
 
-class _OneThread:
+@contextlib.contextmanager
+def _one_thread():
     """Run a case on one intra-op thread: the tensors are tiny, and on a busy CPU OpenMP's
     synchronisation between threads costs far more than the work (restored afterwards)."""
-
-    def __enter__(self):
-        self.threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-
-    def __exit__(self, *exc):
-        torch.set_num_threads(self.threads)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _ckpt_observe(fn_plain, fn_ckpt, block, xs, weight, seed):
-    with _OneThread():
-        return _ckpt_observe_inner(fn_plain, fn_ckpt, block, xs, weight, seed)
-
-
-def _ckpt_observe_inner(fn_plain, fn_ckpt, block, xs, weight, seed):
-    out_p, grads_p, flops_p, rng_p = _fwd_bwd(block, fn_plain, xs, weight, seed)
-    out_c, grads_c, flops_c, rng_c = _fwd_bwd(block, fn_ckpt, xs, weight, seed)
-    with flop_counter() as counter, torch.no_grad():
-        fn_plain(*xs)
-    params = tuple(block.parameters())
-    torch.manual_seed(seed)
-    saved_p = ref_saved_bytes(fn_plain, *xs, exclude=params)
-    torch.manual_seed(seed)
-    saved_c = ref_saved_bytes(fn_ckpt, *xs, exclude=params)
+    """Forward and backward of ``fn_plain`` and of ``fn_ckpt``: outputs, gradients, FLOPs, the caller's
+    RNG afterwards and the bytes saved for backward, side by side."""
+    with _one_thread():
+        out_p, grads_p, flops_p, rng_p = _fwd_bwd(block, fn_plain, xs, weight, seed)
+        out_c, grads_c, flops_c, rng_c = _fwd_bwd(block, fn_ckpt, xs, weight, seed)
+        with count_flops() as counter, torch.no_grad():
+            fn_plain(*xs)
+        params = tuple(block.parameters())
+        torch.manual_seed(seed)
+        saved_p = ref_saved_bytes(fn_plain, *xs, exclude=params)
+        torch.manual_seed(seed)
+        saved_c = ref_saved_bytes(fn_ckpt, *xs, exclude=params)
     return {"out_plain": out_p, "out_ckpt": out_c, "grads_plain": grads_p, "grads_ckpt": grads_c,
             "flops_plain": flops_p, "flops_ckpt": flops_c, "flops_forward": counter.get_total_flops(),
             "rng_plain": rng_p, "rng_ckpt": rng_c,
@@ -432,19 +358,19 @@ def _ckpt_observe_inner(fn_plain, fn_ckpt, block, xs, weight, seed):
 
 
 def _ckpt_cases(gen, public):
-    base = dict(batch=2, seq=16, d_model=32, n_heads=2, kind="block", seed=7)
-    cases = [Case("block, no dropout", dict(base, dropout=0.0)),
-             Case("block, dropout 0.2 (the masks must be reproduced)", dict(base, dropout=0.2, seed=8)),
-             Case("fn(x, y) = block.mlp(x) * y, dropout 0.1: two inputs, both need gradients",
-                  dict(base, dropout=0.1, kind="two_inputs", seed=9))]
-    if not public:  # one case per rule, every seed (the rule is the name before ':'), random sizes
-        cases = []
-        rules = ("block without dropout", "block with dropout", "two inputs, both need gradients, dropout")
-        for i, (rule, kind) in enumerate(zip(rules, ("block", "block", "two_inputs"))):
-            a = _choice(gen, (1, 2, 4))
-            cases.append(Case(f"{rule}: random sizes", dict(
-                batch=_randint(gen, 1, 3), seq=_randint(gen, 8, 24), d_model=a * _choice(gen, (8, 16)), n_heads=a,
-                dropout=_choice(gen, (0.1, 0.3)) if i else 0.0, kind=kind, seed=_randint(gen, 0, 999))))
+    if public:
+        base = dict(batch=2, seq=16, d_model=32, n_heads=2, kind="block", seed=7)
+        return [Case("block, no dropout", dict(base, dropout=0.0)),
+                Case("block, dropout 0.2 (the masks must be reproduced)", dict(base, dropout=0.2, seed=8)),
+                Case("fn(x, y) = block.mlp(x) * y, dropout 0.1: two inputs, both need gradients",
+                     dict(base, dropout=0.1, kind="two_inputs", seed=9))]
+    cases = []
+    rules = ("block without dropout", "block with dropout", "two inputs, both need gradients, dropout")
+    for i, (rule, kind) in enumerate(zip(rules, ("block", "block", "two_inputs"))):
+        a = choice(gen, (1, 2, 4))
+        cases.append(Case(f"{rule}: random sizes", dict(
+            batch=randint(gen, 1, 3), seq=randint(gen, 8, 24), d_model=a * choice(gen, (8, 16)), n_heads=a,
+            dropout=choice(gen, (0.1, 0.3)) if i else 0.0, kind=kind, seed=randint(gen, 0, 999))))
     return cases
 
 
@@ -461,7 +387,11 @@ _RNG_HINT = ("With dropout, the recomputation must draw the same masks as the fo
              "restore it before recomputing, inside torch.random.fork_rng() so the caller's RNG is untouched.")
 
 
-def _judge_grads(case, obs, what: str) -> str | None:
+def _judge_output_and_grads(case, obs, what: str, output: str, differs: str) -> str | None:
+    """The checkpointed output and every gradient equal the plain function's (checkpoint and selective)."""
+    report = compare(obs["out_ckpt"], obs["out_plain"], dtype=obs["out_plain"].dtype, name=output)
+    if report:
+        return f"{differs}: {report}"
     for name, want in obs["grads_plain"].items():
         got = obs["grads_ckpt"].get(name)
         if want is None:
@@ -481,10 +411,8 @@ def _judge_grads(case, obs, what: str) -> str | None:
 
 
 def _ckpt_judge(case, obs):
-    report = compare(obs["out_ckpt"], obs["out_plain"], dtype=obs["out_plain"].dtype, name="checkpointed output")
-    if report:
-        return f"the forward output differs from fn's own: {report}"
-    message = _judge_grads(case, obs, "checkpoint")
+    message = _judge_output_and_grads(case, obs, "checkpoint", "checkpointed output",
+                                      "the forward output differs from fn's own")
     if message:
         return message
     if len(obs["rng_ckpt"]) != len(obs["rng_plain"]) or not all(
@@ -508,20 +436,27 @@ def _ckpt_judge(case, obs):
     return None
 
 
+CHECKPOINT = Exercise("checkpoint_function", 4, ("checkpoint",), _ckpt_cases, _ckpt_run, _ckpt_judge,
+                      title="Activation checkpointing as a torch.autograd.Function",
+                      hint="forward: save the inputs and the RNG state, run fn under no_grad. backward: restore "
+                           "the RNG state (in fork_rng), recompute fn on detached inputs with grad enabled, "
+                           "torch.autograd.backward(out, grads), return (None, *input grads).")
+
+
 # --- 4. selective checkpointing ---------------------------------------------------------------------
 
 def _selective_cases(gen, public):
-    base = dict(batch=2, seq=16, d_model=32, n_heads=2, dropout=0.1, kind="block", seed=11)
     sets = [(), ("attn_core",), ("mlp",), ("attn",), ("attn_core", "mlp"), ("attn", "mlp"), ("block",)]
     if public:
+        base = dict(batch=2, seq=16, d_model=32, n_heads=2, dropout=0.1, kind="block", seed=11)
         return [Case(f"recompute={set(r) or '{}'} (b=2, s=16, h=32, dropout 0.1)", dict(base, recompute=r))
                 for r in sets]
-    cases = []  # every choice, every seed (the rule is the name before ':'), random sizes
+    cases = []  # every choice, and one that names a piece twice
     for i, r in enumerate(sets + [("attn", "attn_core")]):
-        a = _choice(gen, (1, 2, 4))
+        a = choice(gen, (1, 2, 4))
         cases.append(Case(f"recompute={{{', '.join(sorted(r))}}}: random block", dict(
-            batch=_randint(gen, 1, 3), seq=_randint(gen, 8, 24), d_model=a * _choice(gen, (8, 16)), n_heads=a,
-            dropout=(0.0, 0.2)[i % 2], kind="block", seed=_randint(gen, 0, 999), recompute=r)))
+            batch=randint(gen, 1, 3), seq=randint(gen, 8, 24), d_model=a * choice(gen, (8, 16)), n_heads=a,
+            dropout=(0.0, 0.2)[i % 2], kind="block", seed=randint(gen, 0, 999), recompute=r)))
     return cases
 
 
@@ -533,19 +468,16 @@ def _selective_run(ns, case, device):
 
 
 def _selective_judge(case, obs):
-    x = case.inputs
     msg = _selective_verdict(case, obs)
-    if msg is None and not _normalize(x["recompute"]):  # block(x) itself passes: nothing to score
+    if msg is None and not _normalize(case.inputs["recompute"]):  # block(x) itself passes: nothing to score
         return Neutral("nothing to recompute: the plain block's output, gradients and bytes (not scored)")
     return msg
 
 
 def _selective_verdict(case, obs):
     x = case.inputs
-    report = compare(obs["out_ckpt"], obs["out_plain"], dtype=obs["out_plain"].dtype, name="selective_forward output")
-    if report:
-        return f"the output differs from block(x): {report}"
-    message = _judge_grads(case, obs, "selective_forward")
+    message = _judge_output_and_grads(case, obs, "selective_forward", "selective_forward output",
+                                      "the output differs from block(x)")
     if message:
         return message
     args = (x["batch"], x["seq"], x["d_model"], x["n_heads"], 4 * x["d_model"], x["dropout"], 4)
@@ -563,49 +495,67 @@ def _selective_verdict(case, obs):
     return None
 
 
+SELECTIVE = Exercise("selective_checkpoint", 3, ("selective_forward",),
+                     _selective_cases, _selective_run, _selective_judge,
+                     title="Selective checkpointing: recompute only some sublayers",
+                     hint="Rebuild block.forward from its pieces (split_heads, attn_core, attn_out, attention, "
+                          "mlp) and wrap the chosen ones in checkpoint(...); the residual additions stay outside.")
+
+
 # --- 5. choosing what to recompute ------------------------------------------------------------------
 
-def _plan_cases(gen, public):
-    gpt3 = dict(batch=1, seq=2048, d_model=12288, n_heads=96, d_ff=49152, dropout=0.1, dtype_bytes=2, stats_bytes=4)
-    full, _ = ref_recompute_cost(*_plan_args(gpt3), (), stats_bytes=4)
-    core_only, _ = ref_recompute_cost(*_plan_args(gpt3), ("attn_core",), stats_bytes=4)
-    cases = [Case("GPT-3 layer, budget = everything", dict(gpt3, budget_bytes=full)),
-             Case("GPT-3 layer, budget = without the attention core", dict(gpt3, budget_bytes=core_only)),
-             Case("GPT-3 layer, budget = 60% of everything", dict(gpt3, budget_bytes=int(0.6 * full))),
-             Case("GPT-3 layer, budget = the input only", dict(gpt3, budget_bytes=12288 * 2048 * 2)),
-             Case("GPT-3 layer, budget below the input: nothing fits", dict(gpt3, budget_bytes=1000))]
-    if not public:  # one case per rule, every seed (the rule is the name before ':'), random layers
-        cases = []
-        for i, rule in enumerate(("budget = everything", "budget = exactly one choice's bytes",
-                                  "budget between the choices", "budget = the input only",
-                                  "budget below the input: nothing fits", "float32, stats_bytes left out")):
-            a = _choice(gen, (8, 16, 32, 64))
-            cfg = dict(batch=_randint(gen, 1, 16), seq=_choice(gen, (512, 1024, 2048, 4096, 8192)),
-                       d_model=a * _choice(gen, (64, 128)), n_heads=a, d_ff=0, dropout=(0.0, 0.1)[i % 2],
-                       dtype_bytes=2, stats_bytes=4)
-            cfg["d_ff"] = 4 * cfg["d_model"]
-            if rule.startswith("float32"):
-                cfg.update(dtype_bytes=4, stats_bytes=None)
-            saved = {c: ref_recompute_cost(*_plan_args(cfg), c, stats_bytes=cfg["stats_bytes"])[0] for c in CANDIDATES}
-            full, least = saved[()], saved[("block",)]  # nothing recomputed; the whole block
-            if rule == "budget = everything":
-                budget = full
-            elif rule == "budget = exactly one choice's bytes":  # fits: saved <= budget
-                budget = saved[_choice(gen, CANDIDATES[1:-1])]
-            elif rule == "budget = the input only":
-                budget = least
-            elif rule.startswith("budget below the input"):
-                budget = least - _randint(gen, 1, least // 2)
-            else:
-                budget = int(least + (full - least) * float(torch.rand(1, generator=gen)))
-            cfg["budget_bytes"] = budget
-            cases.append(Case(f"{rule}: b={cfg['batch']} s={cfg['seq']} h={cfg['d_model']} a={a} "
-                              f"dropout={cfg['dropout']}, budget {cfg['budget_bytes']} bytes", cfg))
-    return cases
+def ref_plan_recompute(batch, seq, d_model, n_heads, d_ff, dropout, dtype_bytes, budget_bytes, stats_bytes=None):
+    """The candidate with the fewest extra FLOPs whose saved bytes fit the budget (ties: fewer bytes)."""
+    best = None
+    for cand in CANDIDATES:
+        saved, extra = ref_recompute_cost(batch, seq, d_model, n_heads, d_ff, dropout, dtype_bytes, cand, stats_bytes)
+        if saved <= budget_bytes and (best is None or (extra, saved) < best[0]):
+            best = ((extra, saved), frozenset(cand))
+    return None if best is None else best[1]
 
 
 def _plan_args(x):
     return (x["batch"], x["seq"], x["d_model"], x["n_heads"], x["d_ff"], x["dropout"], x["dtype_bytes"])
+
+
+def _plan_cases(gen, public):
+    if public:
+        gpt3 = dict(batch=1, seq=2048, d_model=12288, n_heads=96, d_ff=49152, dropout=0.1, dtype_bytes=2,
+                    stats_bytes=4)
+        full, _ = ref_recompute_cost(*_plan_args(gpt3), (), stats_bytes=4)
+        core_only, _ = ref_recompute_cost(*_plan_args(gpt3), ("attn_core",), stats_bytes=4)
+        return [Case("GPT-3 layer, budget = everything", dict(gpt3, budget_bytes=full)),
+                Case("GPT-3 layer, budget = without the attention core", dict(gpt3, budget_bytes=core_only)),
+                Case("GPT-3 layer, budget = 60% of everything", dict(gpt3, budget_bytes=int(0.6 * full))),
+                Case("GPT-3 layer, budget = the input only", dict(gpt3, budget_bytes=12288 * 2048 * 2)),
+                Case("GPT-3 layer, budget below the input: nothing fits", dict(gpt3, budget_bytes=1000))]
+    cases = []  # random layers
+    for i, rule in enumerate(("budget = everything", "budget = exactly one choice's bytes",
+                              "budget between the choices", "budget = the input only",
+                              "budget below the input: nothing fits", "float32, stats_bytes left out")):
+        a = choice(gen, (8, 16, 32, 64))
+        cfg = dict(batch=randint(gen, 1, 16), seq=choice(gen, (512, 1024, 2048, 4096, 8192)),
+                   d_model=a * choice(gen, (64, 128)), n_heads=a, d_ff=0, dropout=(0.0, 0.1)[i % 2],
+                   dtype_bytes=2, stats_bytes=4)
+        cfg["d_ff"] = 4 * cfg["d_model"]
+        if rule.startswith("float32"):
+            cfg.update(dtype_bytes=4, stats_bytes=None)
+        saved = {c: ref_recompute_cost(*_plan_args(cfg), c, stats_bytes=cfg["stats_bytes"])[0] for c in CANDIDATES}
+        full, least = saved[()], saved[("block",)]  # nothing recomputed; the whole block
+        if rule == "budget = everything":
+            budget = full
+        elif rule == "budget = exactly one choice's bytes":  # fits: saved <= budget
+            budget = saved[choice(gen, CANDIDATES[1:-1])]
+        elif rule == "budget = the input only":
+            budget = least
+        elif rule.startswith("budget below the input"):
+            budget = least - randint(gen, 1, least // 2)
+        else:
+            budget = int(uniform(gen, least, full))
+        cfg["budget_bytes"] = budget
+        cases.append(Case(f"{rule}: b={cfg['batch']} s={cfg['seq']} h={cfg['d_model']} a={a} "
+                          f"dropout={cfg['dropout']}, budget {cfg['budget_bytes']} bytes", cfg))
+    return cases
 
 
 def _plan_run(ns, case, device):
@@ -625,11 +575,11 @@ def _plan_judge(case, obs):
         got = obs["costs"][",".join(cand)]
         if not isinstance(got, list) or len(got) != 2:
             return f"recompute_cost must return (saved_bytes, extra_flops), got {got}."
-        if not _close(got[0], want[0]):
+        if not close(got[0], want[0]):
             return (f"recompute_cost(..., recompute={set(cand) or '{}'}) saved bytes = {got[0]:.6g}, expected "
                     f"{want[0]}: start from block_activation_bytes and remove what the checkpointed pieces no "
                     "longer keep (their inputs stay: the checkpoint saves them).")
-        if not _close(got[1], want[1]):
+        if not close(got[1], want[1]):
             return (f"recompute_cost(..., recompute={set(cand) or '{}'}) extra FLOPs = {got[1]:.6g}, expected "
                     f"{want[1]}: one forward pass of the recomputed pieces (matmuls, 2 FLOPs per multiply-add).")
     want = ref_plan_recompute(*_plan_args(x), x["budget_bytes"], stats_bytes=x["stats_bytes"])
@@ -641,35 +591,64 @@ def _plan_judge(case, obs):
     return None
 
 
+RECOMPUTE_PLAN = Exercise("recompute_plan", 2, ("recompute_cost", "plan_recompute"), _plan_cases, _plan_run,
+                          _plan_judge, title="Choosing what to recompute under a memory budget",
+                          hint="A checkpointed piece keeps only its inputs: subtract its internal saved bytes and "
+                               "add one forward pass of its FLOPs.")
+
+
 # --- 6. ZeRO and FSDP --------------------------------------------------------------------------------
+
+def ref_zero_memory(n_params, world_size, stage, param_dtype="bfloat16", grad_dtype="bfloat16",
+                    optimizer="adam", master_weights=True) -> dict:
+    p, g = _dtype_bytes(param_dtype), _dtype_bytes(grad_dtype)
+    states = {"adam": 2, "adamw": 2, "momentum": 1, "sgd": 0}[optimizer]
+    master = 4 if master_weights and p != 4 else 0
+    k = master + 4 * states
+    n, N = n_params, world_size
+    params = p * n / N if stage >= 3 else p * n
+    grads = g * n / N if stage >= 2 else g * n
+    opt = k * n / N if stage >= 1 else k * n
+    return {"params": params, "grads": grads, "optimizer": opt, "total": params + grads + opt}
+
+
+def ref_fsdp_memory(n_params, world_size, unit_params, param_dtype="bfloat16", grad_dtype="bfloat16",
+                    optimizer="adam", master_weights=True) -> dict:
+    out = ref_zero_memory(n_params, world_size, 3, param_dtype, grad_dtype, optimizer, master_weights)
+    gathered = unit_params * (_dtype_bytes(param_dtype) + _dtype_bytes(grad_dtype))
+    out = dict(out, gathered=gathered)
+    out["total"] += gathered
+    return out
+
 
 def _zero_cases(gen, public):
     paper = dict(n_params=7.5e9, world_size=64, param_dtype="bfloat16", grad_dtype="bfloat16", optimizer="adam",
                  master_weights=True, unit_params=0)
-    cases = [Case(f"ZeRO paper: 7.5B params, 64 GPUs, mixed-precision Adam, stage {s}", dict(paper, stage=s))
-             for s in (0, 1, 2, 3)]
-    cases.append(Case("fp32 params with momentum SGD (no separate master copy), 8 GPUs, stage 2", dict(
-        n_params=1.3e9, world_size=8, param_dtype="float32", grad_dtype="float32", optimizer="momentum",
-        master_weights=True, stage=2, unit_params=0)))
-    cases.append(Case("FSDP full shard: 70B over 64 GPUs, largest unit 0.86B params", dict(
-        paper, n_params=70e9, stage="fsdp", unit_params=0.86e9)))
-    if not public:  # one case per rule, every seed (the rule is the name before ':'), random sizes
-        half = _choice(gen, ("bfloat16", "float16"))
-        rules = [  # (rule, stage, param dtype, grad dtype, optimizer, master weights)
-            ("stage 0, mixed-precision Adam", 0, half, half, "adam", True),
-            ("stage 1, mixed-precision AdamW", 1, half, half, "adamw", True),
-            ("stage 2, float32 gradients", 2, half, "float32", "adam", True),
-            ("stage 2, float32 parameters with momentum (no separate master copy)", 2, "float32", "float32",
-             "momentum", True),
-            ("stage 3, no master weights, plain SGD", 3, half, half, "sgd", False),
-            ("FSDP full shard", "fsdp", half, half, _choice(gen, ("adam", "momentum")), True)]
-        cases = []
-        for rule, stage, param_dtype, grad_dtype, optimizer, master in rules:
-            n = float(_randint(gen, 1, 400)) * 1e9
-            world = _choice(gen, (2, 8, 16, 64, 256, 1024))
-            cases.append(Case(f"{rule}: {n / 1e9:g}B params, {world} GPUs", dict(
-                n_params=n, world_size=world, param_dtype=param_dtype, grad_dtype=grad_dtype, optimizer=optimizer,
-                master_weights=master, stage=stage, unit_params=n / _randint(gen, 8, 100))))
+    if public:
+        cases = [Case(f"ZeRO paper: 7.5B params, 64 GPUs, mixed-precision Adam, stage {s}", dict(paper, stage=s))
+                 for s in (0, 1, 2, 3)]
+        cases.append(Case("fp32 params with momentum SGD (no separate master copy), 8 GPUs, stage 2", dict(
+            n_params=1.3e9, world_size=8, param_dtype="float32", grad_dtype="float32", optimizer="momentum",
+            master_weights=True, stage=2, unit_params=0)))
+        cases.append(Case("FSDP full shard: 70B over 64 GPUs, largest unit 0.86B params", dict(
+            paper, n_params=70e9, stage="fsdp", unit_params=0.86e9)))
+        return cases
+    half = choice(gen, ("bfloat16", "float16"))
+    rules = [  # (rule, stage, param dtype, grad dtype, optimizer, master weights)
+        ("stage 0, mixed-precision Adam", 0, half, half, "adam", True),
+        ("stage 1, mixed-precision AdamW", 1, half, half, "adamw", True),
+        ("stage 2, float32 gradients", 2, half, "float32", "adam", True),
+        ("stage 2, float32 parameters with momentum (no separate master copy)", 2, "float32", "float32",
+         "momentum", True),
+        ("stage 3, no master weights, plain SGD", 3, half, half, "sgd", False),
+        ("FSDP full shard", "fsdp", half, half, choice(gen, ("adam", "momentum")), True)]
+    cases = []
+    for rule, stage, param_dtype, grad_dtype, optimizer, master in rules:
+        n = float(randint(gen, 1, 400)) * 1e9
+        world = choice(gen, (2, 8, 16, 64, 256, 1024))
+        cases.append(Case(f"{rule}: {n / 1e9:g}B params, {world} GPUs", dict(
+            n_params=n, world_size=world, param_dtype=param_dtype, grad_dtype=grad_dtype, optimizer=optimizer,
+            master_weights=master, stage=stage, unit_params=n / randint(gen, 8, 100))))
     return cases
 
 
@@ -678,72 +657,90 @@ def _zero_kwargs(x):
                 master_weights=x["master_weights"])
 
 
-def _zero_run(ns, case, device):
-    x = case.inputs
+def _zero_call(x, zero, fsdp):
+    """``fsdp(...)`` for the FSDP case, else ``zero(...)`` at the case's stage (the learner's or the reference)."""
     if x["stage"] == "fsdp":
-        got = entry(ns, "fsdp_memory")(x["n_params"], x["world_size"], x["unit_params"], **_zero_kwargs(x))
-    else:
-        got = entry(ns, "zero_memory")(x["n_params"], x["world_size"], x["stage"], **_zero_kwargs(x))
+        return fsdp(x["n_params"], x["world_size"], x["unit_params"], **_zero_kwargs(x))
+    return zero(x["n_params"], x["world_size"], x["stage"], **_zero_kwargs(x))
+
+
+def _zero_run(ns, case, device):
+    got = _zero_call(case.inputs, entry(ns, "zero_memory"), entry(ns, "fsdp_memory"))
     return {"mem": {k: float(v) for k, v in got.items()} if isinstance(got, dict) else repr(got)}
+
+
+_ZERO_HINTS = {
+    "params": "Parameters are sharded only at stage 3 (and in FSDP's full shard).",
+    "grads": "Gradients are sharded from stage 2 on (reduce-scatter instead of all-reduce): each GPU keeps "
+             "1/N of them.",
+    "optimizer": "Optimizer state per parameter: the fp32 master copy (4 bytes, when the parameters are not "
+                 "fp32 already) plus 4 bytes per Adam moment (2) or momentum buffer (1); sharded from stage 1 on.",
+    "gathered": "FSDP also holds one unit's full parameters and full gradients while that unit computes.",
+    "total": "total is the sum of the other entries.",
+}
 
 
 def _zero_judge(case, obs):
     x = case.inputs
-    kw = dict(param_dtype=x["param_dtype"], grad_dtype=x["grad_dtype"], optimizer=x["optimizer"],
-              master_weights=x["master_weights"])
-    if x["stage"] == "fsdp":
-        want, fn = ref_fsdp_memory(x["n_params"], x["world_size"], x["unit_params"], **kw), "fsdp_memory"
-    else:
-        want, fn = ref_zero_memory(x["n_params"], x["world_size"], x["stage"], **kw), "zero_memory"
+    want = _zero_call(x, ref_zero_memory, ref_fsdp_memory)
+    fn = "fsdp_memory" if x["stage"] == "fsdp" else "zero_memory"
     got = obs["mem"]
     if not isinstance(got, dict):
         return f"{fn} must return a dict of bytes per GPU, got {got}."
-    hints = {
-        "params": "Parameters are sharded only at stage 3 (and in FSDP's full shard).",
-        "grads": "Gradients are sharded from stage 2 on (reduce-scatter instead of all-reduce): each GPU keeps "
-                 "1/N of them.",
-        "optimizer": "Optimizer state per parameter: the fp32 master copy (4 bytes, when the parameters are not "
-                     "fp32 already) plus 4 bytes per Adam moment (2) or momentum buffer (1); sharded from stage 1 on.",
-        "gathered": "FSDP also holds one unit's full parameters and full gradients while that unit computes.",
-        "total": "total is the sum of the other entries.",
-    }
     for key in sorted(want, key=lambda k: k == "total"):  # the parts first, their sum last
         value = want[key]
         if key not in got:
             return f"{fn} must return the keys {sorted(want)}; `{key}` is missing."
-        if not _close(got[key], value, 1e-6):
+        if not close(got[key], value, FORMULA_RTOL):
             return (f"{fn}: {key} = {got[key]:.6g} bytes per GPU, expected {value:.6g} "
-                    f"({value / 1e9:.3g} GB) for {case.name}. {hints[key]}")
+                    f"({value / 1e9:.3g} GB) for {case.name}. {_ZERO_HINTS[key]}")
     return None
+
+
+ZERO_MEMORY = Exercise("zero_memory", 3, ("zero_memory", "fsdp_memory"), _zero_cases, _zero_run, _zero_judge,
+                       title="ZeRO stages and FSDP: model-state memory per GPU",
+                       hint="ZeRO paper: (2 + 2 + K)Ψ bytes with K = 12 for mixed-precision Adam; stage 1 divides "
+                            "the K part by N, stage 2 also the gradients, stage 3 also the parameters.")
 
 
 # --- 7. offload cost model -------------------------------------------------------------------------------
 
+def ref_offload_bytes(n_params, world_size, what, param_dtype="bfloat16", grad_dtype="bfloat16"):
+    p, g = _dtype_bytes(param_dtype), _dtype_bytes(grad_dtype)
+    shard = n_params / world_size
+    return (g + p) * shard if what == "optimizer" else (2 * p + g) * shard
+
+
+def ref_offload_step_time(compute_s, nbytes, pcie_gbps, overlap=True) -> dict:
+    transfer = nbytes / (pcie_gbps * 1e9)
+    step = max(compute_s, transfer) if overlap else compute_s + transfer
+    return {"transfer_s": transfer, "step_s": step, "hidden": bool(overlap and transfer <= compute_s)}
+
+
 def _offload_cases(gen, public):
     # transfer_bytes feeds offload_step_time on its own, so one mistake is not counted twice
-    cases = [Case("7B, 8 GPUs, optimizer offload, PCIe 25 GB/s, 0.5 s of compute", dict(
-        n_params=7e9, world_size=8, what="optimizer", param_dtype="bfloat16", grad_dtype="bfloat16",
-        pcie_gbps=25.0, compute_s=0.5, overlap=True, transfer_bytes=3.5e9)),
-        Case("7B, 8 GPUs, optimizer offload, 0.05 s of compute: the transfer shows", dict(
-            n_params=7e9, world_size=8, what="optimizer", param_dtype="bfloat16", grad_dtype="bfloat16",
-            pcie_gbps=25.0, compute_s=0.05, overlap=True, transfer_bytes=3.5e9)),
-        Case("70B, 64 GPUs, parameter offload, PCIe 50 GB/s, no overlap", dict(
-            n_params=70e9, world_size=64, what="params", param_dtype="bfloat16", grad_dtype="float32",
-            pcie_gbps=50.0, compute_s=0.2, overlap=False, transfer_bytes=8.75e9))]
-    if not public:  # one case per rule, every seed (the rule is the name before ':'), random sizes
-        cases = []
-        for rule, what, timing in (("optimizer offload, the transfer hides", "optimizer", "hidden"),
-                                   ("optimizer offload, the transfer shows", "optimizer", "shows"),
-                                   ("parameter offload, the transfer hides", "params", "hidden"),
-                                   ("parameter offload, no overlap", "params", "serial")):
-            pcie = _choice(gen, (12.0, 25.0, 50.0))
-            transfer_bytes = float(_randint(gen, 1, 100)) * 1e8
-            transfer_s = transfer_bytes / (pcie * 1e9)
-            compute_s = transfer_s * (1 + float(torch.rand(1, generator=gen)) * (1 if timing == "hidden" else -0.9))
-            cases.append(Case(f"{rule}: PCIe {pcie:g} GB/s, {compute_s:.3g} s of compute", dict(
-                n_params=float(_randint(gen, 1, 200)) * 1e9, world_size=_choice(gen, (1, 8, 64, 512)), what=what,
-                param_dtype=_choice(gen, ("bfloat16", "float32")), grad_dtype=_choice(gen, ("bfloat16", "float32")),
-                pcie_gbps=pcie, compute_s=compute_s, overlap=timing != "serial", transfer_bytes=transfer_bytes)))
+    if public:
+        opt = dict(n_params=7e9, world_size=8, what="optimizer", param_dtype="bfloat16", grad_dtype="bfloat16",
+                   pcie_gbps=25.0, overlap=True, transfer_bytes=3.5e9)
+        return [Case("7B, 8 GPUs, optimizer offload, PCIe 25 GB/s, 0.5 s of compute", dict(opt, compute_s=0.5)),
+                Case("7B, 8 GPUs, optimizer offload, 0.05 s of compute: the transfer shows", dict(opt, compute_s=0.05)),
+                Case("70B, 64 GPUs, parameter offload, PCIe 50 GB/s, no overlap", dict(
+                    n_params=70e9, world_size=64, what="params", param_dtype="bfloat16", grad_dtype="float32",
+                    pcie_gbps=50.0, compute_s=0.2, overlap=False, transfer_bytes=8.75e9))]
+    cases = []
+    for rule, what, timing in (("optimizer offload, the transfer hides", "optimizer", "hidden"),
+                               ("optimizer offload, the transfer shows", "optimizer", "shows"),
+                               ("parameter offload, the transfer hides", "params", "hidden"),
+                               ("parameter offload, no overlap", "params", "serial")):
+        pcie = choice(gen, (12.0, 25.0, 50.0))
+        transfer_bytes = float(randint(gen, 1, 100)) * 1e8
+        transfer_s = transfer_bytes / (pcie * 1e9)
+        # up to twice the transfer time when it hides, down to a tenth of it otherwise
+        compute_s = transfer_s * (1 + uniform(gen, 0.0, 1.0) * (1 if timing == "hidden" else -0.9))
+        cases.append(Case(f"{rule}: PCIe {pcie:g} GB/s, {compute_s:.3g} s of compute", dict(
+            n_params=float(randint(gen, 1, 200)) * 1e9, world_size=choice(gen, (1, 8, 64, 512)), what=what,
+            param_dtype=choice(gen, ("bfloat16", "float32")), grad_dtype=choice(gen, ("bfloat16", "float32")),
+            pcie_gbps=pcie, compute_s=compute_s, overlap=timing != "serial", transfer_bytes=transfer_bytes)))
     return cases
 
 
@@ -760,7 +757,7 @@ def _offload_run(ns, case, device):
 def _offload_judge(case, obs):
     x = case.inputs
     want = ref_offload_bytes(x["n_params"], x["world_size"], x["what"], x["param_dtype"], x["grad_dtype"])
-    if not isinstance(obs["bytes"], float) or not _close(obs["bytes"], want, 1e-6):
+    if not isinstance(obs["bytes"], float) or not close(obs["bytes"], want, FORMULA_RTOL):
         how = ("each step sends this GPU's gradient shard down and gets its updated parameter shard back"
                if x["what"] == "optimizer" else
                "the parameter shard comes up twice (forward and backward) and the gradient shard goes down once")
@@ -770,7 +767,7 @@ def _offload_judge(case, obs):
     if not isinstance(got, dict):
         return f"offload_step_time must return a dict, got {got}."
     for key in ("transfer_s", "step_s"):
-        if not _close(got.get(key), t[key], 1e-6):
+        if not close(got.get(key), t[key], FORMULA_RTOL):
             return (f"offload_step_time: {key} = {got.get(key)}, expected {t[key]:.6g} s for {case.name} "
                     "(bandwidth in GB/s = 1e9 bytes/s; overlapped, the step takes the longer of compute and "
                     "transfer; not overlapped, their sum).")
@@ -779,47 +776,19 @@ def _offload_judge(case, obs):
     return None
 
 
-EXERCISES = [
-    Exercise("saved_bytes", 2, ("saved_tensor_bytes",), _saved_cases, _saved_run, _saved_judge,
-             title="Measuring what autograd saves",
-             hint="Inside `with torch.autograd.graph.saved_tensors_hooks(pack, unpack):` every tensor saved for "
-                  "backward passes through pack. Key by t.untyped_storage().data_ptr(), count "
-                  "untyped_storage().nbytes() once per key, and return t from pack so it stays alive."),
-    Exercise("activation_formula", 3, ("block_activation_bytes",), _formula_cases, _formula_run, _formula_judge,
-             title="Activation bytes of a transformer block, by formula",
-             hint="Follow TransformerBlock's docstring table: t(8h + 2f)e for the (b, s, ·) tensors, b·a·s² "
-                  "elements per attention matrix, 1-byte masks, 2 statistics per token per LayerNorm."),
-    Exercise("checkpoint_function", 4, ("checkpoint",), _ckpt_cases, _ckpt_run, _ckpt_judge,
-             title="Activation checkpointing as a torch.autograd.Function",
-             hint="forward: save the inputs and the RNG state, run fn under no_grad. backward: restore the RNG "
-                  "state (in fork_rng), recompute fn on detached inputs with grad enabled, "
-                  "torch.autograd.backward(out, grads), return (None, *input grads)."),
-    Exercise("selective_checkpoint", 3, ("selective_forward",), _selective_cases, _selective_run, _selective_judge,
-             title="Selective checkpointing: recompute only some sublayers",
-             hint="Rebuild block.forward from its pieces (split_heads, attn_core, attn_out, attention, mlp) and "
-                  "wrap the chosen ones in checkpoint(...); the residual additions stay outside."),
-    Exercise("recompute_plan", 2, ("recompute_cost", "plan_recompute"), _plan_cases, _plan_run, _plan_judge,
-             title="Choosing what to recompute under a memory budget",
-             hint="A checkpointed piece keeps only its inputs: subtract its internal saved bytes and add one "
-                  "forward pass of its FLOPs."),
-    Exercise("zero_memory", 3, ("zero_memory", "fsdp_memory"), _zero_cases, _zero_run, _zero_judge,
-             title="ZeRO stages and FSDP: model-state memory per GPU",
-             hint="ZeRO paper: (2 + 2 + K)Ψ bytes with K = 12 for mixed-precision Adam; stage 1 divides the K "
-                  "part by N, stage 2 also the gradients, stage 3 also the parameters."),
-    Exercise("offload_model", 2, ("offload_bytes", "offload_step_time"), _offload_cases, _offload_run,
-             _offload_judge, title="CPU offload: PCIe traffic and when it hides",
-             hint="Transfer time = bytes / (GB/s * 1e9). Overlapped with compute, the step takes the longer of "
-                  "the two, and the transfer is hidden when it is not longer than the compute."),
-]
+OFFLOAD_MODEL = Exercise("offload_model", 2, ("offload_bytes", "offload_step_time"),
+                         _offload_cases, _offload_run, _offload_judge,
+                         title="CPU offload: PCIe traffic and when it hides",
+                         hint="Transfer time = bytes / (GB/s * 1e9). Overlapped with compute, the step takes the "
+                              "longer of the two, and the transfer is hidden when it is not longer than the compute.")
+
+EXERCISES = [SAVED_BYTES, ACTIVATION_FORMULA, CHECKPOINT, SELECTIVE, RECOMPUTE_PLAN, ZERO_MEMORY, OFFLOAD_MODEL]
 
 
 # --- benchmarks (python -m grader bench) ---------------------------------------------------------------
 
 def _bench_make(device, tiny):
-    if tiny:
-        b, s, h, a = 2, 32, 64, 2
-    else:
-        b, s, h, a = 4, 2048, 2048, 16
+    b, s, h, a = (2, 32, 64, 2) if tiny else (4, 2048, 2048, 16)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     block = make_block(h, a, None, 0.1, device=device, dtype=dtype)
     x = torch.randn(b, s, h, device=device, dtype=dtype, requires_grad=True)
