@@ -1,23 +1,18 @@
 """Checks of lab 05, FlashAttention: reference attention, its memory, a tiled forward kernel with
-online softmax and log-sum-exp, and causal masking with early exit.
+online softmax and log-sum-exp, causal masking with early exit, and (stretch) the backward pass.
 
-Conventions the checks hold every answer to (stated in the lab's docstrings):
+Conventions (stated in the lab's docstrings): q (batch, heads, seq_q, head_dim), k and v (batch, heads,
+seq_k, head_dim), out like q; lse float32 (batch, heads, seq_q), the natural log of sum_j exp(scale *
+q_i . k_j), scale included; causal masking aligned top-left, as ``F.scaled_dot_product_attention(is_causal=True)``
+(query i attends keys 0..i, all keys once i >= seq_k - 1, so no row is ever empty).
 
-- shapes: q (batch, heads, seq_q, head_dim), k and v (batch, heads, seq_k, head_dim); out like q;
-  lse float32 (batch, heads, seq_q), the natural log of sum_j exp(scale * q_i . k_j), scale included;
-- causal masking is aligned top-left, as ``F.scaled_dot_product_attention(is_causal=True)``: query i
-  attends keys 0..i (all keys once i >= seq_k - 1), so no row is ever empty;
-- kernel checks pass non-square tiles, ``BLOCK_M, BLOCK_N = 64, 32`` or ``32, 64`` (so a BLOCK_M /
-  BLOCK_N mix-up shows), a poisoned ``out`` and ``lse`` (NaN, with a guard region), record the
-  Triton launches and verify q, k and v are unchanged. Inputs come contiguous, as (B, S, H, D)
-  tensors seen transposed, or row-padded (rows of D elements further apart than D, the gaps NaN);
-  one forward case leaves ``out`` and ``lse`` to the kernel (None), in float16. The causal kernel also
-  returns how many key blocks each program processed (``return_stats=True``), compared with the
-  count an early exit gives; and one case fills the keys no query can see with NaN, so a kernel
-  that loads them anyway fails whatever it reports.
-- the stretch backward (``flash_attention_autograd``) is compared with float64 autograd (out, dq, dk,
-  dv); ``saved_tensors_hooks`` measure what its forward saved (at most q, k, v, out and the lse), and
-  a Triton kernel must launch during backward.
+The kernel checks (``grader.kit.kernels``) pass non-square tiles, BLOCK_M, BLOCK_N = 64, 32 or 32, 64
+(so a mix-up shows), and q, k, v contiguous, as (B, S, H, D) tensors seen transposed, or row-padded
+(rows further apart than D, the gaps NaN); one forward case leaves ``out`` and ``lse`` to the wrapper,
+in float16. The causal kernel also returns how many key blocks each program processed, compared with
+an early exit's count, and one case fills the keys no query can see with NaN, so a kernel that loads
+them anyway fails whatever it reports. The backward is compared with float64 autograd, what its
+forward saved is measured (at most q, k, v, out and the lse), and a Triton kernel must launch in backward.
 
 Hidden cases are random sizes inside fixed rules: every seed's hidden set has seq_k = seq_q, seq_k <
 seq_q and seq_k > seq_q (causal and not), both tile orientations, fp16 and fp32, large scores, the
@@ -26,15 +21,25 @@ transposed and row-padded layouts (tests/test_checks_05.py checks it).
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 
 from gpulab.compare import compare, padded
 from gpulab.device import synchronize
 from gpulab.launches import watch_launches
-from grader.exercise import Benchmark, Case, Exercise, changed_inputs, entry
-from grader.kit.kernels import (bounds_verdict, final_verdict, launch_verdict, mismatch_verdict, observe_kernel,
-                                outside_verdict, run_ablated)
+from grader.exercise import Benchmark, Case, Exercise, changed_inputs, entry, to_cpu
+from grader.kit.cases import choice, randint, randn, uniform
+from grader.kit.kernels import (
+    bounds_verdict,
+    final_verdict,
+    launch_verdict,
+    mismatch_verdict,
+    observe_kernel,
+    outside_verdict,
+    run_ablated,
+)
+from grader.kit.variants import matching_variant
 
 LAB = "05_flash_attention"
 TITLE = "FlashAttention: IO-aware attention"
@@ -45,97 +50,74 @@ TILES = ((64, 32), (32, 64))
 ROW_PAD = 8  # extra elements after each row of D in the "rows" layout (stride(2) = D + ROW_PAD)
 SEQ_SHAPES = ("seq_k = seq_q", "seq_k < seq_q", "seq_k > seq_q")
 LN2 = math.log(2.0)
-
-
-def _randint(gen, lo, hi) -> int:
-    return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+_TASK = "compute attention with your @triton.jit kernel, not with PyTorch (F.scaled_dot_product_attention included)"
 
 
 # --- the reference, in float64 ----------------------------------------------------------------
 
+def _scores64(q, k, causal: bool, scale: float | None, diagonal: int = 0):
+    """scale * q kᵀ (B, H, Sq, Sk) of float64 q and k; causal: key j > query i + diagonal is -inf (top-left)."""
+    s = (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale) * (q @ k.transpose(-1, -2))
+    if causal:
+        s = s.masked_fill(~torch.ones(*s.shape[-2:], dtype=torch.bool).tril(diagonal), float("-inf"))
+    return s
+
+
 def attention64(q, k, v, causal: bool, scale: float | None):
     """(out, lse) of softmax(scale * q k^T [+ top-left causal mask]) v in float64, on the CPU."""
     q, k, v = (t.detach().cpu().double() for t in (q, k, v))
-    sq, sk, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    if causal and sk > sq:  # keys sq.. are seen by no query (top-left): drop them (they may hold NaN)
-        k, v, sk = k[..., :sq, :], v[..., :sq, :], sq
-    s = scale * (q @ k.transpose(-1, -2))  # (B, H, Sq, Sk)
-    if causal:
-        s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool).tril(), float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)  # (B, H, Sq)
-    return torch.softmax(s, dim=-1) @ v, lse
+    sq = q.shape[-2]
+    if causal and k.shape[-2] > sq:  # keys sq.. are seen by no query (top-left): drop them (they may hold NaN)
+        k, v = k[..., :sq, :], v[..., :sq, :]
+    s = _scores64(q, k, causal, scale)
+    return torch.softmax(s, dim=-1) @ v, torch.logsumexp(s, dim=-1)  # lse: (B, H, Sq)
 
 
 def _padded_keys64(q, k, v, causal, scale, block):
     """What a kernel computes when it forgets the key mask: keys padded to a multiple of ``block``
     with k = 0 (score 0) and v = 0 enter the softmax."""
     pad = (-k.shape[-2]) % block
-    if pad == 0:
+    if pad == 0 or causal:  # causal: padded keys sit beyond every real key, only rows past them would see them
         return None
     zeros = torch.zeros(*k.shape[:-2], pad, k.shape[-1], dtype=k.dtype)
-    kp, vp = torch.cat([k, zeros], -2), torch.cat([v, zeros], -2)
-    if causal:  # padded keys sit beyond every real key: only rows past them would see them
-        return None
-    return attention64(q, kp, vp, False, scale)
+    return attention64(q, torch.cat([k, zeros], -2), torch.cat([v, zeros], -2), False, scale)
 
 
 def _matches_strict_mask(out, q, k, v, scale, dtype, tol) -> bool:
     """Whether ``out`` equals causal attention with a strict mask (key j < query i), the `<` for `<=`
-    mistake, on every row that has a key under that mask (row 0 has none: NaN or 0 there)."""
+    mistake, on every row that has a key under that mask (row 0 has none: NaN there)."""
     if not isinstance(out, torch.Tensor) or out.shape[-2] < 2:
         return False
-    want = _shifted_causal64(q, k, v, scale)
-    return compare(out[..., 1:, :], want[..., 1:, :], dtype=dtype, **tol) is None
-
-
-def _shifted_causal64(q, k, v, scale):
-    """Causal attention with a strict mask (j < i): what `<` instead of `<=` computes."""
     q, k, v = (t.detach().cpu().double() for t in (q, k, v))
-    sq, sk, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    s = scale * (q @ k.transpose(-1, -2))
-    s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool).tril(-1), float("-inf"))
-    return torch.nan_to_num(torch.softmax(s, dim=-1)) @ v
+    want = torch.softmax(_scores64(q, k, True, scale, diagonal=-1), dim=-1) @ v
+    return compare(out[..., 1:, :], want[..., 1:, :], dtype=dtype, **tol) is None
 
 
 # --- inputs ------------------------------------------------------------------------------------
 
 def _qkv(gen, b, h, sq, sk, d, dtype="float32", magnitude=1.0, layout="bhsd", scale=None,
-         hide_unseen=False, tiles=TILES[0]):
+         hide_unseen=False, tiles=TILES[0], causal=None, dout=False):
     """Inputs for one case. ``layout="bshd"`` stores q, k, v as (B, S, H, D): the learner's side
     sees the (B, H, S, D) transposed view, the layout a fused QKV projection produces.
     ``layout="rows"`` stores them as (B, H, S, D + ROW_PAD), the extra columns NaN: the learner's side
     sees the (B, H, S, D) view whose rows are D + ROW_PAD apart. ``tiles``: the (BLOCK_M, BLOCK_N)
-    a kernel check passes."""
+    a kernel check passes. ``causal`` (the reference and backward exercises, whose entries take it)
+    and ``dout`` (the backward's incoming gradient) are added to the inputs when given."""
     dt = getattr(torch, dtype)
     shape = (lambda s: (b, s, h, d)) if layout == "bshd" else (lambda s: (b, h, s, d))
-    q, k, v = (torch.randn(*shape(s), generator=gen) * m for s, m in ((sq, magnitude), (sk, magnitude), (sk, 1.0)))
-    q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    q, k, v = (randn(gen, *shape(s), scale=m).to(dt) for s, m in ((sq, magnitude), (sk, magnitude), (sk, 1.0)))
     if hide_unseen:  # keys past the last query tile: no query sees them, an early exit never loads them
         first = -(-sq // 128) * 128
         k[:, :, first:] = float("nan")
         v[:, :, first:] = float("nan")
     if layout == "rows":
         q, k, v = (torch.cat([t, torch.full((*t.shape[:-1], ROW_PAD), float("nan"), dtype=dt)], -1) for t in (q, k, v))
-    return dict(q=q, k=k, v=v, layout=layout, scale=scale, magnitude=magnitude, block_m=tiles[0], block_n=tiles[1])
-
-
-def _name(inp: dict, extra: str = "", tiles: bool = True) -> str:
-    q, k = _view(inp["q"], inp["layout"]), _view(inp["k"], inp["layout"])
-    b, h, sq, d = q.shape
-    text = f"B={b} H={h} seq_q={sq} seq_k={k.shape[2]} D={d} {str(q.dtype).replace('torch.', '')}"
-    if inp["layout"] == "bshd":
-        text += ", q/k/v are (B, S, H, D) tensors seen transposed (non-contiguous)"
-    if inp["layout"] == "rows":
-        text += f", q/k/v row-padded (rows D + {ROW_PAD} apart: stride(2) > D)"
-    if inp["scale"] is not None:
-        text += f", scale={inp['scale']:.3g}"
-    if inp["magnitude"] > 1:
-        text += f", large scores (|s| up to ~{_max_score(inp):.0f}: exp overflows without the max)"
-    if tiles:  # only the kernel checks pass them
-        text += f"; BLOCK_M={inp['block_m']}, BLOCK_N={inp['block_n']}"
-    return text + extra
+    inp = dict(q=q, k=k, v=v, layout=layout, scale=scale, magnitude=magnitude, block_m=tiles[0], block_n=tiles[1])
+    if causal is not None:
+        inp["causal"] = causal
+    if dout:
+        inp["dout"] = randn(gen, b, h, sq, d).to(dt)
+    return inp
 
 
 def _view(t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -144,15 +126,45 @@ def _view(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t.transpose(1, 2) if layout == "bshd" else t
 
 
+_LAYOUT_NAMES = {"bhsd": "", "bshd": ", q/k/v are (B, S, H, D) tensors seen transposed (non-contiguous)",
+                 "rows": f", q/k/v row-padded (rows D + {ROW_PAD} apart: stride(2) > D)"}
+
+
+def _name(inp: dict, extra: str = "") -> str:
+    """The case's name: sizes, layout, scale, and the tiles (kernel checks) or ``causal`` (the others)."""
+    q, k = _view(inp["q"], inp["layout"]), _view(inp["k"], inp["layout"])
+    b, h, sq, d = q.shape
+    text = f"B={b} H={h} seq_q={sq} seq_k={k.shape[2]} D={d} {str(q.dtype).replace('torch.', '')}"
+    text += _LAYOUT_NAMES[inp["layout"]]
+    if inp["scale"] is not None:
+        text += f", scale={inp['scale']:.3g}"
+    if inp["magnitude"] > 1:
+        text += f", large scores (|s| up to ~{_max_score(inp):.0f}: exp overflows without the max)"
+    if "causal" in inp:
+        text += f", causal={inp['causal']}"
+    else:  # only the kernel checks pass tiles
+        text += f"; BLOCK_M={inp['block_m']}, BLOCK_N={inp['block_n']}"
+    return text + extra
+
+
 def _max_score(inp) -> float:
     q, k = _view(inp["q"], inp["layout"]).double(), _view(inp["k"], inp["layout"]).double()
     scale = inp["scale"] or 1 / math.sqrt(q.shape[-1])
     return float(torch.nan_to_num(scale * q @ k.transpose(-1, -2), nan=0.0).abs().max())
 
 
+def _cases(gen, specs) -> list[Case]:
+    """One case per ``(b, h, seq_q, seq_k, head_dim, _qkv keywords[, name suffix])``, tiles TILES[i % 2]."""
+    cases = []
+    for i, (b, h, sq, sk, d, kw, *extra) in enumerate(specs):
+        inp = _qkv(gen, b, h, sq, sk, d, tiles=TILES[i % 2], **kw)
+        cases.append(Case(_name(inp, *extra), inp))
+    return cases
+
+
 def _ragged(gen, lo, hi) -> int:
     """A random integer in [lo, hi], not a multiple of 16 (every tile size here): a partial last tile."""
-    n = _randint(gen, lo, hi)
+    n = randint(gen, lo, hi)
     return n - 1 if n % 16 == 0 else n
 
 
@@ -174,103 +186,85 @@ def _random_attention_cases(gen, n, causal_mix: bool, max_seq=128):
     (case 3) and, with ``causal_mix``, causal on odd cases (so both kinds meet every shape in 6 cases)."""
     cases = []
     for i in range(n):
-        b, h = [(1, 1), (1, 2), (2, 1)][_randint(gen, 0, 2)]
+        b, h = choice(gen, [(1, 1), (1, 2), (2, 1)])
         if i == 3:  # (B, S, H, D) seen transposed: two heads, so a row stride is not D; whole tiles
             b, h = 1, 2
-            sq = sk = 64 * _randint(gen, 1, max_seq // 64)
+            sq = sk = 64 * randint(gen, 1, max_seq // 64)
         else:
             sq, sk = _seq_pair(gen, SEQ_SHAPES[i % 3], max_seq)
-        d = [16, 32, 64][_randint(gen, 0, 2)]
-        dtype = ["float32", "float16"][i % 2]
+        d = choice(gen, [16, 32, 64])
         big = i == 2
-        scale = None if big or _randint(gen, 0, 1) else 0.05 + float(torch.rand(1, generator=gen))
-        inp = _qkv(gen, b, h, sq, sk, d, dtype="float32" if big else dtype, magnitude=6.0 if big else 1.0,
-                   layout="bshd" if i == 3 else "bhsd", scale=scale, tiles=TILES[i % 2])
-        if causal_mix:
-            inp["causal"] = bool(i % 2)
-        cases.append(Case(_name(inp, tiles=not causal_mix), inp))
+        scale = None if big or randint(gen, 0, 1) else uniform(gen, 0.05, 1.05)
+        inp = _qkv(gen, b, h, sq, sk, d, dtype="float32" if big else ["float32", "float16"][i % 2],
+                   magnitude=6.0 if big else 1.0, layout="bshd" if i == 3 else "bhsd", scale=scale,
+                   tiles=TILES[i % 2], causal=bool(i % 2) if causal_mix else None)
+        cases.append(Case(_name(inp), inp))
     return cases
 
 
-def _rows_case(gen, causal: bool = False) -> Case:
+def _rows_case(gen) -> Case:
     """Row-padded q, k, v (random sizes past one 64-tile, so tile mix-ups show too)."""
     sq, sk = _ragged(gen, 65, 128), _ragged(gen, 65, 128)
-    inp = _qkv(gen, 1, [1, 2][_randint(gen, 0, 1)], sq, sk, 32, dtype="float16", layout="rows", tiles=TILES[0])
+    inp = _qkv(gen, 1, choice(gen, [1, 2]), sq, sk, 32, dtype="float16", layout="rows", tiles=TILES[0])
     return Case(_name(inp), inp)
 
 
-# --- tolerances --------------------------------------------------------------------------------
+# --- tolerances and diagnoses ----------------------------------------------------------------------
+
+# compare's keyword arguments for (out, lse) per kind of case and whether it runs on a GPU. fp16 outputs:
+# fp16's tolerance. fp32: 1e-5, except where fp32 rounding of large scores moves the softmax (the
+# large-magnitude cases) and on a GPU, where ``tl.dot`` rounds fp32 inputs to TF32 (10-bit mantissa) by default.
+_TOLERANCES = {
+    ("float16", False): ({}, {}),
+    ("float16", True): ({}, {"atol": 3e-5, "rtol": 3e-5}),
+    ("float32", False): ({"atol": 1e-5, "rtol": 1e-5}, {}),
+    ("float32", True): ({"atol": 1e-2, "rtol": 1e-2}, {"atol": 1e-2, "rtol": 1e-3}),
+    ("large", False): ({"atol": 2e-3, "rtol": 2e-3}, {"atol": 1e-3, "rtol": 1e-5}),
+    ("large", True): ({"atol": 2e-3, "rtol": 2e-3}, {"atol": 0.5, "rtol": 1e-2}),
+}
+
 
 def _tolerances(inp: dict, device: str) -> dict:
-    """``compare`` keyword arguments for out and lse.
-
-    fp16 outputs: fp16's tolerance. fp32: 1e-5, except where fp32 rounding of large scores moves
-    the softmax (the large-magnitude cases) and on a GPU, where ``tl.dot`` rounds fp32 inputs to
-    TF32 (10-bit mantissa) by default.
-    """
-    q = inp["q"]
-    if q.dtype == torch.float16:
-        out = {}
-        lse = {"atol": 3e-5, "rtol": 3e-5} if device == "cuda" else {}
-    else:
-        out = {"atol": 1e-5, "rtol": 1e-5}
-        lse = {}
-        if device == "cuda":
-            out, lse = {"atol": 1e-2, "rtol": 1e-2}, {"atol": 1e-2, "rtol": 1e-3}
-    if inp["magnitude"] > 1:
-        out = {"atol": 2e-3, "rtol": 2e-3}
-        lse = {"atol": 1e-3, "rtol": 1e-5} if device != "cuda" else {"atol": 0.5, "rtol": 1e-2}
+    kind = "large" if inp["magnitude"] > 1 else str(inp["q"].dtype).replace("torch.", "")
+    out, lse = _TOLERANCES[kind, device == "cuda"]
     return {"out": out, "lse": lse}
+
+
+def _near(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """``got`` is ``want`` within 1e-3 wherever ``want`` is finite (somewhere): an lse mistake's signature."""
+    ok = torch.isfinite(want)
+    return bool(ok.any()) and bool(((got - want).abs()[ok] <= 1e-3 + 1e-3 * want.abs()[ok]).all())
 
 
 def _lse_diagnosis(got, want: torch.Tensor, q, k, scale, causal: bool) -> str:
     """A hint when lse matches a classic mistake: log2 units, the max left out, the scale left out."""
     if not isinstance(got, torch.Tensor) or got.shape != want.shape:
         return ""
-    g = got.detach().double()
-
-    def close(x):
-        ok = torch.isfinite(x)
-        return bool(ok.any()) and bool(((g - x).abs()[ok] <= 1e-3 + 1e-3 * x.abs()[ok]).all())
-
-    if close(want / LN2):
-        return "\n  Your lse is in log2 units: multiply by ln 2 (the check wants the natural log)."
     qd, kd = q.detach().double(), k.detach().double()
-    sq, sk = qd.shape[-2], kd.shape[-2]
-    if causal and sk > sq:
-        kd, sk = kd[..., :sq, :], sq
-    raw = qd @ kd.transpose(-1, -2)  # unscaled scores
-    if causal:
-        raw = raw.masked_fill(~torch.ones(sq, sk, dtype=torch.bool).tril(), float("-inf"))
-    s = (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale) * raw
-    m = s.amax(-1)
-    if close(want - m) or close((want - m) / LN2):
-        return "\n  Your lse lacks the running max: lse = m + log(l), where l was summed as exp(s - m)."
-    if close(torch.logsumexp(raw, -1)):
-        return "\n  Your lse ignores the scale: it is the log-sum-exp of the *scaled* scores."
-    return ""
+    m = _scores64(qd, kd, causal, scale).amax(-1)  # each row's max score
+    no_max = "\n  Your lse lacks the running max: lse = m + log(l), where l was summed as exp(s - m)."
+    return matching_variant(got.detach().double(), [
+        ("\n  Your lse is in log2 units: multiply by ln 2 (the check wants the natural log).", want / LN2),
+        (no_max, want - m), (no_max, (want - m) / LN2),
+        ("\n  Your lse ignores the scale: it is the log-sum-exp of the *scaled* scores.",
+         lambda: torch.logsumexp(_scores64(qd, kd, causal, 1.0), -1)),
+    ], _near) or ""
+
+
+def _describe(ret) -> str:
+    return type(ret).__name__ + (f" of length {len(ret)}" if isinstance(ret, (tuple, list)) else "")
 
 
 # --- exercise 1: reference attention --------------------------------------------------------------
 
 def _reference_cases(gen, public):
-    if public:
-        specs = [((1, 2, 64, 64, 32), dict(), False), ((1, 2, 64, 64, 32), dict(), True),
-                 ((2, 1, 37, 100, 16), dict(dtype="float16"), True), ((1, 1, 100, 37, 16), dict(), True),
-                 ((1, 1, 50, 70, 64), dict(scale=0.3), False),
-                 ((1, 1, 64, 64, 64), dict(magnitude=6.0), False), ((1, 1, 64, 64, 64), dict(magnitude=6.0), True)]
-        cases = []
-        for (b, h, sq, sk, d), kw, causal in specs:
-            inp = _qkv(gen, b, h, sq, sk, d, **kw)
-            inp["causal"] = causal
-            cases.append(Case(_name(inp, f", causal={causal}", tiles=False), inp))
-        return cases
-    cases = _random_attention_cases(gen, 6, causal_mix=True, max_seq=200)
-    return [Case(c.name + f", causal={c.inputs['causal']}", c.inputs) for c in cases]
-
-
-def _describe(ret) -> str:
-    return type(ret).__name__ + (f" of length {len(ret)}" if isinstance(ret, (tuple, list)) else "")
+    if not public:
+        return _random_attention_cases(gen, 6, causal_mix=True, max_seq=200)
+    return _cases(gen, [(1, 2, 64, 64, 32, dict(causal=False)), (1, 2, 64, 64, 32, dict(causal=True)),
+                        (2, 1, 37, 100, 16, dict(dtype="float16", causal=True)), (1, 1, 100, 37, 16, dict(causal=True)),
+                        (1, 1, 50, 70, 64, dict(scale=0.3, causal=False)),
+                        (1, 1, 64, 64, 64, dict(magnitude=6.0, causal=False)),
+                        (1, 1, 64, 64, 64, dict(magnitude=6.0, causal=True))])
 
 
 def _reference_run(ns, case, device):
@@ -280,10 +274,7 @@ def _reference_run(ns, case, device):
     ret = entry(ns, "attention_reference")(q, k, v, causal=x["causal"], scale=x["scale"])
     if not isinstance(ret, (tuple, list)) or len(ret) != 2:
         return {"bad_return": _describe(ret)}
-    out, lse = ret
-    return {"out": out.detach().cpu() if isinstance(out, torch.Tensor) else out,
-            "lse": lse.detach().cpu() if isinstance(lse, torch.Tensor) else lse,
-            "inputs_after": {n: t.cpu() for n, t in base.items()}}
+    return {"out": to_cpu(ret[0]), "lse": to_cpu(ret[1]), "inputs_after": to_cpu(base)}
 
 
 def _reference_judge(case, obs):
@@ -307,6 +298,12 @@ def _reference_judge(case, obs):
     return changed_inputs(case, obs["inputs_after"])
 
 
+REFERENCE = Exercise("attention_reference", 2, ("attention_reference",), _reference_cases, _reference_run,
+                     _reference_judge, title="Reference attention with log-sum-exp",
+                     hint="s = scale * q @ k.transpose(-1, -2) in float32; causal: s.masked_fill(~ones(Sq, Sk)"
+                          ".tril(), -inf); lse = torch.logsumexp(s, -1); out = softmax(s) @ v, cast to q's dtype.")
+
+
 # --- exercise 2: memory of naive vs flash attention ----------------------------------------------
 
 def ref_attention_memory_bytes(batch, heads, seq_q, seq_k, dtype_bytes, flash=False) -> int:
@@ -321,7 +318,7 @@ def _memory_cases(gen, public):
         specs = []
         for i in range(5):
             sq, sk = _seq_pair(gen, SEQ_SHAPES[i % 3], 1 << 17)
-            specs.append((_randint(gen, 1, 16), _randint(gen, 1, 64), sq, sk, [1, 2, 4][i % 3]))
+            specs.append((randint(gen, 1, 16), randint(gen, 1, 64), sq, sk, [1, 2, 4][i % 3]))
     return [Case(f"batch={b} heads={h} seq_q={sq} seq_k={sk} dtype_bytes={nb} flash={f}",
                  dict(batch=b, heads=h, seq_q=sq, seq_k=sk, dtype_bytes=nb, flash=f))
             for b, h, sq, sk, nb in specs for f in (False, True)]
@@ -344,86 +341,41 @@ def _memory_judge(case, obs):
     return None
 
 
-# --- exercises 3 and 4: the kernels -------------------------------------------------------------
+MEMORY = Exercise("attention_memory", 1, ("attention_memory_bytes",), _memory_cases, _memory_run, _memory_judge,
+                  title="Memory: naive S and P vs flash's log-sum-exp", hint="naive: two (batch, heads, seq_q, "
+                  "seq_k) tensors of dtype_bytes; flash: one (batch, heads, seq_q) float32 tensor.")
 
-def _call_flash(fn, case, device, causal_entry: bool) -> dict:
-    x = case.inputs
+
+# --- the kernels (exercises 3 and 4) -------------------------------------------------------------
+
+def _kernel_run(fn_name, ns, case, device) -> dict:
+    """One observed call of ``fn_name`` (flash_attention, or flash_attention_causal, which returns stats):
+    into poisoned ``out`` and ``lse``, or, for an ``alloc`` case, with both left to the wrapper (then
+    the tensors it returns are observed)."""
+    fn, causal_entry, x = entry(ns, fn_name), fn_name == "flash_attention_causal", case.inputs
     base = {n: padded(x[n], device) for n in ("q", "k", "v")}
     q, k, v = (_view(base[n], x["layout"]) for n in ("q", "k", "v"))
     b, h, sq, d = q.shape
     kwargs = dict(scale=x["scale"], BLOCK_M=x["block_m"], BLOCK_N=x["block_n"])
-    if causal_entry:
-        kwargs["return_stats"] = True
+    kwargs.update({"return_stats": True} if causal_entry else {"causal": False})
+    if x.get("alloc"):
+        call = observe_kernel(lambda: fn(q, k, v, **kwargs), {}, device, inputs=base)
     else:
-        kwargs["causal"] = False
-    call = observe_kernel(lambda out, lse: fn(q, k, v, out=out, lse=lse, **kwargs),
-                          {"out": ((b, h, sq, d), q.dtype), "lse": ((b, h, sq), torch.float32)}, device, inputs=base)
+        call = observe_kernel(lambda out, lse: fn(q, k, v, out=out, lse=lse, **kwargs),
+                              {"out": ((b, h, sq, d), q.dtype), "lse": ((b, h, sq), torch.float32)}, device,
+                              inputs=base)
     ret = call.returned
     obs = {**call.as_obs(), "device": str(device)}
-    n_ret = 3 if causal_entry else 2
-    if not isinstance(ret, (tuple, list)) or len(ret) != n_ret:
+    if not isinstance(ret, (tuple, list)) or len(ret) != (3 if causal_entry else 2) or (
+            x.get("alloc") and not all(isinstance(r, torch.Tensor) for r in ret)):
         obs["bad_return"] = _describe(ret)
-        return obs
-    if causal_entry:
+    elif x.get("alloc"):
+        obs["out"], obs["lse"] = to_cpu(ret)
+    elif causal_entry:  # only what the judge reads of the stats
         stats = ret[2]
-        if isinstance(stats, dict):
-            blocks = stats.get("key_blocks")
-            obs["stats"] = {"BLOCK_M": stats.get("BLOCK_M"), "BLOCK_N": stats.get("BLOCK_N"),
-                            "key_blocks": blocks.detach().cpu() if isinstance(blocks, torch.Tensor) else blocks}
-        else:
-            obs["stats"] = f"a {type(stats).__name__}"
+        obs["stats"] = ({key: to_cpu(stats.get(key)) for key in ("BLOCK_M", "BLOCK_N", "key_blocks")}
+                        if isinstance(stats, dict) else f"a {type(stats).__name__}")
     return obs
-
-
-def expected_key_blocks(seq_q: int, seq_k: int, block_m: int, block_n: int, causal: bool):
-    """Per query tile m: the (fewest, most) key blocks a correct kernel processes.
-
-    Non-causal: every key block, cdiv(seq_k, BLOCK_N). Causal (top-left): the tile's rows end at
-    min((m+1) BLOCK_M, seq_q), so keys up to there are needed (fewest); a kernel that bounds its loop
-    by (m+1) BLOCK_M without clipping to seq_q reads at most the last tile's padding rows' keys (most).
-    """
-    n_m = -(-seq_q // block_m)
-    if not causal:
-        full = -(-seq_k // block_n)
-        return [(full, full)] * n_m
-    rows = []
-    for m in range(n_m):
-        end = (m + 1) * block_m
-        rows.append((-(-min(end, seq_q, seq_k) // block_n), -(-min(end, seq_k) // block_n)))
-    return rows
-
-
-def _judge_stats(case, obs, q, k) -> str | None:
-    tile_m, tile_n = case.inputs["block_m"], case.inputs["block_n"]
-    stats = obs.get("stats")
-    if not isinstance(stats, dict):
-        return ("with return_stats=True, flash_attention_causal must return (out, lse, stats) where stats = "
-                "{'BLOCK_M': int, 'BLOCK_N': int, 'key_blocks': int tensor (batch, heads, cdiv(seq_q, BLOCK_M))}; "
-                f"got {stats!r} for stats.")
-    bm, bn, blocks = stats["BLOCK_M"], stats["BLOCK_N"], stats["key_blocks"]
-    if bm != tile_m or bn != tile_n:
-        return (f"stats report BLOCK_M={bm!r}, BLOCK_N={bn!r}, but the check passed BLOCK_M={tile_m}, BLOCK_N={tile_n}: "
-                "use the tile sizes you are given (and report them).")
-    b, h, sq, _ = q.shape
-    n_m = -(-sq // bm)
-    if not isinstance(blocks, torch.Tensor) or tuple(blocks.shape) != (b, h, n_m) or blocks.is_floating_point():
-        got = tuple(blocks.shape) if isinstance(blocks, torch.Tensor) else type(blocks).__name__
-        return f"stats['key_blocks'] must be an integer tensor of shape {(b, h, n_m)}, got {got}."
-    for m, (lo, hi) in enumerate(expected_key_blocks(sq, k.shape[2], bm, bn, causal=True)):
-        got = blocks[:, :, m]
-        if bool((got > hi).any()):
-            total = -(-k.shape[2] // bn)
-            return (f"query tile {m} (rows {m * bm}..{min((m + 1) * bm, sq) - 1}) processed {int(got.max())} key "
-                    f"blocks, but keys past its last row are masked for every row: it needs at most {hi} of the "
-                    f"{total}. Stop the key loop at the diagonal (early exit): "
-                    "hi = min((start_m + 1) * BLOCK_M, seq_k).")
-        if bool((got < lo).any()):
-            return (f"query tile {m} processed {int(got.min())} key blocks, but its rows need keys 0.."
-                    f"{min((m + 1) * bm, sq, k.shape[2]) - 1}: {lo} blocks of {bn} (count every block the loop runs).")
-    return None
-
-
-_TASK = "compute attention with your @triton.jit kernel, not with PyTorch (F.scaled_dot_product_attention included)"
 
 
 def _computed_outside(obs, fn_name, q, out64, lse64, tol):
@@ -435,8 +387,8 @@ def _computed_outside(obs, fn_name, q, out64, lse64, tol):
     return outside_verdict(obs, fn_name, right)
 
 
-def _judge_flash(case, obs, causal: bool, fn_name: str) -> str | None:
-    x = case.inputs
+def _kernel_judge(fn_name, case, obs) -> str | None:
+    causal, x = fn_name == "flash_attention_causal", case.inputs
     q, k, v = (_view(x[n], x["layout"]) for n in ("q", "k", "v"))
     out64, lse64 = attention64(q, k, v, causal, x["scale"])
     tol = _tolerances(x, obs.get("device", "cpu"))
@@ -446,7 +398,9 @@ def _judge_flash(case, obs, causal: bool, fn_name: str) -> str | None:
         return verdict
     if "bad_return" in obs:
         want = "(out, lse, stats)" if causal else "(out, lse)"
-        return f"{fn_name} must return {want}, got {obs['bad_return']}."
+        return f"{fn_name}{'(q, k, v)' if x.get('alloc') else ''} must return {want}, got {obs['bad_return']}."
+    if x.get("alloc"):
+        return _judge_alloc(case, obs, q, out64, lse64, tol)
     if causal:
         msg = _judge_stats(case, obs, q, k)
         if msg:
@@ -463,8 +417,8 @@ def _judge_flash(case, obs, causal: bool, fn_name: str) -> str | None:
                     "itself included (offs_m >= offs_n).")
         elif (padded := _padded_keys64(q, k, v, causal, x["scale"], x["block_n"])) is not None and \
                 compare(obs["out"], padded[0], dtype=q.dtype, **tol["out"]) is None:
-            msg += (f"\n  Your output matches attention over keys padded to a multiple of BLOCK_N={x['block_n']}: set the "
-                    "scores of keys >= seq_k to -inf before the softmax.")
+            msg += (f"\n  Your output matches attention over keys padded to a multiple of BLOCK_N={x['block_n']}: "
+                    "set the scores of keys >= seq_k to -inf before the softmax.")
         elif x["magnitude"] > 1:
             msg += "\n  Large scores overflow exp(): exponentiate s - m with m the running row max."
         elif (rows := _unwritten_tail(obs["out"])) is not None:
@@ -499,24 +453,7 @@ def _unwritten_tail(out) -> int | None:
     return first if bool(row_nan[first:].all()) and not bool(torch.isnan(out[..., :first, :]).any()) else None
 
 
-def _flash_cases(gen, public):
-    if not public:
-        return _random_attention_cases(gen, 5, causal_mix=False) + [_rows_case(gen), _alloc_case(gen)]
-    specs = [((1, 2, 128, 128, 64), dict()),
-             ((1, 1, 100, 77, 64), dict()),
-             ((2, 1, 33, 128, 32), dict(dtype="float16")),
-             ((1, 1, 128, 45, 64), dict(dtype="float16")),
-             ((1, 1, 1, 1, 16), dict()),
-             ((1, 1, 64, 96, 32), dict(scale=0.3)),
-             ((1, 1, 64, 96, 64), dict(magnitude=6.0)),
-             ((1, 2, 64, 64, 64), dict(dtype="float16", layout="bshd")),
-             ((1, 2, 100, 90, 32), dict(dtype="float16", layout="rows"))]
-    cases = []
-    for i, ((b, h, sq, sk, d), kw) in enumerate(specs):
-        inp = _qkv(gen, b, h, sq, sk, d, tiles=TILES[i % 2], **kw)
-        cases.append(Case(_name(inp), inp))
-    return cases + [_alloc_case(gen, (77, 50))]
-
+# --- exercise 3: the tiled forward kernel ----------------------------------------------------------
 
 def _alloc_case(gen, seqs=None) -> Case:
     """float16 inputs, ``out`` and ``lse`` left to their defaults (None): the kernel's wrapper allocates
@@ -527,33 +464,22 @@ def _alloc_case(gen, seqs=None) -> Case:
     return Case(_name(inp, ", out=None and lse=None: your wrapper allocates them"), inp)
 
 
-def _call_flash_alloc(fn, case, device) -> dict:
-    """Call ``fn(q, k, v)`` without ``out`` and ``lse``; observe what it returns."""
-    x = case.inputs
-    base = {n: padded(x[n], device) for n in ("q", "k", "v")}
-    q, k, v = (_view(base[n], x["layout"]) for n in ("q", "k", "v"))
-    call = observe_kernel(lambda: fn(q, k, v, causal=False, scale=x["scale"], BLOCK_M=x["block_m"],
-                                     BLOCK_N=x["block_n"]), {}, device, inputs=base)
-    ret = call.returned
-    obs = {**call.as_obs(), "device": str(device)}
-    if not isinstance(ret, (tuple, list)) or len(ret) != 2 or not all(isinstance(r, torch.Tensor) for r in ret):
-        obs["bad_return"] = _describe(ret)
-        return obs
-    obs["out"], obs["lse"] = (r.detach().cpu() for r in ret)
-    return obs
+def _flash_cases(gen, public):
+    if not public:
+        return _random_attention_cases(gen, 5, causal_mix=False) + [_rows_case(gen), _alloc_case(gen)]
+    return _cases(gen, [(1, 2, 128, 128, 64, dict()),
+                        (1, 1, 100, 77, 64, dict()),
+                        (2, 1, 33, 128, 32, dict(dtype="float16")),
+                        (1, 1, 128, 45, 64, dict(dtype="float16")),
+                        (1, 1, 1, 1, 16, dict()),
+                        (1, 1, 64, 96, 32, dict(scale=0.3)),
+                        (1, 1, 64, 96, 64, dict(magnitude=6.0)),
+                        (1, 2, 64, 64, 64, dict(dtype="float16", layout="bshd")),
+                        (1, 2, 100, 90, 32, dict(dtype="float16", layout="rows"))]) + [_alloc_case(gen, (77, 50))]
 
 
-def _judge_alloc(case, obs) -> str | None:
-    x = case.inputs
-    q, k, v = (_view(x[n], x["layout"]) for n in ("q", "k", "v"))
-    out64, lse64 = attention64(q, k, v, False, x["scale"])
-    tol = _tolerances(x, obs.get("device", "cpu"))
-    verdict = (launch_verdict(obs, "flash_attention", _TASK)
-               or _computed_outside(obs, "flash_attention", q, out64, lse64, tol) or bounds_verdict(obs))
-    if verdict:
-        return verdict
-    if "bad_return" in obs:
-        return f"flash_attention(q, k, v) must return (out, lse), got {obs['bad_return']}."
+def _judge_alloc(case, obs, q, out64, lse64, tol) -> str | None:
+    """The wrapper allocated ``out`` like q and ``lse`` in float32, and computed them right."""
     out, lse = obs["out"], obs["lse"]
     b, h, sq, d = q.shape
     if out.dtype != q.dtype or tuple(out.shape) != (b, h, sq, d):
@@ -568,45 +494,76 @@ def _judge_alloc(case, obs) -> str | None:
     return mismatch_verdict(msg, obs) if msg else final_verdict(case, obs)
 
 
-def _flash_run(ns, case, device):
-    if case.inputs.get("alloc"):
-        return _call_flash_alloc(entry(ns, "flash_attention"), case, device)
-    return _call_flash(entry(ns, "flash_attention"), case, device, causal_entry=False)
+FORWARD = Exercise("flash_forward", 4, ("flash_attention",), _flash_cases, partial(_kernel_run, "flash_attention"),
+                   partial(_kernel_judge, "flash_attention"), title="Tiled attention forward with online softmax",
+                   hint="Per key block: s = dot(q, k^T) * scale * log2(e); mask keys >= seq_k with -inf; m_new = "
+                        "max(m, rowmax(s)); alpha = exp2(m - m_new); p = exp2(s - m_new); l = l * alpha + rowsum(p); "
+                        "acc = acc * alpha + dot(p, v). At the end out = acc / l and lse = (m + log2(l)) * ln(2).")
 
 
-def _flash_judge(case, obs):
-    if case.inputs.get("alloc"):
-        return _judge_alloc(case, obs)
-    return _judge_flash(case, obs, causal=False, fn_name="flash_attention")
+# --- exercise 4: causal masking with early exit ----------------------------------------------------
+
+def expected_key_blocks(seq_q: int, seq_k: int, block_m: int, block_n: int) -> list[tuple[int, int]]:
+    """Per query tile m: the (fewest, most) key blocks a correct causal kernel processes. The tile's
+    rows end at min((m+1) BLOCK_M, seq_q), so keys up to there are needed (fewest); a kernel that bounds
+    its loop by (m+1) BLOCK_M without clipping to seq_q reads at most the last tile's padding rows' keys."""
+    return [(-(-min((m + 1) * block_m, seq_q, seq_k) // block_n), -(-min((m + 1) * block_m, seq_k) // block_n))
+            for m in range(-(-seq_q // block_m))]
 
 
 def _causal_cases(gen, public):
     if not public:
         cases = _random_attention_cases(gen, 4, causal_mix=False) + [_rows_case(gen)]
         sq = _ragged(gen, 33, 96)  # past one 32-row tile: loading a key block too many shows
-        inp = _qkv(gen, 1, 1, sq, _randint(gen, -(-sq // 128) * 128 + 1, 224), 32, hide_unseen=True, tiles=TILES[1])
+        inp = _qkv(gen, 1, 1, sq, randint(gen, -(-sq // 128) * 128 + 1, 224), 32, hide_unseen=True, tiles=TILES[1])
         return cases + [Case(_name(inp, ", keys no query can see hold NaN"), inp)]
-    specs = [((1, 2, 128, 128, 64), dict(), ""),
-             ((1, 1, 100, 100, 64), dict(dtype="float16"), ""),
-             ((1, 1, 128, 45, 64), dict(dtype="float16"), ""),
-             ((1, 1, 1, 1, 16), dict(), ""),
-             ((1, 1, 96, 96, 64), dict(magnitude=6.0), ""),
-             ((1, 2, 100, 80, 32), dict(layout="rows"), ""),
-             ((1, 1, 100, 200, 32), dict(hide_unseen=True),
-              ", keys 128..199 (seen by no query) hold NaN: an early exit never loads them")]
-    cases = []
-    for i, ((b, h, sq, sk, d), kw, extra) in enumerate(specs):
-        inp = _qkv(gen, b, h, sq, sk, d, tiles=TILES[i % 2], **kw)
-        cases.append(Case(_name(inp, extra), inp))
-    return cases
+    return _cases(gen, [(1, 2, 128, 128, 64, dict()),
+                        (1, 1, 100, 100, 64, dict(dtype="float16")),
+                        (1, 1, 128, 45, 64, dict(dtype="float16")),
+                        (1, 1, 1, 1, 16, dict()),
+                        (1, 1, 96, 96, 64, dict(magnitude=6.0)),
+                        (1, 2, 100, 80, 32, dict(layout="rows")),
+                        (1, 1, 100, 200, 32, dict(hide_unseen=True),
+                         ", keys 128..199 (seen by no query) hold NaN: an early exit never loads them")])
 
 
-def _causal_run(ns, case, device):
-    return _call_flash(entry(ns, "flash_attention_causal"), case, device, causal_entry=True)
+def _judge_stats(case, obs, q, k) -> str | None:
+    """The stats the causal wrapper returned: the tiles it was given, and key blocks an early exit runs."""
+    tile_m, tile_n = case.inputs["block_m"], case.inputs["block_n"]
+    stats = obs.get("stats")
+    if not isinstance(stats, dict):
+        return ("with return_stats=True, flash_attention_causal must return (out, lse, stats) where stats = "
+                "{'BLOCK_M': int, 'BLOCK_N': int, 'key_blocks': int tensor (batch, heads, cdiv(seq_q, BLOCK_M))}; "
+                f"got {stats!r} for stats.")
+    bm, bn, blocks = stats["BLOCK_M"], stats["BLOCK_N"], stats["key_blocks"]
+    if bm != tile_m or bn != tile_n:
+        return (f"stats report BLOCK_M={bm!r}, BLOCK_N={bn!r}, but the check passed BLOCK_M={tile_m}, "
+                f"BLOCK_N={tile_n}: use the tile sizes you are given (and report them).")
+    b, h, sq, _ = q.shape
+    n_m = -(-sq // bm)
+    if not isinstance(blocks, torch.Tensor) or tuple(blocks.shape) != (b, h, n_m) or blocks.is_floating_point():
+        got = tuple(blocks.shape) if isinstance(blocks, torch.Tensor) else type(blocks).__name__
+        return f"stats['key_blocks'] must be an integer tensor of shape {(b, h, n_m)}, got {got}."
+    for m, (lo, hi) in enumerate(expected_key_blocks(sq, k.shape[2], bm, bn)):
+        got = blocks[:, :, m]
+        if bool((got > hi).any()):
+            total = -(-k.shape[2] // bn)
+            return (f"query tile {m} (rows {m * bm}..{min((m + 1) * bm, sq) - 1}) processed {int(got.max())} key "
+                    f"blocks, but keys past its last row are masked for every row: it needs at most {hi} of the "
+                    f"{total}. Stop the key loop at the diagonal (early exit): "
+                    "hi = min((start_m + 1) * BLOCK_M, seq_k).")
+        if bool((got < lo).any()):
+            return (f"query tile {m} processed {int(got.min())} key blocks, but its rows need keys 0.."
+                    f"{min((m + 1) * bm, sq, k.shape[2]) - 1}: {lo} blocks of {bn} (count every block the loop runs).")
+    return None
 
 
-def _causal_judge(case, obs):
-    return _judge_flash(case, obs, causal=True, fn_name="flash_attention_causal")
+CAUSAL = Exercise("flash_causal", 3, ("flash_attention_causal",), _causal_cases,
+                  partial(_kernel_run, "flash_attention_causal"), partial(_kernel_judge, "flash_attention_causal"),
+                  title="Causal masking with early exit", hint="Stop the key loop at hi = min((start_m + 1) * "
+                  "BLOCK_M, seq_k); blocks entirely left of the diagonal need no causal mask; the blocks crossing it "
+                  "need offs_m[:, None] >= offs_n[None, :]. Count the blocks the loops run and store the count per "
+                  "program.")
 
 
 # --- exercise 5 (stretch): the backward pass ----------------------------------------------------
@@ -614,33 +571,24 @@ def _causal_judge(case, obs):
 def attention_grads64(q, k, v, causal, scale, dout):
     """(out, dq, dk, dv) of attention in float64 by autograd, on the CPU."""
     q, k, v = (t.detach().cpu().double().requires_grad_() for t in (q, k, v))
-    sq, sk = q.shape[-2], k.shape[-2]
-    s = (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale) * (q @ k.transpose(-1, -2))
-    if causal:
-        s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool).tril(), float("-inf"))
-    out = torch.softmax(s, dim=-1) @ v
+    out = torch.softmax(_scores64(q, k, causal, scale), dim=-1) @ v
     out.backward(dout.double())
     return out.detach(), q.grad, k.grad, v.grad
 
 
 def _backward_cases(gen, public):
     if public:
-        specs = [((1, 1, 64, 64, 32), "float32", False), ((1, 1, 100, 77, 32), "float32", True),
-                 ((1, 1, 96, 96, 64), "float16", True), ((1, 1, 45, 100, 16), "float16", False)]
+        specs = [(1, 1, 64, 64, 32, "float32", False), (1, 1, 100, 77, 32, "float32", True),
+                 (1, 1, 96, 96, 64, "float16", True), (1, 1, 45, 100, 16, "float16", False)]
     else:  # causal and not, in float32 and float16, with seq_k < seq_q and seq_k > seq_q
         specs = []
-        for i, (dtype, causal, shape) in enumerate([("float32", True, 1), ("float16", False, 2),
-                                                    ("float16", True, 2), ("float32", False, 1)]):
-            b, h = [(1, 1), (1, 2), (2, 1)][_randint(gen, 0, 2)]
+        for dtype, causal, shape in [("float32", True, 1), ("float16", False, 2), ("float16", True, 2),
+                                     ("float32", False, 1)]:
+            b, h = choice(gen, [(1, 1), (1, 2), (2, 1)])
             sq, sk = _seq_pair(gen, SEQ_SHAPES[shape], 96)
-            specs.append(((b, h, sq, sk, [16, 32, 64][_randint(gen, 0, 2)]), dtype, causal))
-    cases = []
-    for (b, h, sq, sk, d), dtype, causal in specs:
-        inp = _qkv(gen, b, h, sq, sk, d, dtype=dtype)
-        inp["causal"] = causal
-        inp["dout"] = torch.randn(b, h, sq, d, generator=gen).to(getattr(torch, dtype))
-        cases.append(Case(_name(inp, f", causal={causal}", tiles=False), inp))
-    return cases
+            specs.append((b, h, sq, sk, choice(gen, [16, 32, 64]), dtype, causal))
+    return _cases(gen, [(b, h, sq, sk, d, dict(dtype=dtype, causal=causal, dout=True))
+                        for b, h, sq, sk, d, dtype, causal in specs])
 
 
 def _backward_run(ns, case, device):
@@ -661,13 +609,13 @@ def _backward_run(ns, case, device):
     with watch_launches() as bwd:
         out.backward(x["dout"].to(device))
     synchronize(device)
-    grads = {n: (t.grad.detach().cpu() if t.grad is not None else None) for n, t in (("dq", q), ("dk", k), ("dv", v))}
-    return {"out": out.detach().cpu(), **grads, "saved": saved, "fwd_launches": list(fwd.names),
+    return {"out": to_cpu(out), **to_cpu({"dq": q.grad, "dk": k.grad, "dv": v.grad}), "saved": saved,
+            "fwd_launches": list(fwd.names),
             "bwd_launches": list(bwd.names), "bwd_own_launches": bwd.own, "device": str(device),
             "guard": fwd.first_out_of_bounds(writes=True) or bwd.first_out_of_bounds(writes=True),
             "oob_read": fwd.first_out_of_bounds(writes=False) or bwd.first_out_of_bounds(writes=False),
             "ablated": _ablated_grads(fn, x, device) if bwd.own else None,
-            "inputs_after": {n: t.detach().cpu() for n, t in (("q", q), ("k", k), ("v", v))}}
+            "inputs_after": to_cpu({"q": q, "k": k, "v": v})}
 
 
 def _ablated_grads(fn, x, device) -> dict | None:
@@ -680,6 +628,11 @@ def _ablated_grads(fn, x, device) -> dict | None:
         return {n: t.grad.detach().cpu() for n, t in (("dq", q), ("dk", k), ("dv", v)) if t.grad is not None}
     ran, got = run_ablated(grads, device)
     return got if ran else None
+
+
+_GRAD_HINTS = {"dv": "dV = Pᵀ dO, with P = exp(scale · Q Kᵀ - lse) (masked entries 0).",
+               "dk": "dK = scale · dSᵀ Q with dS = P ∘ (dP - δ), dP = dO Vᵀ, δ = rowsum(dO ∘ O).",
+               "dq": "dQ = scale · dS K with dS = P ∘ (dP - δ), δ = rowsum(dO ∘ O)."}
 
 
 def _backward_judge(case, obs):
@@ -707,55 +660,36 @@ def _backward_judge(case, obs):
     out64, dq64, dk64, dv64 = attention_grads64(q, k, v, x["causal"], x["scale"], dout)
     on_gpu = obs.get("device") == "cuda"
     rel = 5e-3 if q.dtype == torch.float16 else (2e-2 if on_gpu else 1e-5)
-    verdict = outside_verdict(obs, "backward", lambda o: any(
-        compare(o[n], want, dtype=q.dtype, atol=rel * (1.0 + float(want.abs().max())), rtol=max(rel, 1e-4)) is None
-        for n, want in (("dq", dq64), ("dk", dk64), ("dv", dv64)) if n in o))
+
+    def grad_report(got, want, name="output"):  # relative to the gradient's largest entry
+        return compare(got, want, dtype=q.dtype, name=name, atol=rel * (1.0 + float(want.abs().max())),
+                       rtol=max(rel, 1e-4))
+    grads64 = {"dv": dv64, "dk": dk64, "dq": dq64}
+    verdict = outside_verdict(obs, "backward", lambda o: any(grad_report(o[n], grads64[n]) is None
+                                                             for n in ("dq", "dk", "dv") if n in o))
     if verdict:
         return verdict
     msg = compare(obs["out"], out64, dtype=q.dtype, name="out",
                   **({"atol": 1e-2, "rtol": 1e-2} if on_gpu and q.dtype == torch.float32 else {}))
     if msg:
         return msg
-    for name, want in (("dv", dv64), ("dk", dk64), ("dq", dq64)):
-        got = obs[name]
-        if got is None:
+    for name, want in grads64.items():
+        if obs[name] is None:
             return f"{name[1]}.grad is None: backward must return a gradient for {name[1]}."
-        rel = 5e-3 if q.dtype == torch.float16 else (2e-2 if on_gpu else 1e-5)
-        msg = compare(got, want, dtype=q.dtype, name=name, atol=rel * (1.0 + float(want.abs().max())),
-                      rtol=max(rel, 1e-4))
+        msg = grad_report(obs[name], want, name)
         if msg:
-            hint = {"dv": "dV = Pᵀ dO, with P = exp(scale · Q Kᵀ - lse) (masked entries 0).",
-                    "dk": "dK = scale · dSᵀ Q with dS = P ∘ (dP - δ), dP = dO Vᵀ, δ = rowsum(dO ∘ O).",
-                    "dq": "dQ = scale · dS K with dS = P ∘ (dP - δ), δ = rowsum(dO ∘ O)."}[name]
-            return mismatch_verdict(msg + "\n  " + hint, obs)
+            return mismatch_verdict(msg + "\n  " + _GRAD_HINTS[name], obs)
     return final_verdict(case, obs)
 
 
-EXERCISES = [
-    Exercise("attention_reference", 2, ("attention_reference",), _reference_cases, _reference_run, _reference_judge,
-             title="Reference attention with log-sum-exp",
-             hint="s = scale * q @ k.transpose(-1, -2) in float32; causal: s.masked_fill(~ones(Sq, Sk).tril(), -inf); "
-                  "lse = torch.logsumexp(s, -1); out = softmax(s) @ v, cast to q's dtype."),
-    Exercise("attention_memory", 1, ("attention_memory_bytes",), _memory_cases, _memory_run, _memory_judge,
-             title="Memory: naive S and P vs flash's log-sum-exp",
-             hint="naive: two (batch, heads, seq_q, seq_k) tensors of dtype_bytes; flash: one (batch, heads, seq_q) "
-                  "float32 tensor."),
-    Exercise("flash_forward", 4, ("flash_attention",), _flash_cases, _flash_run, _flash_judge,
-             title="Tiled attention forward with online softmax",
-             hint="Per key block: s = dot(q, k^T) * scale * log2(e); mask keys >= seq_k with -inf; m_new = max(m, "
-                  "rowmax(s)); alpha = exp2(m - m_new); p = exp2(s - m_new); l = l * alpha + rowsum(p); "
-                  "acc = acc * alpha + dot(p, v). At the end out = acc / l and lse = (m + log2(l)) * ln(2)."),
-    Exercise("flash_causal", 3, ("flash_attention_causal",), _causal_cases, _causal_run, _causal_judge,
-             title="Causal masking with early exit",
-             hint="Stop the key loop at hi = min((start_m + 1) * BLOCK_M, seq_k); blocks entirely left of the "
-                  "diagonal need no causal mask; the blocks crossing it need offs_m[:, None] >= offs_n[None, :]. "
-                  "Count the blocks the loops run and store the count per program."),
-    Exercise("flash_backward", 2, ("flash_attention_autograd",), _backward_cases, _backward_run, _backward_judge,
-             title="Stretch: the backward pass as a torch.autograd.Function",
-             hint="Save q, k, v, out, lse only. delta = rowsum(dO * O); one kernel per key block accumulates "
-                  "dV += Pᵀ dO and dK += dSᵀ Q over query blocks, one per query block accumulates dQ += dS K, with "
-                  "P = exp2(s - lse * log2(e)) and dS = P * (dP - delta); scale dK and dQ by the softmax scale."),
-]
+BACKWARD = Exercise("flash_backward", 2, ("flash_attention_autograd",), _backward_cases, _backward_run,
+                    _backward_judge, title="Stretch: the backward pass as a torch.autograd.Function",
+                    hint="Save q, k, v, out, lse only. delta = rowsum(dO * O); one kernel per key block accumulates "
+                         "dV += Pᵀ dO and dK += dSᵀ Q over query blocks, one per query block accumulates dQ += dS K, "
+                         "with P = exp2(s - lse * log2(e)) and dS = P * (dP - delta); scale dK and dQ by the softmax "
+                         "scale.")
+
+EXERCISES = [REFERENCE, MEMORY, FORWARD, CAUSAL, BACKWARD]
 
 
 # --- benchmarks (python -m grader bench) ----------------------------------------------------------
@@ -769,12 +703,8 @@ def attention_flops(batch, heads, seq_q, seq_k, head_dim, causal: bool) -> float
 
 def _bench_make(seq, head_dim, causal):
     def make(device, tiny):
-        if tiny:
-            b, h, s = 1, 1, 64
-        else:
-            b, h, s = 4, 16, seq
-        dtype = torch.float16
-        q, k, v = (torch.randn(b, h, s, head_dim, device=device, dtype=dtype) for _ in range(3))
+        b, h, s = (1, 1, 64) if tiny else (4, 16, seq)
+        q, k, v = (torch.randn(b, h, s, head_dim, device=device, dtype=torch.float16) for _ in range(3))
         return {"q": q, "k": k, "v": v, "causal": causal,
                 "flops": attention_flops(b, h, s, s, head_dim, causal),
                 "bytes": (4 * b * h * s * head_dim) * 2 + 4 * b * h * s}  # q, k, v, out once; lse
