@@ -28,13 +28,25 @@ Hidden cases are random sizes inside fixed rules: every seed's hidden set holds 
 """
 from __future__ import annotations
 
+from functools import reduce
+
 import torch
 import torch.nn.functional as F
 
 from gpulab.compare import compare, guard_elements, padded
-from grader.exercise import Benchmark, Case, Exercise, entry
-from grader.kit.kernels import (bounds_verdict, final_verdict, judge_kernel, launch_verdict, observe_kernel,
-                                outside_verdict, return_verdict)
+from grader.exercise import Benchmark, Case, Exercise, changed_inputs, entry
+from grader.kit.cases import choice, randint, randn
+from grader.kit.kernels import (
+    bounds_verdict,
+    final_verdict,
+    judge_out,
+    launch_verdict,
+    observe_kernel,
+    observe_out,
+    outside_verdict,
+    return_verdict,
+)
+from grader.kit.variants import matching_variant, tensor_match
 
 LAB = "03_reductions"
 TITLE = "Reductions: softmax and normalization"
@@ -46,21 +58,27 @@ SOFTMAX_TOL = {torch.float32: (1e-7, 1e-5), torch.float16: (1e-7, 1e-3)}
 STATS_RTOL = 2e-5  # the normaliser l of an (m, l) state, in float32
 
 
-def _padded(x: torch.Tensor, device) -> torch.Tensor:
-    """``x`` (contiguous) at the start of a buffer whose trailing padding holds PAD_VALUE."""
-    return padded(x, device, fill=PAD_VALUE)
-
-
 def _place(x: torch.Tensor, device, row_pad: int = 0) -> torch.Tensor:
-    """``x`` as the kernel sees it: ``_padded``, or with ``row_pad`` > 0 a row-padded view, rows
-    N + row_pad elements apart (stride(0) > N), the gaps and the tail holding PAD_VALUE."""
+    """``x`` as the kernel sees it: at the start of a buffer whose trailing padding holds PAD_VALUE, or
+    with ``row_pad`` > 0 a row-padded view, rows N + row_pad elements apart (stride(0) > N), the gaps
+    and the tail holding PAD_VALUE."""
     if not row_pad:
-        return _padded(x, device)
+        return padded(x, device, fill=PAD_VALUE)
     M, N = x.shape
     storage = torch.full((M * (N + row_pad) + guard_elements(device),), PAD_VALUE, dtype=x.dtype, device=device)
     view = storage[: M * (N + row_pad)].view(M, N + row_pad)[:, :N]
     view.copy_(x)
     return view
+
+
+def _not_multiple(gen, lo, hi, block) -> int:
+    """A random integer in [lo, hi] that is not a multiple of ``block`` (the last block is partial)."""
+    n = randint(gen, lo, hi)
+    return n + 1 if block and n % block == 0 else n
+
+
+def _block_kwargs(block_n) -> dict:
+    return {} if block_n is None else {"BLOCK_N": block_n}
 
 
 def _row_pad_note(case) -> str:
@@ -71,33 +89,6 @@ def _row_pad_note(case) -> str:
     return (f"\n  x here is a row-padded view: its rows are x.stride(0) = {n + pad} elements apart, not N = {n} "
             f"(an (M, N + {pad}) buffer sliced to (M, N)). Pass x.stride(0) to the kernel and offset row r by "
             "r * stride_xm.")
-
-
-def _int_not_multiple(gen, lo, hi, block) -> int:
-    """A random integer in [lo, hi] that is not a multiple of ``block`` (the last block is partial)."""
-    n = _int(gen, lo, hi)
-    return n + 1 if block and n % block == 0 else n
-
-
-def _call_kernel(fn, args: tuple, kwargs: dict, out_shape, out_dtype, device) -> dict:
-    """Call ``fn(*args, **kwargs, out=out)`` with a poisoned ``out``; observe what a check needs."""
-    inputs = {f"arg{i}": a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
-    return observe_kernel(lambda out: fn(*args, **kwargs, out=out), {"out": (out_shape, out_dtype)}, device,
-                          inputs=inputs).as_obs()
-
-
-def _judge_kernel(case, obs, expected, dtype, fn_name, atol=None, rtol=None) -> str | None:
-    return judge_kernel(case, obs, fn_name,
-                        lambda outs: compare(outs["out"], expected, dtype=dtype, atol=atol, rtol=rtol, name=fn_name))
-
-
-def _block_kwargs(block_n) -> dict:
-    return {} if block_n is None else {"BLOCK_N": block_n}
-
-
-def _int(gen, lo, hi) -> int:
-    """A random integer in [lo, hi] from the case generator."""
-    return int(torch.randint(lo, hi + 1, (1,), generator=gen))
 
 
 def _wide_note(case) -> str:
@@ -129,7 +120,7 @@ def _softmax_x(gen, M: int, N: int, dtype, kind: str) -> torch.Tensor:
         x = (torch.rand(M, N, generator=gen) * 2 - 1) * 1000
         x[:, -1] = 1000.0  # the max sits in the last block: every earlier block sees its max grow
     else:
-        x = torch.randn(M, N, generator=gen) * 2
+        x = randn(gen, M, N, scale=2)
     if kind == "masked":  # some -inf entries in every row, never a whole row
         for r in range(M):
             pattern = r % 3
@@ -166,36 +157,35 @@ def _softmax_cases(gen, public):
                  (3, 257, 64, "float32", "large"), (6, 300, 64, "float32", "masked"),
                  (3, 100, 32, "float32", "fully_masked"), (4, 300, 64, "float32", "padded")]
     else:  # every rule, random sizes; blocked rows never a multiple of the block
-        b_wide, b_long, b_masked = [64, 128, 256][_int(gen, 0, 2)], [256, 512][_int(gen, 0, 1)], [32, 64][_int(gen, 0, 1)]
-        specs = [(_int(gen, 1, 12), _int_not_multiple(gen, 1, 700, 16), None, "float32", "normal"),
-                 (_int(gen, 1, 8), _int_not_multiple(gen, 300, 2500, b_wide), b_wide, "float32", "wide"),
-                 (_int(gen, 2, 4), _int_not_multiple(gen, 2500, 4096, b_long), b_long, "float16", "fp16_long"),
-                 (_int(gen, 1, 6), _int_not_multiple(gen, 65, 800, 64), 64, "float32", "large"),
-                 (_int(gen, 3, 8), _int_not_multiple(gen, 100, 600, b_masked), b_masked, "float32", "masked"),
-                 (_int(gen, 2, 6), _int_not_multiple(gen, 40, 300, 32), 32, "float16", "fully_masked"),
-                 (_int(gen, 2, 6), _int_not_multiple(gen, 65, 400, 64), 64, "float16", "padded")]
+        b_wide, b_long, b_masked = choice(gen, [64, 128, 256]), choice(gen, [256, 512]), choice(gen, [32, 64])
+        specs = [(randint(gen, 1, 12), _not_multiple(gen, 1, 700, 16), None, "float32", "normal"),
+                 (randint(gen, 1, 8), _not_multiple(gen, 300, 2500, b_wide), b_wide, "float32", "wide"),
+                 (randint(gen, 2, 4), _not_multiple(gen, 2500, 4096, b_long), b_long, "float16", "fp16_long"),
+                 (randint(gen, 1, 6), _not_multiple(gen, 65, 800, 64), 64, "float32", "large"),
+                 (randint(gen, 3, 8), _not_multiple(gen, 100, 600, b_masked), b_masked, "float32", "masked"),
+                 (randint(gen, 2, 6), _not_multiple(gen, 40, 300, 32), 32, "float16", "fully_masked"),
+                 (randint(gen, 2, 6), _not_multiple(gen, 65, 400, 64), 64, "float16", "padded")]
     cases = []
     for M, N, block_n, dtype, kind in specs:
         x = _softmax_x(gen, M, N, getattr(torch, dtype), kind)
         blk = "" if block_n is None else f", BLOCK_N={block_n}"
         inputs = dict(x=x, block_n=block_n, kind=kind)
         if kind == "padded":
-            inputs["row_pad"] = 13 if public else _int(gen, 1, 40)
+            inputs["row_pad"] = 13 if public else randint(gen, 1, 40)
         cases.append(Case(f"({M}, {N}) {dtype}{blk}{_SOFTMAX_KINDS[kind]}", inputs))
     return cases
 
 
 def _softmax_run(ns, case, device):
     x = _place(case.inputs["x"], device, case.inputs.get("row_pad", 0))
-    obs = _call_kernel(entry(ns, "softmax"), (x,), _block_kwargs(case.inputs["block_n"]), x.shape, x.dtype, device)
-    obs["inputs_after"] = {"x": x.cpu()}
-    return obs
+    fn, kw = entry(ns, "softmax"), _block_kwargs(case.inputs["block_n"])
+    return observe_out(lambda out: fn(x, **kw, out=out), x.shape, x.dtype, device, inputs={"x": x})
 
 
 def _softmax_judge(case, obs):
     x, kind = case.inputs["x"], case.inputs["kind"]
     atol, rtol = SOFTMAX_TOL[x.dtype]
-    message = _judge_kernel(case, obs, softmax_reference(x), x.dtype, "softmax", atol, rtol)
+    message = judge_out(case, obs, "softmax", softmax_reference(x), x.dtype, atol=atol, rtol=rtol)
     if getattr(message, "stage", None) != "mismatch":
         return message
     out = obs["out"].double()
@@ -236,6 +226,15 @@ def _softmax_judge(case, obs):
     return message
 
 
+SOFTMAX_ROWS = Exercise(
+    "softmax_rows", 3, ("softmax",), _softmax_cases, _softmax_run, _softmax_judge,
+    title="Row softmax: one program per row, rows of any width",
+    hint="One program per row; loop over the row in blocks of BLOCK_N columns with `cols < N` masks and "
+         "other=-inf. Pass 1: running max and a running sum rescaled by exp(m_old - m_new) when the max "
+         "grows. Pass 2: store exp(x - m) / l. Compute in float32; use 0 in place of a -inf max and "
+         "divide only where l > 0.")
+
+
 # --- 2. online softmax: combinable partial states ----------------------------------------------------
 
 def stats_reference(x: torch.Tensor) -> torch.Tensor:
@@ -269,7 +268,7 @@ def _stats_x(gen, M, N, dtype, kind):
     if kind == "large":
         x = (torch.rand(M, N, generator=gen) * 2 - 1) * 1000
     else:
-        x = torch.randn(M, N, generator=gen) * 3
+        x = randn(gen, M, N, scale=3)
     if kind == "masked":  # row 0: first half -inf; row 1: all -inf; row 2: every other entry -inf
         x[0, : N // 2] = float("-inf")
         x[1 % M, :] = float("-inf")
@@ -285,7 +284,7 @@ def _random_splits(gen, N, k):
 
 def _state_rows(gen, K):
     """K random (m, l) states, some of them (-inf, 0) (a chunk that was all -inf)."""
-    m = torch.randn(K, generator=gen) * 20
+    m = randn(gen, K, scale=20)
     l = 1 + torch.rand(K, generator=gen) * 50
     empty = torch.rand(K, generator=gen) < 0.2
     m[empty], l[empty] = float("-inf"), 0.0
@@ -312,9 +311,9 @@ def _stats_cases(gen, public):
         specs = []
         for kind, dtype, hi in (("normal", "float32", 1500), ("large", "float16", 1500), ("masked", "float32", 1500),
                                 ("padded", "float32", 400), ("alloc", "float16", 400)):
-            block_n = [32, 64, 128][_int(gen, 0, 2)]
-            N = _int_not_multiple(gen, 50, hi, block_n)
-            specs.append((_int(gen, 3, 8), N, block_n, dtype, kind, _random_splits(gen, N, _int(gen, 2, 5))))
+            block_n = choice(gen, [32, 64, 128])
+            N = _not_multiple(gen, 50, hi, block_n)
+            specs.append((randint(gen, 3, 8), N, block_n, dtype, kind, _random_splits(gen, N, randint(gen, 2, 5))))
     cases = []
     for M, N, block_n, dtype, kind, splits in specs:
         x = _stats_x(gen, M, N, getattr(torch, dtype), kind)
@@ -323,7 +322,7 @@ def _stats_cases(gen, public):
                 "alloc": ", out=None: softmax_stats allocates the (M, 2) float32 states itself"}[kind]
         inputs = dict(x=x, block_n=block_n, splits=splits, kind=kind)
         if kind == "padded":
-            inputs["row_pad"] = 11 if public else _int(gen, 1, 40)
+            inputs["row_pad"] = 11 if public else randint(gen, 1, 40)
         chunks = "" if kind == "alloc" else f", chunks at {splits}"
         cases.append(Case(f"({M}, {N}) {dtype}, BLOCK_N={block_n}{chunks}{what}", inputs))
     a, b, c = _combine_public_states() if public else (_state_rows(gen, 9), _state_rows(gen, 9), _state_rows(gen, 9))
@@ -345,104 +344,83 @@ def _watched(combine):
     return call, mutated
 
 
-def _stats_alloc_run(stats, combine, mutated, case, device) -> dict:
-    """softmax_stats with ``out`` left to its default (None), on each chunk and on the whole x; the
-    chunk states combined with combine_stats."""
-    x, splits, kw = case.inputs["x"], case.inputs["splits"], _block_kwargs(case.inputs["block_n"])
-    obs = {"returned": [], "own_launches": [], "guard": None}
-    for lo, hi in [*zip(splits[:-1], splits[1:]), (0, x.shape[1])]:  # the chunks, then the whole row
-        part = _padded(x[:, lo:hi].contiguous(), device)
-        call = observe_kernel(lambda: stats(part, **kw), {}, device, inputs={"x": part}, ablate=False)
-        ret = call.returned
-        obs["returned"].append(ret.detach().cpu() if isinstance(ret, torch.Tensor) else type(ret).__name__)
-        obs["own_launches"] += call.own_launches
-        obs["guard"] = obs["guard"] or call.out_of_bounds
-        obs["inputs_after"] = dict(call.inputs_after)
-    states = [r.to(device) for r in obs["returned"][:-1] if isinstance(r, torch.Tensor)]
-    if len(states) == len(splits) - 1:
-        folded = states[0]
-        for st in states[1:]:
-            folded = combine(folded, st)
-        obs["folded"] = folded.cpu()
-    obs["combine_mutated"] = any(mutated)
-    return obs
+_LEFT_FOLD = "left fold ((s0 + s1) + s2) + ..."
 
 
-def _stats_alloc_judge(case, obs) -> str | None:
-    if not obs["own_launches"]:
-        return ("no Triton kernel of yours was launched: softmax_stats must compute its result with your "
-                "@triton.jit kernel, not with PyTorch operations.")
-    if obs["guard"]:
-        return obs["guard"]
-    x, splits = case.inputs["x"], case.inputs["splits"]
-    parts = [*zip(splits[:-1], splits[1:]), (0, x.shape[1])]
-    for (lo, hi), got in zip(parts, obs["returned"]):
-        report = _stats_compare(got, stats_reference(x[:, lo:hi]), f"softmax_stats(x[:, {lo}:{hi}]) with out=None")
-        if report:
-            return report + (f"\n  With out=None, allocate the states yourself: shape ({x.shape[0]}, 2), dtype float32 "
-                             f"whatever x's dtype ({x.dtype} here): rows_out(x, out, out_shape=(M, 2), "
-                             "out_dtype=torch.float32).")
-    report = _stats_compare(obs.get("folded"), stats_reference(x), "combine_stats over the chunk states")
-    if report:
-        return report + _COMBINE_HINT
-    if not torch.equal(obs["inputs_after"]["x"].nan_to_num(), x.nan_to_num()):
-        return "the input `x` was modified; a kernel must not write to its inputs."
-    return None
+def _chunks(splits) -> list:
+    """The column ranges (lo, hi) of the chunks between ``splits``."""
+    return list(zip(splits[:-1], splits[1:]))
+
+
+def _stats_observe(stats, part, kw: dict, alloc: bool, device) -> dict:
+    """softmax_stats on ``part``: into a poisoned ``out``, or (``alloc``) with ``out`` left to its default,
+    None, with the states it returns as ``out`` (the name of its type if it is no tensor)."""
+    if not alloc:
+        return observe_out(lambda out: stats(part, **kw, out=out), (part.shape[0], 2), torch.float32, device,
+                           inputs={"x": part})
+    call = observe_kernel(lambda: stats(part, **kw), {}, device, inputs={"x": part}, ablate=False)
+    ret = call.returned
+    return {**call.as_obs(), "out": ret.detach().cpu() if isinstance(ret, torch.Tensor) else type(ret).__name__}
 
 
 def _stats_run(ns, case, device):
     stats, (combine, mutated) = entry(ns, "softmax_stats"), _watched(entry(ns, "combine_stats"))
     inp = case.inputs
-    if inp["kind"] == "alloc":
-        return _stats_alloc_run(stats, combine, mutated, case, device)
     if inp["kind"] == "combine":
         a, b, c = (inp[k].to(device) for k in "abc")
         ab, ba = combine(a, b), combine(b, a)
         left, right = combine(combine(a, b), c), combine(a, combine(b, c))
         return {"ab": ab.cpu(), "ba": ba.cpu(), "left": left.cpu(), "right": right.cpu(),
                 "combine_mutated": any(mutated)}
-    x, splits, kw = inp["x"], inp["splits"], _block_kwargs(inp["block_n"])
-    row_pad = inp.get("row_pad", 0)
+    x, kw, row_pad, alloc = inp["x"], _block_kwargs(inp["block_n"]), inp.get("row_pad", 0), inp["kind"] == "alloc"
     whole = _place(x, device, row_pad)
-    obs = {"chunks": [], "launches": [], "own_launches": [], "guard": None, "oob_read": None, "returned_out": True}
-    for lo, hi in zip(splits[:-1], splits[1:]):
-        # (M, hi - lo); with row_pad, a column slice of the row-padded whole
-        chunk = whole[:, lo:hi] if row_pad else _padded(x[:, lo:hi].contiguous(), device)
-        r = _call_kernel(stats, (chunk,), kw, (x.shape[0], 2), torch.float32, device)
-        obs["chunks"].append(r["out"])
-        obs["launches"] += r["launches"]
-        obs["own_launches"] += r["own_launches"]
-        obs["guard"] = obs["guard"] or r["guard"]
-        obs["oob_read"] = obs["oob_read"] or r["oob_read"]
-        obs["returned_out"] &= r["returned_out"]
-    r = _call_kernel(stats, (whole,), kw, (x.shape[0], 2), torch.float32, device)
-    obs["whole"] = r["out"]
-    for key in ("launches", "own_launches"):
-        obs[key] += r[key]
-    obs["guard"], obs["oob_read"] = obs["guard"] or r["guard"], obs["oob_read"] or r["oob_read"]
-    obs["returned_out"] &= r["returned_out"]
-    obs["ablated"], obs["written_outside"] = r["ablated"], r["written_outside"]
-    obs["inputs_after"] = {"x": whole.cpu()}
-    # The learner's own chunk states, combined in three orders: left fold, right fold, reversed.
-    states = [s.to(device) for s in obs["chunks"]]
-    left = states[0]
-    for s in states[1:]:
-        left = combine(left, s)
-    right = states[-1]
-    for s in reversed(states[:-1]):
-        right = combine(s, right)
-    rev = states[-1]
-    for s in reversed(states[:-1]):
-        rev = combine(rev, s)
+    # Each chunk (M, hi - lo), then the whole x; with row_pad a chunk is a column slice of the row-padded whole.
+    parts = [whole[:, lo:hi] if row_pad else _place(x[:, lo:hi].contiguous(), device)
+             for lo, hi in _chunks(inp["splits"])] + [whole]
+    seen = [_stats_observe(stats, part, kw, alloc, device) for part in parts]
+    last = seen[-1]
+    obs = {"chunks": [r["out"] for r in seen[:-1]], "whole": last["out"],
+           "launches": [name for r in seen for name in r["launches"]],
+           "own_launches": [name for r in seen for name in r["own_launches"]],
+           "guard": next((r["guard"] for r in seen if r["guard"]), None),
+           "oob_read": next((r["oob_read"] for r in seen if r["oob_read"]), None),
+           "returned_out": all(r["returned_out"] for r in seen),
+           "ablated": last["ablated"], "written_outside": last["written_outside"], "inputs_after": last["inputs_after"]}
+    # The learner's own chunk states, combined in three orders (the allocating case: the first only).
+    states = [s.to(device) for s in obs["chunks"] if isinstance(s, torch.Tensor)]
+    if len(states) == len(parts) - 1:
+        obs["folds"] = {_LEFT_FOLD: reduce(combine, states).cpu()}
+        if not alloc:
+            right = reduce(lambda acc, s: combine(s, acc), states[::-1])
+            obs["folds"].update({"right fold s0 + (s1 + (s2 + ...))": right.cpu(),
+                                 "reversed order ((sK + sK-1) + ...)": reduce(combine, states[::-1]).cpu()})
     obs["combine_mutated"] = any(mutated)
-    obs["folds"] = {"left fold ((s0 + s1) + s2) + ...": left.cpu(), "right fold s0 + (s1 + (s2 + ...))": right.cpu(),
-                    "reversed order ((sK + sK-1) + ...)": rev.cpu()}
     return obs
 
 
 _COMBINE_HINT = ("\n  combine_stats: m = max(m_a, m_b); l = l_a * exp(m_a - m) + l_b * exp(m_b - m) (each partial sum "
                  "rescaled to the new max). A state (-inf, 0) is an empty chunk: use 0 in place of a -inf m so "
                  "exp(-inf - (-inf)) never makes a NaN.")
+
+
+def _stats_alloc_judge(case, obs) -> str | None:
+    if not obs["own_launches"]:
+        return ("no Triton kernel of yours was launched: softmax_stats must compute its result with your "
+                "@triton.jit kernel, not with PyTorch operations.")
+    verdict = bounds_verdict(obs)
+    if verdict:
+        return verdict
+    x, splits = case.inputs["x"], case.inputs["splits"]
+    for (lo, hi), got in zip([*_chunks(splits), (0, x.shape[1])], [*obs["chunks"], obs["whole"]]):
+        report = _stats_compare(got, stats_reference(x[:, lo:hi]), f"softmax_stats(x[:, {lo}:{hi}]) with out=None")
+        if report:
+            return report + (f"\n  With out=None, allocate the states yourself: shape ({x.shape[0]}, 2), dtype float32 "
+                             f"whatever x's dtype ({x.dtype} here): rows_out(x, out, out_shape=(M, 2), "
+                             "out_dtype=torch.float32).")
+    report = _stats_compare(obs["folds"][_LEFT_FOLD], stats_reference(x), "combine_stats over the chunk states")
+    if report:
+        return report + _COMBINE_HINT
+    return changed_inputs(case, obs["inputs_after"])
 
 
 def _stats_judge(case, obs):
@@ -474,7 +452,7 @@ def _stats_judge(case, obs):
                                  "NaN)."))
     if verdict:
         return verdict
-    notes = _wide_note(Case(case.name, {"x": x, "block_n": inp["block_n"]})) + _row_pad_note(case)
+    notes = _wide_note(case) + _row_pad_note(case)
     if inp["kind"] == "large":
         notes += "\n  Entries near +-1000: exp(x) overflows float32 unless you subtract the running max first."
     if inp["kind"] == "masked":
@@ -485,17 +463,23 @@ def _stats_judge(case, obs):
     report = _stats_compare(obs["whole"], stats_reference(x), f"softmax_stats(x) on the whole {tuple(x.shape)} x")
     if report:
         return report + notes
-    for i, (lo, hi) in enumerate(zip(splits[:-1], splits[1:])):
-        report = _stats_compare(obs["chunks"][i], stats_reference(x[:, lo:hi]), f"softmax_stats(x[:, {lo}:{hi}])")
+    for (lo, hi), got in zip(_chunks(splits), obs["chunks"]):
+        report = _stats_compare(got, stats_reference(x[:, lo:hi]), f"softmax_stats(x[:, {lo}:{hi}])")
         if report:
             return report + notes
-    want = stats_reference(x)
     for order, got in obs["folds"].items():
-        report = _stats_compare(got, want, f"combine_stats over the chunk states, {order}")
+        report = _stats_compare(got, stats_reference(x), f"combine_stats over the chunk states, {order}")
         if report:
             return (report + "\n  Combining the chunk states in any order must give the whole row's state "
                     "(the combine is associative and commutative)." + _COMBINE_HINT)
     return final_verdict(case, obs)
+
+
+SOFTMAX_ONLINE_STATE = Exercise(
+    "softmax_online_state", 3, ("softmax_stats", "combine_stats"), _stats_cases, _stats_run, _stats_judge,
+    title="Online softmax: combinable (max, sum) states",
+    hint="softmax_stats: pass 1 of your softmax, storing (m, l) per row in float32. combine_stats: "
+         "m = max(m_a, m_b), l = l_a * exp(m_a - m) + l_b * exp(m_b - m), with 0 in place of a -inf m.")
 
 
 # --- 3 and 4. RMSNorm and LayerNorm forward ---------------------------------------------------------
@@ -529,12 +513,12 @@ _NORM_KINDS = {
 def _norm_x(gen, M, N, dtype, kind, op):
     if kind == "fp16_long":  # RMSNorm: sum of squares ~ N * 68; LayerNorm: sum ~ N * 40. Both > 65504.
         mean, std = (8.0, 2.0) if op == "rmsnorm" else (40.0, 2.0)
-        x = mean + std * torch.randn(M, N, generator=gen)
+        x = mean + randn(gen, M, N, scale=std)
     elif kind == "eps":
-        x = 0.3 * torch.randn(M, N, generator=gen) + (0.0 if op == "rmsnorm" else 1.0)
+        x = randn(gen, M, N, scale=0.3) + (0.0 if op == "rmsnorm" else 1.0)
         x[-1] = 0.0 if op == "rmsnorm" else 2.5  # a constant row: only eps keeps 0 / 0 away
     else:
-        x = torch.randn(M, N, generator=gen) * 2 + 0.5
+        x = randn(gen, M, N, scale=2) + 0.5
     return x.to(dtype)
 
 
@@ -546,24 +530,24 @@ def _norm_cases(op):
                      (4, 4000, 1024, "float16", "fp16_long"), (4, 200, 64, "float32", "eps"),
                      (4, 150, 64, "float32", "padded")]
         else:  # every rule, random sizes; blocked rows never a multiple of the block
-            b_wide, b_long, b_eps = [128, 256, 512][_int(gen, 0, 2)], [512, 1024][_int(gen, 0, 1)], [64, 128][_int(gen, 0, 1)]
-            specs = [(_int(gen, 1, 8), _int(gen, 1, 9), None, "float32", "tiny"),
-                     (_int(gen, 1, 12), _int_not_multiple(gen, 10, 900, 16), None, "float16", "normal"),
-                     (_int(gen, 1, 6), _int_not_multiple(gen, 600, 3000, b_wide), b_wide, "float32", "wide"),
-                     (_int(gen, 2, 4), _int_not_multiple(gen, 2500, 4096, b_long), b_long, "float16", "fp16_long"),
-                     (_int(gen, 2, 6), _int_not_multiple(gen, 50, 500, b_eps), b_eps, "float32", "eps"),
-                     (_int(gen, 2, 6), _int_not_multiple(gen, 65, 400, 64), 64, "float32", "padded")]
+            b_wide, b_long, b_eps = choice(gen, [128, 256, 512]), choice(gen, [512, 1024]), choice(gen, [64, 128])
+            specs = [(randint(gen, 1, 8), randint(gen, 1, 9), None, "float32", "tiny"),
+                     (randint(gen, 1, 12), _not_multiple(gen, 10, 900, 16), None, "float16", "normal"),
+                     (randint(gen, 1, 6), _not_multiple(gen, 600, 3000, b_wide), b_wide, "float32", "wide"),
+                     (randint(gen, 2, 4), _not_multiple(gen, 2500, 4096, b_long), b_long, "float16", "fp16_long"),
+                     (randint(gen, 2, 6), _not_multiple(gen, 50, 500, b_eps), b_eps, "float32", "eps"),
+                     (randint(gen, 2, 6), _not_multiple(gen, 65, 400, 64), 64, "float32", "padded")]
         cases = []
         for M, N, block_n, dtype, kind in specs:
             dt = getattr(torch, dtype)
             x = _norm_x(gen, M, N, dt, kind, op)
             eps = (0.1 if op == "rmsnorm" else 0.05) if kind == "eps" else (1e-6 if op == "rmsnorm" else 1e-5)
-            w = (1 + 0.5 * torch.randn(N, generator=gen)).to(dt)
+            w = (1 + randn(gen, N, scale=0.5)).to(dt)
             inputs = dict(x=x, weight=w, eps=eps, block_n=block_n, kind=kind)
             if kind == "padded":
-                inputs["row_pad"] = 9 if public else _int(gen, 1, 40)
+                inputs["row_pad"] = 9 if public else randint(gen, 1, 40)
             if op == "layernorm":
-                inputs["bias"] = (0.5 * torch.randn(N, generator=gen)).to(dt)
+                inputs["bias"] = randn(gen, N, scale=0.5).to(dt)
             blk = "" if block_n is None else f", BLOCK_N={block_n}"
             cases.append(Case(f"({M}, {N}) {dtype}, eps={eps:g}{blk}{_NORM_KINDS[kind]}", inputs))
         return cases
@@ -574,19 +558,11 @@ def _norm_run(op):
     def run(ns, case, device):
         inp = case.inputs
         x = _place(inp["x"], device, inp.get("row_pad", 0))
-        w = inp["weight"].to(device)
-        args = (x, w) if op == "rmsnorm" else (x, w, inp["bias"].to(device))
-        kwargs = {"eps": inp["eps"], **_block_kwargs(inp["block_n"])}
-        obs = _call_kernel(entry(ns, op), args, kwargs, x.shape, x.dtype, device)
-        obs["inputs_after"] = {"x": x.cpu(), "weight": w.cpu()}
-        if op == "layernorm":
-            obs["inputs_after"]["bias"] = args[2].cpu()
-        return obs
+        vectors = {k: inp[k].to(device) for k in ("weight", "bias") if k in inp}  # (N,) each, in argument order
+        fn, kw = entry(ns, op), {"eps": inp["eps"], **_block_kwargs(inp["block_n"])}
+        return observe_out(lambda out: fn(x, *vectors.values(), **kw, out=out), x.shape, x.dtype, device,
+                           inputs={"x": x, **vectors})
     return run
-
-
-def _matches(obs, expected, dtype) -> bool:
-    return compare(obs["out"], expected, dtype=dtype) is None
 
 
 def _norm_judge(op):
@@ -595,22 +571,21 @@ def _norm_judge(op):
         x, w, eps = inp["x"], inp["weight"], inp["eps"]
         if op == "rmsnorm":
             expected = rmsnorm_reference(x, w, eps)
-            wrong = [(rmsnorm_reference(x, w, eps, eps_inside=False),
-                      "x / (sqrt(mean(x^2)) + eps): eps goes inside the square root, rsqrt(mean(x^2) + eps)")]
+            wrong = [("x / (sqrt(mean(x^2)) + eps): eps goes inside the square root, rsqrt(mean(x^2) + eps)",
+                      lambda: rmsnorm_reference(x, w, eps, eps_inside=False))]
         else:
             b = inp["bias"]
             expected = layernorm_reference(x, w, b, eps)
-            wrong = [(layernorm_reference(x, w, b, eps, unbiased=True),
-                      "the unbiased variance (sum / (N - 1)): LayerNorm normalises by the biased variance, "
-                      "sum((x - mean)^2) / N"),
-                     (layernorm_reference(x, w, b, eps, eps_inside=False),
-                      "(x - mean) / (sqrt(var) + eps): eps goes inside the square root, rsqrt(var + eps)")]
-        message = _judge_kernel(case, obs, expected, x.dtype, op)
+            wrong = [("the unbiased variance (sum / (N - 1)): LayerNorm normalises by the biased variance, "
+                      "sum((x - mean)^2) / N", lambda: layernorm_reference(x, w, b, eps, unbiased=True)),
+                     ("(x - mean) / (sqrt(var) + eps): eps goes inside the square root, rsqrt(var + eps)",
+                      lambda: layernorm_reference(x, w, b, eps, eps_inside=False))]
+        message = judge_out(case, obs, op, expected, x.dtype)
         if getattr(message, "stage", None) != "mismatch":
             return message
-        for alt, what in wrong:
-            if _matches(obs, alt, x.dtype):
-                return message + f"\n  Your output matches {what}."
+        mistake = matching_variant(obs["out"], wrong, tensor_match(x.dtype))
+        if mistake:
+            return message + f"\n  Your output matches {mistake}."
         if inp["kind"] == "fp16_long":
             what = "sum of squares" if op == "rmsnorm" else "row sum"
             message += (f"\n  These float16 rows have a {what} far above float16's maximum (65504): a sum kept in "
@@ -624,6 +599,18 @@ def _norm_judge(op):
             message += _FP16_NOTE
         return message
     return judge
+
+
+RMSNORM_FORWARD = Exercise(
+    "rmsnorm_forward", 2, ("rmsnorm",), _norm_cases("rmsnorm"), _norm_run("rmsnorm"), _norm_judge("rmsnorm"),
+    title="RMSNorm forward",
+    hint="Pass 1: sum of x*x in float32 over the row's blocks; rstd = 1 / sqrt(sum / N + eps). "
+         "Pass 2: store x * rstd * weight in x's dtype.")
+LAYERNORM_FORWARD = Exercise(
+    "layernorm_forward", 3, ("layernorm",), _norm_cases("layernorm"), _norm_run("layernorm"), _norm_judge("layernorm"),
+    title="LayerNorm forward",
+    hint="Accumulate in float32. mean = sum(x) / N; var = sum((x - mean)^2) / N (biased, as F.layer_norm); "
+         "rstd = 1 / sqrt(var + eps); y = (x - mean) * rstd * weight + bias.")
 
 
 # --- 5. stretch: RMSNorm backward ------------------------------------------------------------------
@@ -644,25 +631,25 @@ def _rms_bwd_cases(gen, public):
                  (3, 3000, 1024, "float16", "fp16_long"), (4, 200, 64, "float32", "eps"),
                  (4, 100, None, "float32", "padded")]
     else:  # every rule, random sizes; blocked rows never a multiple of the block
-        b_wide = [128, 256][_int(gen, 0, 1)]
-        specs = [(_int(gen, 1, 8), _int(gen, 1, 9), None, "float32", "tiny"),
-                 (_int(gen, 20, 50), _int_not_multiple(gen, 10, 300, 16), None, "float32", "normal"),
-                 (_int(gen, 1, 6), _int_not_multiple(gen, 600, 2500, b_wide), b_wide, "float32", "wide"),
-                 (_int(gen, 2, 3), _int_not_multiple(gen, 1500, 3000, 1024), 1024, "float16", "fp16_long"),
-                 (_int(gen, 2, 5), _int_not_multiple(gen, 30, 200, 16), None, "float32", "eps"),
-                 (_int(gen, 2, 5), _int_not_multiple(gen, 30, 200, 16), None, "float32", "padded")]
+        b_wide = choice(gen, [128, 256])
+        specs = [(randint(gen, 1, 8), randint(gen, 1, 9), None, "float32", "tiny"),
+                 (randint(gen, 20, 50), _not_multiple(gen, 10, 300, 16), None, "float32", "normal"),
+                 (randint(gen, 1, 6), _not_multiple(gen, 600, 2500, b_wide), b_wide, "float32", "wide"),
+                 (randint(gen, 2, 3), _not_multiple(gen, 1500, 3000, 1024), 1024, "float16", "fp16_long"),
+                 (randint(gen, 2, 5), _not_multiple(gen, 30, 200, 16), None, "float32", "eps"),
+                 (randint(gen, 2, 5), _not_multiple(gen, 30, 200, 16), None, "float32", "padded")]
     cases = []
     for M, N, block_n, dtype, kind in specs:
         dt = getattr(torch, dtype)
         x = _norm_x(gen, M, N, dt, kind, "rmsnorm")
         eps = 0.1 if kind == "eps" else 1e-6
-        w = (1 + 0.5 * torch.randn(N, generator=gen)).to(dt)
-        dy = torch.randn(M, N, generator=gen).to(dt)
+        w = (1 + randn(gen, N, scale=0.5)).to(dt)
+        dy = randn(gen, M, N).to(dt)
         blk = "" if block_n is None else f", BLOCK_N={block_n}"
         what = "" if kind == "normal" else _NORM_KINDS[kind]
         inputs = dict(x=x, weight=w, dy=dy, eps=eps, block_n=block_n, kind=kind)
         if kind == "padded":  # x and dy padded differently: each needs its own row stride
-            inputs["row_pad"], inputs["dy_row_pad"] = (5, 21) if public else (_int(gen, 1, 20), _int(gen, 21, 40))
+            inputs["row_pad"], inputs["dy_row_pad"] = (5, 21) if public else (randint(gen, 1, 20), randint(gen, 21, 40))
             what = ": x and dy row-padded views with different row strides"
         cases.append(Case(f"({M}, {N}) {dtype}, eps={eps:g}{blk}{what or ': many rows for dweight'}", inputs))
     return cases
@@ -713,42 +700,24 @@ def _rms_bwd_judge(case, obs):
         return report
     report = compare(obs["dweight"], dw_ref, dtype=w.dtype, name="dweight")
     if report:
-        if compare(obs["dweight"], (dy64 * x64).sum(dim=0), dtype=w.dtype) is None:
-            report += "\n  Your dweight matches sum(dy * x): each row's term needs its rstd, sum(dy * x * rstd)."
-        elif compare(obs["dweight"], (dy64 * x64 * rstd)[0], dtype=w.dtype) is None and x.shape[0] > 1:
-            report += "\n  Your dweight is the first row's term only: dweight sums dy * x * rstd over all M rows."
-        else:
-            report += "\n  dweight[j] = sum over rows r of dy[r, j] * x[r, j] * rstd[r] (a reduction down each column)."
-        return report
+        mistake = matching_variant(obs["dweight"], [
+            ("Your dweight matches sum(dy * x): each row's term needs its rstd, sum(dy * x * rstd).",
+             lambda: (dy64 * x64).sum(dim=0)),
+            ("Your dweight is the first row's term only: dweight sums dy * x * rstd over all M rows.",
+             lambda: (dy64 * x64 * rstd)[0] if x.shape[0] > 1 else None)], tensor_match(w.dtype))
+        return report + "\n  " + (mistake or "dweight[j] = sum over rows r of dy[r, j] * x[r, j] * rstd[r] "
+                                   "(a reduction down each column).")
     return final_verdict(case, obs)
 
 
-EXERCISES = [
-    Exercise("softmax_rows", 3, ("softmax",), _softmax_cases, _softmax_run, _softmax_judge,
-             title="Row softmax: one program per row, rows of any width",
-             hint="One program per row; loop over the row in blocks of BLOCK_N columns with `cols < N` masks and "
-                  "other=-inf. Pass 1: running max and a running sum rescaled by exp(m_old - m_new) when the max "
-                  "grows. Pass 2: store exp(x - m) / l. Compute in float32; use 0 in place of a -inf max and "
-                  "divide only where l > 0."),
-    Exercise("softmax_online_state", 3, ("softmax_stats", "combine_stats"), _stats_cases, _stats_run, _stats_judge,
-             title="Online softmax: combinable (max, sum) states",
-             hint="softmax_stats: pass 1 of your softmax, storing (m, l) per row in float32. combine_stats: "
-                  "m = max(m_a, m_b), l = l_a * exp(m_a - m) + l_b * exp(m_b - m), with 0 in place of a -inf m."),
-    Exercise("rmsnorm_forward", 2, ("rmsnorm",), _norm_cases("rmsnorm"), _norm_run("rmsnorm"), _norm_judge("rmsnorm"),
-             title="RMSNorm forward",
-             hint="Pass 1: sum of x*x in float32 over the row's blocks; rstd = 1 / sqrt(sum / N + eps). "
-                  "Pass 2: store x * rstd * weight in x's dtype."),
-    Exercise("layernorm_forward", 3, ("layernorm",), _norm_cases("layernorm"), _norm_run("layernorm"),
-             _norm_judge("layernorm"),
-             title="LayerNorm forward",
-             hint="Accumulate in float32. mean = sum(x) / N; var = sum((x - mean)^2) / N (biased, as F.layer_norm); "
-                  "rstd = 1 / sqrt(var + eps); y = (x - mean) * rstd * weight + bias."),
-    Exercise("rmsnorm_backward", 2, ("rmsnorm_backward",), _rms_bwd_cases, _rms_bwd_run, _rms_bwd_judge,
-             title="Stretch: RMSNorm backward (dx and dweight)",
-             hint="Kernel 1, one program per row: sum(x*x) and sum(w*dy*x) in one pass, store rstd per row, then "
-                  "dx = rstd * (w*dy - x * rstd^2 * sum(w*dy*x) / N). Kernel 2, one program per block of columns: "
-                  "loop over the rows, accumulating dy * x * rstd[row]; sum over rows at the end."),
-]
+RMSNORM_BACKWARD = Exercise(
+    "rmsnorm_backward", 2, ("rmsnorm_backward",), _rms_bwd_cases, _rms_bwd_run, _rms_bwd_judge,
+    title="Stretch: RMSNorm backward (dx and dweight)",
+    hint="Kernel 1, one program per row: sum(x*x) and sum(w*dy*x) in one pass, store rstd per row, then "
+         "dx = rstd * (w*dy - x * rstd^2 * sum(w*dy*x) / N). Kernel 2, one program per block of columns: "
+         "loop over the rows, accumulating dy * x * rstd[row]; sum over rows at the end.")
+
+EXERCISES = [SOFTMAX_ROWS, SOFTMAX_ONLINE_STATE, RMSNORM_FORWARD, LAYERNORM_FORWARD, RMSNORM_BACKWARD]
 
 
 # --- benchmarks (python -m grader bench) -----------------------------------------------------------
