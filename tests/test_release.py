@@ -8,8 +8,15 @@ import pytest
 
 from grader import cli
 from grader import release as release_module
-from grader.release import (KERNELSPEC, LANGUAGE_INFO, ReleaseError, committed_text, release, release_notebook,
-                            strip_regions)
+from grader.release import (
+    KERNELSPEC,
+    LANGUAGE_INFO,
+    ReleaseError,
+    committed_text,
+    release,
+    release_notebook,
+    strip_regions,
+)
 from tests.conftest import ROOT
 
 SOLUTION_CELL = '''def f(x):
