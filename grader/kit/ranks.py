@@ -73,7 +73,7 @@ def launch_ranks(memo_key, rank_fn, world_size: int, *args, timeout_s: float, pr
         raise _STICKY[memo_key]
     try:
         if probe is not None:
-            probe()
+            _run_probe(probe)
         return launch(rank_fn, world_size, *args, backend="gloo", device="cpu", timeout_s=timeout_s)
     except NotImplementedError as exc:
         _STICKY[memo_key] = NotImplementedError(str(exc) or "not implemented yet.")
@@ -87,6 +87,17 @@ def launch_ranks(memo_key, rank_fn, world_size: int, *args, timeout_s: float, pr
             _STICKY[memo_key] = hung.again()
             raise hung from None
         raise RuntimeError(f"{str(exc).splitlines()[0]}\n{_tail(str(exc))}") from None
+
+
+def _run_probe(probe) -> None:
+    """``probe()``, of which only a ``NotImplementedError`` escapes: anything else (often: no process
+    group in this process) is left for the launch to report, on the case's world size."""
+    try:
+        probe()
+    except NotImplementedError:
+        raise
+    except Exception:  # noqa: BLE001 - see above
+        pass
 
 
 def probe_on_one_rank(rank_fn, *args, seconds: float = 5.0) -> None:
