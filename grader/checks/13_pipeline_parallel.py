@@ -3,43 +3,36 @@ activation-memory measures, and a real pipeline run across ranks with send/recv.
 
 A schedule is a list of time slots, each a list of steps ``(stage, microbatch, "F" | "B")``
 (:mod:`gpulab.schedules`). Observations travel as nested lists of ``[stage, mb, kind]``.
+Hidden cases: one per rule, the same rules for every seed (a case's name starts with its rule,
+before ':'), random sizes within it.
 
 The pipeline exercise is distributed: ``run`` (learner process) launches one rank per stage with
-:func:`gpulab.dist.launch` over gloo; each rank loads its stage's weights from the case, runs the
-learner's ``run_stage`` on a reference schedule and returns its losses, its parameters' gradients and
+:func:`grader.kit.ranks.launch_ranks` over gloo; each rank loads its stage's weights from the case, runs
+the learner's ``run_stage`` on a reference schedule and returns its losses, its parameters' gradients and
 the order in which its stage ran forwards and backwards (recorded with module and tensor hooks).
-``judge`` computes the single-process model on the same microbatches, here, and compares.
+``judge`` computes the single-process model on the same microbatches, here, and compares; a hang is
+explained by the judge (a blocking send in 1F1B, a gradient never sent back).
 """
 from __future__ import annotations
 
-import math
 import random
-import weakref
 
 import torch
 
 from gpulab.compare import compare
 from gpulab.schedules import Step, as_text
 from grader.exercise import Case, Exercise, Neutral, entry
+from grader.kit.cases import randint
+from grader.kit.close import close
+from grader.kit.ranks import RanksHung, launch_ranks
 
 LAB = "13_pipeline_parallel"
 TITLE = "Pipeline parallelism: schedules as data"
 
-LAUNCH_TIMEOUT_S = 20.0  # per launch; a hung pipeline ends with RankTimeout after about this long
+LAUNCH_TIMEOUT_S = 20.0  # per launch; a hung pipeline ends with RanksHung after about this long
 
 
-def _randint(gen, lo, hi) -> int:
-    return int(torch.randint(lo, hi + 1, (1,), generator=gen))
-
-
-def _close(got, want, rel=1e-9) -> bool:
-    try:
-        return math.isclose(float(got), float(want), rel_tol=rel, abs_tol=1e-12)
-    except (TypeError, ValueError):
-        return False
-
-
-# --- references: dependencies, placement, generators, measures ------------------------------------
+# --- schedules: dependencies, placement, references, measures --------------------------------------
 
 def deps(step, p: int) -> list:
     """The steps that must finish in an earlier slot: F(s, i) needs F(s-1, i); B(s, i) needs F(s, i)
@@ -157,7 +150,7 @@ def violations(schedule, p: int, m: int) -> list:
 
 def random_valid(gen, p: int, m: int, idle: float = 0.25) -> list:
     """A random valid schedule: each slot, every stage runs a random ready step or idles."""
-    rng = random.Random(_randint(gen, 0, 2**31 - 1))
+    rng = random.Random(randint(gen, 0, 2**31 - 1))
     left = {s: [(s, i, k) for i in range(m) for k in ("F", "B")] for s in range(p)}
     done: dict = {}
     schedule = []
@@ -192,51 +185,50 @@ def _picture(schedule, p: int) -> str:
     return "\n" + as_text(schedule, p)
 
 
-# --- GPipe --------------------------------------------------------------------------------------
+# --- GPipe (and what both generators must do) ---------------------------------------------------
 
 def _pm_cases(fixed, gen, public):
+    """The cases of a schedule generator: ``fixed`` (p, m) pairs, or one per rule of p against m."""
     if public:
         return [Case(f"p={p} stages, m={m} microbatches", dict(p=p, m=m)) for p, m in fixed]
-    # one case per rule, every seed (the rule is the name before ':'), random sizes inside it
-    p_few = _randint(gen, 3, 6)
-    p_many = _randint(gen, 2, 6)
-    p_same = _randint(gen, 2, 6)
-    rules = [("one stage", 1, _randint(gen, 1, 12)),
-             ("one microbatch", _randint(gen, 2, 6), 1),
-             ("fewer microbatches than stages", p_few, _randint(gen, 2, p_few - 1)),
+    p_few, p_many, p_same = randint(gen, 3, 6), randint(gen, 2, 6), randint(gen, 2, 6)
+    rules = [("one stage", 1, randint(gen, 1, 12)),
+             ("one microbatch", randint(gen, 2, 6), 1),
+             ("fewer microbatches than stages", p_few, randint(gen, 2, p_few - 1)),
              ("as many microbatches as stages", p_same, p_same),
-             ("more microbatches than stages", p_many, _randint(gen, p_many + 1, 12))]
+             ("more microbatches than stages", p_many, randint(gen, p_many + 1, 12))]
     return [Case(f"{rule}: p={p} stages, m={m} microbatches", dict(p=p, m=m)) for rule, p, m in rules]
+
+
+def _generator_run(name):
+    """The run side of a schedule generator ``name``: its schedule for the case's p and m."""
+    return lambda ns, case, device: {"schedule": _plain(entry(ns, name)(case.inputs["p"], case.inputs["m"]))}
+
+
+def _generator_judge(what, rule):
+    """The judge of a schedule generator: valid, the right length (so the bubble equals the formula),
+    then the schedule's own ``rule(schedule, p, m)``."""
+    def judge(case, obs):
+        p, m = case.inputs["p"], case.inputs["m"]
+        schedule = _tuples(obs["schedule"])
+        bad = violations(schedule, p, m)
+        if bad:
+            return f"your {what} schedule is not valid: {bad[0][0]}.{_picture(schedule, p)}"
+        want = 2 * (m + p - 1)
+        if len(schedule) != want:
+            return (f"your {what} schedule takes {len(schedule)} slots; with one slot per forward and per backward "
+                    f"it needs exactly 2(m + p - 1) = {want} (no empty slots before, between or after), so its "
+                    f"bubble is {ref_bubble(schedule, p):.4f} instead of (p-1)/(m+p-1) = "
+                    f"{bubble_formula(p, m):.4f}. An off-by-one in the slot formulas?{_picture(schedule, p)}")
+        return rule(schedule, p, m)
+    return judge
 
 
 def _gpipe_cases(gen, public):
     return _pm_cases([(2, 4), (4, 8), (4, 2), (3, 1), (1, 3)], gen, public)
 
 
-def _gpipe_run(ns, case, device):
-    return {"schedule": _plain(entry(ns, "gpipe_schedule")(case.inputs["p"], case.inputs["m"]))}
-
-
-def _judge_generated(schedule, p, m, what):
-    """Shared part of the generator checks: valid, right length (so the bubble equals the formula)."""
-    bad = violations(schedule, p, m)
-    if bad:
-        return f"your {what} schedule is not valid: {bad[0][0]}.{_picture(schedule, p)}"
-    want = 2 * (m + p - 1)
-    if len(schedule) != want:
-        return (f"your {what} schedule takes {len(schedule)} slots; with one slot per forward and per backward it "
-                f"needs exactly 2(m + p - 1) = {want} (no empty slots before, between or after), so its bubble "
-                f"is {ref_bubble(schedule, p):.4f} instead of (p-1)/(m+p-1) = {bubble_formula(p, m):.4f}. "
-                f"An off-by-one in the slot formulas?{_picture(schedule, p)}")
-    return None
-
-
-def _gpipe_judge(case, obs):
-    p, m = case.inputs["p"], case.inputs["m"]
-    schedule = _tuples(obs["schedule"])
-    msg = _judge_generated(schedule, p, m, "GPipe")
-    if msg:
-        return msg
+def _gpipe_rule(schedule, p, m):
     last_f, first_b = {}, {}
     for t, slot in enumerate(schedule):
         for s, i, k in slot:
@@ -252,30 +244,11 @@ def _gpipe_judge(case, obs):
     return None
 
 
-# --- 1F1B ---------------------------------------------------------------------------------------
-
-def _1f1b_cases(gen, public):
-    return _pm_cases([(2, 4), (4, 8), (4, 2), (3, 3), (1, 3)], gen, public)
-
-
-def _1f1b_run(ns, case, device):
-    return {"schedule": _plain(entry(ns, "one_f_one_b_schedule")(case.inputs["p"], case.inputs["m"]))}
-
-
-def _1f1b_judge(case, obs):
-    p, m = case.inputs["p"], case.inputs["m"]
-    schedule = _tuples(obs["schedule"])
-    msg = _judge_generated(schedule, p, m, "1F1B")
-    if msg:
-        return msg
-    peaks = ref_peaks(schedule, p)
-    for s in range(p):
-        bound = min(p - s, m)
-        if peaks[s] > bound:
-            return (f"stage {s} holds up to {peaks[s]} microbatches' activations at once; 1F1B holds at most "
-                    f"min(p - s, m) = {bound} on stage s (so p = {p} instead of m = {m} on stage 0): after "
-                    f"p - s - 1 warm-up forwards, every forward is followed by a backward.{_picture(schedule, p)}")
-    return None
+GPIPE = Exercise("gpipe_schedule", 2, ("gpipe_schedule",), _gpipe_cases, _generator_run("gpipe_schedule"),
+                 _generator_judge("GPipe", _gpipe_rule), title="GPipe: all forwards, then all backwards",
+                 hint="F(s, i) can run in slot s + i at the earliest. The backwards start once the last stage "
+                      "finished its last forward (slot m + p - 2) and flow back up: B(s, i) in slot "
+                      "(m + p - 1) + (p - 1 - s) + i.")
 
 
 # --- validator ----------------------------------------------------------------------------------
@@ -375,8 +348,8 @@ def _validator_case(name, schedule, p, m, broken=None, base=None) -> Case:
 
 def _rule_sizes(gen, kind) -> tuple[int, int]:
     """(p, m) for a case of rule ``kind``: a stage dependency needs two stages, a collision two microbatches."""
-    p = _randint(gen, 2 if kind in _DEPENDENCY_RULES else 1, 5)
-    m = _randint(gen, 2 if kind == "two steps on one stage in one slot" else 1, 6)
+    p = randint(gen, 2 if kind in _DEPENDENCY_RULES else 1, 5)
+    m = randint(gen, 2 if kind == "two steps on one stage in one slot" else 1, 6)
     return p, m
 
 
@@ -384,7 +357,7 @@ def _validator_cases(gen, public):
     """Valid schedules (accepting one earns nothing: a Neutral) and one invalid schedule per rule.
     An invalid case passes only if the validator also accepts the valid schedule it was made from,
     so neither accepting nor rejecting everything earns a point."""
-    rng = random.Random(_randint(gen, 0, 2**31 - 1))
+    rng = random.Random(randint(gen, 0, 2**31 - 1))
     cases = []
     if public:
         g = ref_gpipe(3, 4)
@@ -400,27 +373,26 @@ def _validator_cases(gen, public):
             cases.append(_validator_case(f"invalid: {kind} (p={p} m={m})", _mutate(base, p, m, kind, rng), p, m,
                                          kind, base))
         return cases
-    # hidden: the same valid kinds and every rule on every seed (the rule is the name before ':'), random sizes
-    p, m = _randint(gen, 1, 5), _randint(gen, 1, 6)
+    # hidden: the same valid kinds, and every rule
+    p, m = randint(gen, 1, 5), randint(gen, 1, 6)
     cases.append(_validator_case(f"valid, GPipe: p={p} m={m}", ref_gpipe(p, m), p, m))
-    p, m = _randint(gen, 1, 5), _randint(gen, 1, 6)
+    p, m = randint(gen, 1, 5), randint(gen, 1, 6)
     cases.append(_validator_case(f"valid, 1F1B: p={p} m={m}", ref_1f1b(p, m), p, m))
-    p, m = _randint(gen, 1, 5), _randint(gen, 1, 6)
+    p, m = randint(gen, 1, 5), randint(gen, 1, 6)
     r = random_valid(gen, p, m)
-    r.insert(_randint(gen, 0, len(r)), [])
+    r.insert(randint(gen, 0, len(r)), [])
     cases.append(_validator_case(f"valid, a random schedule with an idle slot: p={p} m={m}", r, p, m))
     for kind in _MUTATIONS:
         p, m = _rule_sizes(gen, kind)
-        base = [ref_gpipe, ref_1f1b, lambda p, m: random_valid(gen, p, m)][_randint(gen, 0, 2)](p, m)
+        base = [ref_gpipe, ref_1f1b, lambda p, m: random_valid(gen, p, m)][randint(gen, 0, 2)](p, m)
         cases.append(_validator_case(f"invalid, {kind}: p={p} m={m}", _mutate(base, p, m, kind, rng), p, m,
                                      kind, base))
     return cases
 
 
 def _validate(fn, plain_schedule, p, m) -> dict:
-    schedule = [[tuple(step) for step in slot] for slot in plain_schedule]
     try:
-        ret = fn(schedule, p, m)
+        ret = fn(_tuples(plain_schedule), p, m)
     except ValueError as exc:
         return {"verdict": "rejected", "message": str(exc)[:500]}
     except NotImplementedError:
@@ -472,41 +444,70 @@ def _validator_judge(case, obs):
     return None
 
 
+VALIDATE = Exercise("validate_schedule", 3, ("validate_schedule",), _validator_cases,
+                    _validator_run, _validator_judge, title="Validate any schedule",
+                    hint="Record the slot of every step (a repeat is an error), then check: kinds and ranges, one "
+                         "step per stage per slot, every step present, and each dependency in a strictly earlier "
+                         "slot. Name the step in the message as F(stage, microbatch) or B(stage, microbatch).")
+
+
+# --- 1F1B ---------------------------------------------------------------------------------------
+
+def _1f1b_cases(gen, public):
+    return _pm_cases([(2, 4), (4, 8), (4, 2), (3, 3), (1, 3)], gen, public)
+
+
+def _1f1b_rule(schedule, p, m):
+    peaks = ref_peaks(schedule, p)
+    for s in range(p):
+        bound = min(p - s, m)
+        if peaks[s] > bound:
+            return (f"stage {s} holds up to {peaks[s]} microbatches' activations at once; 1F1B holds at most "
+                    f"min(p - s, m) = {bound} on stage s (so p = {p} instead of m = {m} on stage 0): after "
+                    f"p - s - 1 warm-up forwards, every forward is followed by a backward.{_picture(schedule, p)}")
+    return None
+
+
+ONE_F_ONE_B = Exercise("one_f_one_b_schedule", 3, ("one_f_one_b_schedule",), _1f1b_cases,
+                       _generator_run("one_f_one_b_schedule"), _generator_judge("1F1B", _1f1b_rule),
+                       title="1F1B: one forward, one backward",
+                       hint="Write each stage's op order first: min(p - s - 1, m) warm-up forwards, then pairs "
+                            "(next forward, oldest backward), then the remaining backwards. Then place the orders "
+                            "in slots: each slot, a stage runs its next op if that op's dependencies finished in "
+                            "an earlier slot.")
+
+
 # --- bubble fraction ----------------------------------------------------------------------------
 
 def _with_idle_slot(gen, p, m):
     """A random valid schedule with at least one empty slot, so its bubble is never 0 (not even for
     p = 1, whose GPipe or 1F1B schedule has none: an answer returning 0 must not pass it)."""
     sched = random_valid(gen, p, m, idle=0.4)
-    sched.insert(_randint(gen, 0, len(sched) - 1), [])
+    sched.insert(randint(gen, 0, len(sched) - 1), [])
     return sched
 
 
 def _measure_cases(gen, public):
-    cases = []
+    """The schedules bubble_fraction and peak_activations measure."""
     if public:
         specs = [("GPipe", 4, 8, ref_gpipe(4, 8)), ("1F1B", 4, 8, ref_1f1b(4, 8)), ("GPipe", 3, 1, ref_gpipe(3, 1)),
                  ("1F1B", 5, 3, ref_1f1b(5, 3)), ("random valid", 3, 4, random_valid(gen, 3, 4, idle=0.4)),
                  ("one stage with idle slots", 1, 4, _with_idle_slot(gen, 1, 4))]
         return [Case(f"{name} p={p} m={m}", dict(schedule=_plain(sched), p=p, m=m)) for name, p, m, sched in specs]
-    # one case per rule, every seed (the rule is the name before ':'), random sizes inside it
-    p_many, p_few, p_any = _randint(gen, 2, 5), _randint(gen, 3, 6), _randint(gen, 2, 6)
-    m_many, m_few = _randint(gen, p_many + 1, 10), _randint(gen, 1, p_few - 1)
-    specs = [("GPipe", p_any, _randint(gen, 1, 10), ref_gpipe),
+    p_many, p_few, p_any = randint(gen, 2, 5), randint(gen, 3, 6), randint(gen, 2, 6)
+    m_many, m_few = randint(gen, p_many + 1, 10), randint(gen, 1, p_few - 1)
+    specs = [("GPipe", p_any, randint(gen, 1, 10), ref_gpipe),
              ("1F1B, more microbatches than stages", p_many, m_many, ref_1f1b),
              ("1F1B, fewer microbatches than stages", p_few, m_few, ref_1f1b),
-             ("a random valid schedule with idle slots", _randint(gen, 2, 6), _randint(gen, 1, 10),
+             ("a random valid schedule with idle slots", randint(gen, 2, 6), randint(gen, 1, 10),
               lambda p, m: _with_idle_slot(gen, p, m)),
-             ("one stage with idle slots", 1, _randint(gen, 1, 10), lambda p, m: _with_idle_slot(gen, p, m))]
-    for name, p, m, make in specs:
-        cases.append(Case(f"{name}: p={p} m={m}", dict(schedule=_plain(make(p, m)), p=p, m=m)))
-    return cases
+             ("one stage with idle slots", 1, randint(gen, 1, 10), lambda p, m: _with_idle_slot(gen, p, m))]
+    return [Case(f"{name}: p={p} m={m}", dict(schedule=_plain(make(p, m)), p=p, m=m)) for name, p, m, make in specs]
 
 
 def _bubble_run(ns, case, device):
     x = case.inputs
-    schedule = [[tuple(step) for step in slot] for slot in x["schedule"]]
-    return {"measured": float(entry(ns, "bubble_fraction")(schedule, x["p"])),
+    return {"measured": float(entry(ns, "bubble_fraction")(_tuples(x["schedule"]), x["p"])),
             "formula": float(entry(ns, "bubble_formula")(x["p"], x["m"]))}
 
 
@@ -515,22 +516,27 @@ def _bubble_judge(case, obs):
     p, m = x["p"], x["m"]
     schedule = _tuples(x["schedule"])
     want = ref_bubble(schedule, p)
-    if not _close(obs["measured"], want):
+    if not close(obs["measured"], want):
         busy = len({(s, t) for t, slot in enumerate(schedule) for s, _, _ in slot})
         return (f"bubble_fraction = {obs['measured']!r}, expected {want:.6g}: {p * len(schedule) - busy} idle "
                 f"stage-slots out of p x slots = {p} x {len(schedule)} = {p * len(schedule)}.{_picture(schedule, p)}")
-    if not _close(obs["formula"], bubble_formula(p, m)):
+    if not close(obs["formula"], bubble_formula(p, m)):
         return (f"bubble_formula({p}, {m}) = {obs['formula']!r}, expected (p-1)/(m+p-1) = "
                 f"{bubble_formula(p, m):.6g}.")
     return None
+
+
+BUBBLE = Exercise("bubble_fraction", 2, ("bubble_fraction", "bubble_formula"), _measure_cases, _bubble_run,
+                  _bubble_judge, title="Bubble fraction: measured vs (p-1)/(m+p-1)",
+                  hint="Idle stage-slots / (p x len(schedule)); a stage is busy in a slot when one of the slot's "
+                       "steps belongs to it.")
 
 
 # --- peak in-flight activations -------------------------------------------------------------------
 
 def _peaks_run(ns, case, device):
     x = case.inputs
-    schedule = [[tuple(step) for step in slot] for slot in x["schedule"]]
-    return {"peaks": [int(v) for v in entry(ns, "peak_activations")(schedule, x["p"])]}
+    return {"peaks": [int(v) for v in entry(ns, "peak_activations")(_tuples(x["schedule"]), x["p"])]}
 
 
 def _peaks_judge(case, obs):
@@ -548,6 +554,12 @@ def _peaks_judge(case, obs):
     return msg + _picture(schedule, p)
 
 
+PEAKS = Exercise("peak_activations", 2, ("peak_activations",), _measure_cases, _peaks_run, _peaks_judge,
+                 title="Peak in-flight activations per stage",
+                 hint="Walk the slots in order; per stage, +1 at each F (its activations are saved), -1 at each B "
+                      "(freed); return the maximum per stage.")
+
+
 # --- a real pipeline across ranks -----------------------------------------------------------------
 
 def build_stage(s: int, p: int, d_in: int, hidden: int, d_out: int):
@@ -561,8 +573,8 @@ def build_stage(s: int, p: int, d_in: int, hidden: int, d_out: int):
 
 
 def _pipeline_case(gen, name, p, runs, mb=None, d_in=None, hidden=None, d_out=None):
-    mb = mb or _randint(gen, 1, 4)
-    d_in, hidden, d_out = d_in or _randint(gen, 2, 6), hidden or _randint(gen, 3, 8), d_out or _randint(gen, 1, 3)
+    mb = mb or randint(gen, 1, 4)
+    d_in, hidden, d_out = d_in or randint(gen, 2, 6), hidden or randint(gen, 3, 8), d_out or randint(gen, 1, 3)
     weights = []
     for s in range(p):
         fan = d_in if s == 0 else hidden
@@ -585,15 +597,13 @@ def _pipeline_cases(gen, public):
                                mb=2, d_in=4, hidden=6, d_out=2),
                 _pipeline_case(gen, "4 ranks: 1F1B m=6, then GPipe m=2", 4, [("1F1B", 6), ("GPipe", 2)],
                                mb=3, d_in=5, hidden=8, d_out=3)]
-    cases = []  # one launch per case (~3 s of process start-up each), so a single hidden case
-    for n in range(1):
-        p = _randint(gen, 2, 4)
-        runs = [("1F1B", _randint(gen, 1, 7)), ("GPipe", _randint(gen, 1, 5))]
-        if _randint(gen, 0, 1):
-            runs.reverse()
-        cases.append(_pipeline_case(gen, f"GPipe and 1F1B runs: {p} ranks, " + ", ".join(f"{k} m={m}" for k, m in runs),
-                                    p, runs))
-    return cases
+    # one launch per case (~3 s of process start-up each), so a single hidden case
+    p = randint(gen, 2, 4)
+    runs = [("1F1B", randint(gen, 1, 7)), ("GPipe", randint(gen, 1, 5))]
+    if randint(gen, 0, 1):
+        runs.reverse()
+    return [_pipeline_case(gen, f"GPipe and 1F1B runs: {p} ranks, " + ", ".join(f"{k} m={m}" for k, m in runs),
+                           p, runs)]
 
 
 def _pipeline_rank(rank, world_size, run_stage, inputs):
@@ -606,77 +616,35 @@ def _pipeline_rank(rank, world_size, run_stage, inputs):
         with torch.no_grad():
             for prm, w in zip(stage.parameters(), inputs["weights"][rank]):
                 prm.copy_(w)
-        order, live = [], [0, 0]  # F/B in the order the stage ran them; in-flight now, peak
-
-        def on_backward(grad):
-            order.append("B")
-            live[0] -= 1
+        order = []  # "F" and "B" in the order the stage ran them
 
         def on_forward(module, args, out):
             order.append("F")
-            live[0] += 1
-            live[1] = max(live)
             if isinstance(out, torch.Tensor) and out.requires_grad:
-                out.register_hook(on_backward)
+                out.register_hook(lambda grad: order.append("B"))
 
         stage.register_forward_hook(on_forward)
-        schedule = [[tuple(step) for step in slot] for slot in run["schedule"]]
-        losses = run_stage(stage, schedule, [x.clone() for x in run["x"]], [y.clone() for y in run["y"]],
-                           inputs["hidden"])
+        losses = run_stage(stage, _tuples(run["schedule"]), [x.clone() for x in run["x"]],
+                           [y.clone() for y in run["y"]], inputs["hidden"])
         if losses is not None and not isinstance(losses, (list, tuple)):
             losses = "not a list: " + type(losses).__name__
         elif losses is not None:
             losses = [float(v) for v in losses]
-        results.append({"losses": losses, "order": "".join(order), "peak": live[1],
+        results.append({"losses": losses, "order": "".join(order),
                         "grads": [None if prm.grad is None else prm.grad.detach().clone()
                                   for prm in stage.parameters()]})
     return results
 
 
-_HUNG: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # learner function -> its first hang
-
-
-_PEER_GONE = "Another rank exited or crashed while this one was waiting"  # gpulab.dist's note
-
-
-def _hang_summary(text: str) -> str:
-    """The launch's headline, gloo's own words, and the learner's frame that was waiting."""
-    lines = text.splitlines()
-    gloo = next((ln.split("] ")[-1].strip() for ln in lines if "Timed out" in ln or "closed by peer" in ln), "")
-    frames = [ln.strip() for ln in lines if ln.strip().startswith("File ") and "distributed" not in ln]
-    out = lines[0][:300] if lines else ""
-    if gloo:
-        out += f" gloo: {gloo[:160]}"
-    if frames:
-        out += f" (waiting in: {frames[-1][:160]})"
-    return out
-
-
 def _pipeline_run(ns, case, device):
-    from gpulab.dist import RankError, RankTimeout, launch
-
     fn = entry(ns, "run_stage")
-    try:  # a stub raises at once: no need to start processes to find out (an answer fails harmlessly
-        fn(None, [], [], [], 1)  # here: no process group, and an empty schedule)
-    except NotImplementedError:
-        raise
-    except Exception:  # noqa: BLE001 - expected from a real answer outside a launch
-        pass
-    if fn in _HUNG:  # one hang is enough: do not wait for the timeout on every case
-        return {"hung": "(an earlier case already hung, so this one was not run) " + _HUNG[fn]}
+    # The probe: a stub raises at once, so no process starts to find out (a real answer fails here,
+    # harmlessly: no process group, and an empty schedule).
     try:
-        per_rank = launch(_pipeline_rank, case.inputs["p"], fn, case.inputs, backend="gloo",
-                          timeout_s=LAUNCH_TIMEOUT_S)
-    except (RankTimeout, RankError) as exc:
-        # A hang: a rank timed out waiting, or (when both sides of a deadlock time out together) its
-        # peer's connection closed under it. Any other rank failure is the learner's exception: raise it.
-        if isinstance(exc, RankError) and _PEER_GONE not in str(exc):
-            last = str(exc).strip().splitlines()[-1]
-            if last.startswith("NotImplementedError"):
-                raise NotImplementedError(last.split(":", 1)[-1].strip()) from None
-            raise
-        _HUNG[fn] = _hang_summary(str(exc))
-        return {"hung": _HUNG[fn]}
+        per_rank = launch_ranks((_pipeline_rank, fn), _pipeline_rank, case.inputs["p"], fn, case.inputs,
+                                timeout_s=LAUNCH_TIMEOUT_S, probe=lambda: fn(None, [], [], [], 1))
+    except RanksHung as exc:  # the judge explains what makes a pipeline hang
+        return {"hung": exc.summary}
     return {"ranks": per_rank}
 
 
@@ -712,7 +680,8 @@ def _pipeline_judge(case, obs):
     p = x["p"]
     if "hung" in obs:
         return ("the pipeline hung and was stopped: " + obs["hung"] + "\n  A rank waited for a message that "
-                "never came (a recv with no matching send, or a send with no matching recv). In 1F1B two neighbours send to each other in the same slot (an activation up, a "
+                "never came (a recv with no matching send, or a send with no matching recv). In 1F1B two "
+                "neighbours send to each other in the same slot (an activation up, a "
                 "gradient down): with blocking dist.send both wait for a recv that never starts. Send with "
                 "dist.isend (wait on the handles at the end), receive with dist.recv, and make every recv "
                 "match a send of the neighbour, in the same order.")
@@ -759,38 +728,17 @@ def _pipeline_judge(case, obs):
     return None
 
 
-EXERCISES = [
-    Exercise("gpipe_schedule", 2, ("gpipe_schedule",), _gpipe_cases, _gpipe_run, _gpipe_judge,
-             title="GPipe: all forwards, then all backwards",
-             hint="F(s, i) can run in slot s + i at the earliest. The backwards start once the last stage "
-                  "finished its last forward (slot m + p - 2) and flow back up: B(s, i) in slot "
-                  "(m + p - 1) + (p - 1 - s) + i."),
-    Exercise("validate_schedule", 3, ("validate_schedule",), _validator_cases, _validator_run, _validator_judge,
-             title="Validate any schedule",
-             hint="Record the slot of every step (a repeat is an error), then check: kinds and ranges, one step "
-                  "per stage per slot, every step present, and each dependency in a strictly earlier slot. "
-                  "Name the step in the message as F(stage, microbatch) or B(stage, microbatch)."),
-    Exercise("one_f_one_b_schedule", 3, ("one_f_one_b_schedule",), _1f1b_cases, _1f1b_run, _1f1b_judge,
-             title="1F1B: one forward, one backward",
-             hint="Write each stage's op order first: min(p - s - 1, m) warm-up forwards, then pairs "
-                  "(next forward, oldest backward), then the remaining backwards. Then place the orders in "
-                  "slots: each slot, a stage runs its next op if that op's dependencies finished in an "
-                  "earlier slot."),
-    Exercise("bubble_fraction", 2, ("bubble_fraction", "bubble_formula"), _measure_cases, _bubble_run,
-             _bubble_judge, title="Bubble fraction: measured vs (p-1)/(m+p-1)",
-             hint="Idle stage-slots / (p x len(schedule)); a stage is busy in a slot when one of the slot's "
-                  "steps belongs to it."),
-    Exercise("peak_activations", 2, ("peak_activations",), _measure_cases, _peaks_run, _peaks_judge,
-             title="Peak in-flight activations per stage",
-             hint="Walk the slots in order; per stage, +1 at each F (its activations are saved), -1 at each B "
-                  "(freed); return the maximum per stage."),
-    Exercise("pipeline_run", 5, ("run_stage",), _pipeline_cases, _pipeline_run, _pipeline_judge,
-             title="A real pipeline across ranks",
-             hint="Keep each microbatch's input and output until its B. F: stage 0 reads the microbatch, others "
-                  "dist.recv the activation (then requires_grad_()); the last stage computes the loss, the others "
-                  "isend the output. B: the last stage backprops loss / m; the others recv the output's gradient "
-                  "and call output.backward(grad); all but stage 0 isend input.grad back. Wait on every isend."),
-]
+PIPELINE = Exercise("pipeline_run", 5, ("run_stage",),
+                    _pipeline_cases, _pipeline_run, _pipeline_judge, title="A real pipeline across ranks",
+                    hint="Keep each microbatch's input and output until its B. F: stage 0 reads the microbatch, "
+                         "others dist.recv the activation (then requires_grad_()); the last stage computes the loss, "
+                         "the others isend the output. B: the last stage backprops loss / m; the others recv the "
+                         "output's gradient and call output.backward(grad); all but stage 0 isend input.grad back. "
+                         "Wait on every isend.")
+
+
+EXERCISES = [GPIPE, VALIDATE, ONE_F_ONE_B, BUBBLE, PEAKS, PIPELINE]
+
 
 # Nothing to time here on one machine: pipeline timings need several GPUs (see the lesson).
 BENCHMARKS: list = []
