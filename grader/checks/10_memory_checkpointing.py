@@ -429,11 +429,11 @@ def _ckpt_judge(case, obs):
                 f"a {obs['saved_plain'] / obs['input_bytes']:.1f}x drop). Run fn under torch.no_grad() in "
                 "forward and save only the inputs (ctx.save_for_backward).")
     extra, fwd = obs["flops_ckpt"] - obs["flops_plain"], obs["flops_forward"]
-    if abs(extra - fwd) > 0.02 * fwd:
-        return (f"forward + backward with your checkpoint took {obs['flops_ckpt']:.4g} FLOPs, the plain block "
-                f"{obs['flops_plain']:.4g}: {extra / fwd:.2f} forward passes extra, expected exactly one "
-                f"(the recomputation in backward).{_EARLY_STOP if extra < fwd else ''}")
-    return None
+    if abs(extra - fwd) <= 0.02 * fwd:  # exactly one forward pass more: the recomputation
+        return None
+    return (f"forward + backward with your checkpoint took {obs['flops_ckpt']:.4g} FLOPs, the plain block "
+            f"{obs['flops_plain']:.4g}: {extra / fwd:.2f} forward passes extra, expected exactly one "
+            f"(the recomputation in backward).{_EARLY_STOP if extra < fwd else ''}")
 
 
 CHECKPOINT = Exercise("checkpoint_function", 4, ("checkpoint",), _ckpt_cases, _ckpt_run, _ckpt_judge,
