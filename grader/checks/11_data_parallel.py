@@ -17,6 +17,9 @@ import torch
 
 from gpulab.compare import compare
 from grader.exercise import Case, Exercise, Neutral, entry
+from grader.kit.cases import choice, randint, uniform
+from grader.kit.close import ACCUMULATED, close
+from grader.kit.ranks import launch_ranks, probe_on_one_rank
 
 LAB = "11_data_parallel"
 TITLE = "Data parallelism: collectives, ring all-reduce, DDP, bucketing, ZeRO-1"
@@ -25,92 +28,26 @@ LAUNCH_TIMEOUT_S = 30.0   # per launch: the process group's timeout; a hung rank
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 ALGOS = ("ring", "tree")
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}
-_HUNG: dict = {}          # (exercise, learner object) -> message, so one hang costs one timeout
+# A ring all-reduce against the float64 sum of every rank's input: tighter than ACCUMULATED's rtol,
+# because a float32 tensor is summed only p times.
+RING_TOL = dict(rtol=1e-5, atol=1e-5)
 
 
-def _randint(gen, lo, hi) -> int:
-    return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+def _launch_run(name, rank_fn):
+    """The run side of a distributed exercise: ``rank_fn(rank, world_size, learner's name, case inputs)``
+    on the case's ``world`` ranks; a stub is found first on one rank, here."""
+    def run(ns, case, device):
+        learner = entry(ns, name)
+        return {"ranks": launch_ranks((name, learner), rank_fn, case.inputs["world"], learner, case.inputs,
+                                      timeout_s=LAUNCH_TIMEOUT_S,
+                                      probe=lambda: probe_on_one_rank(rank_fn, learner, case.inputs))}
+    return run
 
 
-def _uniform(gen, lo, hi) -> float:
-    return lo + (hi - lo) * float(torch.rand(1, generator=gen))
-
-
-def _close(got, want, rel=1e-9) -> bool:
-    try:
-        return math.isclose(float(got), float(want), rel_tol=rel, abs_tol=1e-15)
-    except (TypeError, ValueError):
-        return False
-
-
-# --- launching learner code on ranks -----------------------------------------------------------------
-
-def _launch(key, rank_fn, world_size: int, *args) -> list:
-    """Run ``rank_fn`` on ``world_size`` gloo ranks; learner failures become short RuntimeErrors."""
-    from gpulab.dist import RankError, RankTimeout, launch
-
-    if key in _HUNG:
-        raise RuntimeError(f"skipped: an earlier case of this exercise hung ({_HUNG[key]}).")
-    _probe_for_stub(rank_fn, *args)
-    try:
-        return launch(rank_fn, world_size, *args, backend="gloo", timeout_s=LAUNCH_TIMEOUT_S)
-    except RankTimeout as exc:
-        head = str(exc).splitlines()[0]
-        _HUNG[key] = head
-        raise RuntimeError(f"a rank hung and was stopped after {LAUNCH_TIMEOUT_S:g} s: {head}\n"
-                           f"{_tail(str(exc))}") from None
-    except RankError as exc:
-        text = str(exc)
-        stub = [line for line in text.splitlines() if line.startswith("NotImplementedError")]
-        if stub:
-            raise NotImplementedError(stub[-1].partition(":")[2].strip()) from None
-        raise RuntimeError(f"{text.splitlines()[0]}\n{_tail(text)}") from None
-
-
-def _probe_for_stub(rank_fn, *args) -> None:
-    """Run ``rank_fn`` once on a single in-process rank: an unfinished exercise (a stub raising
-    ``NotImplementedError``) is reported at once, without starting processes. Anything else that
-    goes wrong here is left for the real launch to report, on the case's world size."""
-    import datetime
-    import signal
-    import threading
-
-    import torch.distributed as dist
-
-    # Learner code runs here, in this process: only with an alarm that can stop an endless loop.
-    if (not dist.is_available() or dist.is_initialized() or not hasattr(signal, "setitimer")
-            or threading.current_thread() is not threading.main_thread()):
-        return
-
-    class _ProbeTimeout(Exception):
-        pass
-
-    def _alarm(signum, frame):
-        raise _ProbeTimeout()
-
-    try:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=2))
-    except Exception:
-        return
-    previous = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, 5.0)
-    try:
-        with torch.random.fork_rng(devices=[]):  # the rank functions seed the RNG: keep the learner's
-            rank_fn(0, 1, *args)
-    except NotImplementedError:
-        raise
-    except Exception:  # _ProbeTimeout included: the launch will report it, on the case's world size
-        pass
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        dist.destroy_process_group()
-
-
-def _tail(text: str, n: int = 1200) -> str:
-    body = "\n".join(text.splitlines()[1:])
-    return body[-n:]
+def _differs(got, want, name: str = "output") -> str | None:
+    """:func:`gpulab.compare.compare` at the tolerance of float32 results after several steps."""
+    atol, rtol = ACCUMULATED[torch.float32]
+    return compare(got, want, atol=atol, rtol=rtol, name=name)
 
 
 # --- 1. collective costs: the alpha-beta model ---------------------------------------------------
@@ -157,18 +94,17 @@ def _cost_cases(gen, public):
                    Case("4 KiB over 6 ranks (not a power of two), IB-like", dict(nbytes=4096, p=6, alpha=2e-5,
                                                                                   beta=1 / 25e9)),
                    Case("a single rank: nothing to communicate", dict(nbytes=10**6, p=1, alpha=1e-5, beta=1e-9))]
-    if public:
         for i in range(2):
-            cases.append(Case(f"random #{i}", dict(nbytes=float(_randint(gen, 1, 2**34)), p=_randint(gen, 2, 1024),
-                                                   alpha=10 ** _uniform(gen, -6.5, -4),
-                                                   beta=10 ** -_uniform(gen, 9, 12))))
+            cases.append(Case(f"random #{i}", dict(nbytes=float(randint(gen, 1, 2**34)), p=randint(gen, 2, 1024),
+                                                   alpha=10 ** uniform(gen, -6.5, -4),
+                                                   beta=10 ** -uniform(gen, 9, 12))))
         return cases
     # one case per rule, every seed (the rule is the name before ':'), random sizes and links
-    p_odd = _randint(gen, 3, 1023)
+    p_odd = randint(gen, 3, 1023)
     p_odd += (p_odd & (p_odd - 1)) == 0  # a power of two plus one is not a power of two
-    for rule, p in (("a single rank", 1), ("two ranks", 2), ("a power of two", 2 ** _randint(gen, 2, 10)),
+    for rule, p in (("a single rank", 1), ("two ranks", 2), ("a power of two", 2 ** randint(gen, 2, 10)),
                     ("not a power of two", p_odd)):
-        nbytes, alpha, beta = float(_randint(gen, 1, 2**34)), 10 ** _uniform(gen, -6.5, -4), 10 ** -_uniform(gen, 9, 12)
+        nbytes, alpha, beta = float(randint(gen, 1, 2**34)), 10 ** uniform(gen, -6.5, -4), 10 ** -uniform(gen, 9, 12)
         cases.append(Case(f"{rule}: p={p}, n={nbytes:.4g} bytes", dict(nbytes=nbytes, p=p, alpha=alpha, beta=beta)))
     return cases
 
@@ -189,24 +125,31 @@ def _cost_judge(case, obs):
     for op in OPS:
         for algo in ALGOS:
             got, want = obs["times"][f"{op}/{algo}"], ref_collective_time(op, n, p, a, b, algo)
-            if not _close(got, want, 1e-9):
+            if not close(got, want):
                 msg = (f"collective_time({op!r}, n={n:g}, p={p}, alpha={a:.3g}, beta={b:.3g}, algo={algo!r}) = "
                        f"{got:.6g} s, expected {want:.6g} s = {_FORMULAS[op, algo]}.")
-                if op == "all_reduce" and algo == "ring" and p > 1 and _close(
-                        got, ref_collective_time("reduce_scatter", n, p, a, b, "ring"), 1e-9):
+                if op == "all_reduce" and algo == "ring" and p > 1 and close(
+                        got, ref_collective_time("reduce_scatter", n, p, a, b, "ring")):
                     msg += " That is one reduce-scatter: a ring all-reduce is a reduce-scatter plus an all-gather."
-                if algo == "tree" and p > 1 and (p & (p - 1)) and _close(
-                        got * math.ceil(math.log2(p)) / math.log2(p), want, 1e-6):
+                if algo == "tree" and p > 1 and (p & (p - 1)) and close(
+                        got * math.ceil(math.log2(p)) / math.log2(p), want, rel=1e-6):
                     msg += " A tree of p ranks needs ceil(log2 p) rounds, a whole number."
                 return msg
     for op in OPS:
         want = n / obs["seconds"] * ref_bus_factor(op, p)
-        if not _close(obs["busbw"][op], want, 1e-9):
+        if not close(obs["busbw"][op], want):
             return (f"bus_bandwidth({op!r}, n={n:g}, p={p}, seconds={obs['seconds']}) = {obs['busbw'][op]:.6g} B/s, "
                     f"expected algbw * {ref_bus_factor(op, p):.4g} = {want:.6g} B/s (algbw = n / seconds; the "
                     "factor is the fraction of n each rank's link carries: 2(p-1)/p for all-reduce, (p-1)/p for "
                     "reduce-scatter and all-gather, 1 for broadcast).")
     return None
+
+
+COLLECTIVE_COST = Exercise(
+    "collective_cost", 3, ("collective_time", "bus_bandwidth"), _cost_cases, _cost_run, _cost_judge,
+    title="Alpha-beta cost of the four collectives, ring and tree",
+    hint="Ring: reduce-scatter and all-gather each take p-1 steps moving n/p bytes per step; an all-reduce is both. "
+         "Tree: ceil(log2 p) rounds; a binomial tree sends the whole message every round.")
 
 
 # --- 2. ring all-reduce from send/recv ----------------------------------------------------------
@@ -218,12 +161,12 @@ def _ring_input(seed: int, rank: int, index: int, shape, dtype: str) -> torch.Te
     return torch.randn(tuple(shape), generator=gen, dtype=_DTYPES[dtype])
 
 
-def _ring_rank(rank, world_size, fn, seed, configs):
+def _ring_rank(rank, world_size, fn, x):
     from gpulab.commlog import POINT_TO_POINT, record_collectives
 
     out = []
-    for i, (shape, dtype) in enumerate(configs):
-        t = _ring_input(seed, rank, i, shape, dtype)
+    for i, (shape, dtype) in enumerate(x["configs"]):
+        t = _ring_input(x["seed"], rank, i, shape, dtype)
         with record_collectives() as log:
             result = fn(t)
         sends = log.calls(("send", "isend"))
@@ -239,18 +182,12 @@ def _ring_cases(gen, public):
         return [Case("3 ranks: sizes not divisible by 3, 2-D, int64, fewer elements than ranks",
                      dict(world=3, seed=11, configs=[((1001,), "float32"), ((5, 7), "float64"), ((2,), "float32"),
                                                      ((12,), "int64")]))]
-    world = [2, 4][_randint(gen, 0, 1)]
-    configs = [((_randint(gen, 1, 3000),), "float32"), ((_randint(gen, 2, 9), _randint(gen, 2, 9)), "float64"),
-               ((_randint(gen, 1, 40),), "int64"), ((world * _randint(gen, 1, 50),), "float32"),
-               ((_randint(gen, 1, world - 1),), "float32")]
+    world = choice(gen, [2, 4])
+    configs = [((randint(gen, 1, 3000),), "float32"), ((randint(gen, 2, 9), randint(gen, 2, 9)), "float64"),
+               ((randint(gen, 1, 40),), "int64"), ((world * randint(gen, 1, 50),), "float32"),
+               ((randint(gen, 1, world - 1),), "float32")]
     return [Case(f"uneven sizes, 2-D, int64, fewer elements than ranks: {world} ranks",
-                 dict(world=world, seed=_randint(gen, 0, 10**6), configs=configs))]
-
-
-def _ring_run(ns, case, device):
-    fn = entry(ns, "ring_all_reduce")
-    x = case.inputs
-    return {"ranks": _launch(("ring_all_reduce", fn), _ring_rank, x["world"], fn, x["seed"], x["configs"])}
+                 dict(world=world, seed=randint(gen, 0, 10**6), configs=configs))]
 
 
 def _ring_judge(case, obs):
@@ -270,16 +207,15 @@ def _ring_judge(case, obs):
             got = o["returned"]
             if not isinstance(got, torch.Tensor):
                 return f"{what}: ring_all_reduce must return the tensor, got {got}."
-            bad = compare(o["inplace"], want, name=f"rank {r}'s tensor after the call", rtol=1e-5, atol=1e-5)
-            if bad:
+            if bad := compare(o["inplace"], want, name=f"rank {r}'s tensor after the call", **RING_TOL):
                 a, w = o["inplace"].reshape(-1).double(), want.reshape(-1).double()
-                ok = int(torch.isclose(a, w, rtol=1e-5, atol=1e-5).sum())
+                ok = int(torch.isclose(a, w, **RING_TOL).sum())
                 if 0 < ok < numel and p > 1 and ok <= 2 * math.ceil(numel / p):
                     return (f"{what}: on rank {r} only {ok} of {numel} elements hold the full sum, about 1/{p} of "
                             "them: the chunk this rank reduced. The all-gather phase is missing: after the p-1 "
                             "reduce-scatter steps, run p-1 more steps that pass each reduced chunk around the "
                             f"ring.\n{bad}")
-                if torch.equal(o["inplace"], inputs[r]) and compare(got, want, rtol=1e-5, atol=1e-5) is None:
+                if torch.equal(o["inplace"], inputs[r]) and compare(got, want, **RING_TOL) is None:
                     return (f"{what}: the result was returned but the input tensor was not updated: "
                             "ring_all_reduce works in place, like dist.all_reduce.")
                 return f"{what}: wrong sum.\n{bad}"
@@ -296,6 +232,15 @@ def _ring_judge(case, obs):
                         f"about n/p elements: at most {bound} bytes (2(p-1)/p · n · {elem} bytes). Sending whole "
                         "tensors to every rank costs (p-1)·n: that is not a ring.")
     return None
+
+
+RING_ALL_REDUCE = Exercise(
+    "ring_all_reduce", 4, ("ring_all_reduce",), _ring_cases, _launch_run("ring_all_reduce", _ring_rank), _ring_judge,
+    title="Ring all-reduce from send/recv", hint="Split the flat tensor into p chunks (torch.tensor_split handles "
+                                                 "uneven sizes). Step s of the reduce-scatter: send chunk "
+                                                 "(rank - s) % p to the right, receive chunk (rank - s - 1) % p from "
+                                                 "the left and add it. Then p-1 all-gather steps copy instead of add. "
+                                                 "isend + recv + wait avoids a deadlock.")
 
 
 # --- shared by the DDP checks: the model, the data, single-process references ---------------------
@@ -374,18 +319,27 @@ def _judge_grads(ranks, ref_grads, world: int, where: str) -> str | None:
                 g = o["grads"][step].get(name)
                 if g is None:
                     return f"{where}, step {step}: rank {r} has no gradient for `{name}`."
-                if compare(g, w, rtol=1e-4, atol=1e-6) is None:
+                if _differs(g, w) is None:
                     continue
-                if compare(g, w * world, rtol=1e-4, atol=1e-6) is None:
+                if _differs(g, w * world) is None:
                     return (f"{where}, step {step}: the gradient of `{name}` is {world} (world size) times the "
                             "single-process gradient: the gradients were summed. Divide by the world size: "
                             "data parallelism averages them, so a step equals one step on the global batch.")
                 if g0 is not None and not torch.allclose(g, g0, rtol=1e-5, atol=1e-7):
                     return (f"{where}, step {step}: ranks 0 and {r} hold different gradients for `{name}` after "
                             "finish_gradient_synchronization(): the gradients were not all-reduced.")
-                report = compare(g, w, rtol=1e-4, atol=1e-6, name="grad")
+                report = _differs(g, w, name="grad")
                 return (f"{where}, step {step}: gradient of `{name}` on rank {r} differs from single-process "
                         f"training on the whole batch (mean loss).\n{report}")
+    return None
+
+
+def _judge_final(ranks, numbers, ref, prefix: str = "") -> str | None:
+    """Each rank's parameters after training (rank ``numbers[i]`` is ``ranks[i]``) against ``ref``'s."""
+    for r, o in zip(numbers, ranks):
+        for name, w in ref["params"][-1].items():
+            if bad := _differs(o["final"][name], w, name=f"{prefix}rank {r}'s `{name}` after training"):
+                return bad
     return None
 
 
@@ -395,71 +349,61 @@ def _state_kinds(model) -> dict:
     return kinds
 
 
-def _wrap_and_record(rank, wrapper_cls, x, *wrapper_args, **wrapper_kwargs):
-    """Build rank ``rank``'s model (seed + rank: replicas differ until broadcast) and wrap it.
+def _train_replica(rank, cls, x, data_rank, data_world, *wrapper_args, **wrapper_kwargs) -> dict:
+    """Rank ``rank``'s model (seed + rank: replicas differ until broadcast) wrapped in ``cls``, then
+    ``steps`` SGD steps on shard ``data_rank`` of ``data_world`` of each batch.
 
-    Returns ``(model, wrapped, observations, timeline)``: while ``timeline["log"]`` holds a
-    :class:`gpulab.commlog.CommLog`, each gradient's accumulation is marked on it as ``grad:<name>``.
+    Observes the wrapper right after its construction, and per step the gradients after
+    ``finish_gradient_synchronization()`` and the ordered events: collectives, ``grad:<name>`` when a
+    gradient is accumulated, ``finish`` when finish_gradient_synchronization() is called; then the
+    final parameters.
     """
+    import torch.nn.functional as F
+
     from gpulab.commlog import record_collectives
-    from gpulab.toy import ToyMLP
+    from gpulab.toy import ToyMLP, shard
 
     torch.manual_seed(1000 + rank)
     model = ToyMLP(**_model_kwargs(x), seed=x["seed"] + rank)
     kinds = _state_kinds(model)
-    timeline = {"log": None}
+    step_log = {"log": None}  # the step's CommLog from forward to finish_gradient_synchronization()
 
     def mark(name):
-        if timeline["log"] is not None:
-            timeline["log"].mark(f"grad:{name}")
+        if step_log["log"] is not None:
+            step_log["log"].mark(f"grad:{name}")
 
     for name, p in model.named_parameters():  # registered before the learner's hooks: they run first
         if p.requires_grad:
             p.register_post_accumulate_grad_hook(lambda p, name=name: mark(name))
     with record_collectives() as log:
-        wrapped = wrapper_cls(model, *wrapper_args, **wrapper_kwargs)
+        wrapped = cls(model, *wrapper_args, **wrapper_kwargs)
     obs = {"module_is": getattr(wrapped, "module", None) is model,
            "same_params": [id(p) for p in wrapped.parameters()] == [id(p) for p in model.parameters()],
            "n_params": len(list(wrapped.parameters())), "n_model_params": len(list(model.parameters())),
            "state0": {k: v.detach().clone() for k, v in model.state_dict().items()}, "kinds": kinds,
-           "init_comm": log.summary()}
-    return model, wrapped, obs, timeline
-
-
-def _train_steps(rank, world_size, model, wrapped, x, timeline):
-    """``steps`` SGD steps on this rank's shard. Per step: the gradients after
-    ``finish_gradient_synchronization()``, and the ordered events (collectives, gradient marks,
-    ``finish`` when finish_gradient_synchronization() is called)."""
-    import torch.nn.functional as F
-
-    from gpulab.commlog import record_collectives
-    from gpulab.toy import shard
-
+           "init_comm": log.summary(), "grads": [], "events": []}
     opt = _sgd([p for p in model.parameters() if p.requires_grad])
-    grads, events = [], []
     for step in range(x["steps"]):
         opt.zero_grad()
         xb, yb = _step_batch(x, step)
-        xb, yb = shard(xb, rank, world_size), shard(yb, rank, world_size)
+        xb, yb = shard(xb, data_rank, data_world), shard(yb, data_rank, data_world)
         with record_collectives() as log:
-            timeline["log"] = log
-            loss = F.mse_loss(wrapped(xb), yb)
-            loss.backward()
+            step_log["log"] = log
+            F.mse_loss(wrapped(xb), yb).backward()
             log.mark("finish")
             wrapped.finish_gradient_synchronization()
-            timeline["log"] = None
-        grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
-        events.append([(e.op, e.numel, e.async_op, e.label) for e in log.events])
+            step_log["log"] = None
+        obs["grads"].append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+        obs["events"].append([(e.op, e.numel, e.async_op, e.label) for e in log.events])
         opt.step()
-    return grads, events
+    obs["final"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return obs
 
 
 # --- 3. DDP from scratch ---------------------------------------------------------------------------
 
 def _ddp_rank(rank, world_size, cls, x):
-    model, wrapped, obs, timeline = _wrap_and_record(rank, cls, x)
-    obs["grads"], obs["events"] = _train_steps(rank, world_size, model, wrapped, x, timeline)
-    obs["final"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    obs = _train_replica(rank, cls, x, rank, world_size)
     if x.get("groups") and world_size == x["world"]:  # not in the single-rank probe for a stub
         obs["sub"] = _ddp_subgroup_rank(rank, cls, x)
     return obs
@@ -478,16 +422,13 @@ def _ddp_subgroup_rank(rank, cls, x):
     handles = [dist.new_group(members) for members in x["groups"]]  # every rank creates every group, in order
     g = next(g for g, members in enumerate(x["groups"]) if rank in members)
     members, xg = x["groups"][g], _subgroup_inputs(x, g)
-    model, wrapped, obs, timeline = _wrap_and_record(rank, cls, xg, process_group=handles[g])
-    obs["grads"], obs["events"] = _train_steps(members.index(rank), len(members), model, wrapped, xg, timeline)
-    obs["final"] = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return obs
+    return _train_replica(rank, cls, xg, members.index(rank), len(members), process_group=handles[g])
 
 
 def _ddp_case(gen, world, name, public):
-    hidden = [16, 24] if public else [_randint(gen, 4, 24) for _ in range(_randint(gen, 1, 3))]
-    return Case(name, dict(world=world, seed=7 if public else _randint(gen, 0, 10**6),
-                           data_seed=100 if public else _randint(gen, 0, 10**6), d_in=6, hidden=hidden, d_out=3,
+    hidden = [16, 24] if public else [randint(gen, 4, 24) for _ in range(randint(gen, 1, 3))]
+    return Case(name, dict(world=world, seed=7 if public else randint(gen, 0, 10**6),
+                           data_seed=100 if public else randint(gen, 0, 10**6), d_in=6, hidden=hidden, d_out=3,
                            batch_per_rank=4, steps=3))
 
 
@@ -499,15 +440,10 @@ def _ddp_cases(gen, public):
                                  "sub-group of its own", True)
         case.inputs["groups"] = [[0], [1]]
         return [case]
-    pairs = [[[0, 1], [2, 3]], [[0, 2], [1, 3]], [[0, 3], [1, 2]]][_randint(gen, 0, 2)]
+    pairs = choice(gen, [[[0, 1], [2, 3]], [[0, 2], [1, 3]], [[0, 3], [1, 2]]])
     case = _ddp_case(gen, 4, f"every rank, then two sub-groups: 4 ranks, groups {pairs}, random widths", False)
     case.inputs["groups"] = pairs
     return [case]
-
-
-def _ddp_run(ns, case, device):
-    cls = entry(ns, "DDP")
-    return {"ranks": _launch(("ddp", cls), _ddp_rank, case.inputs["world"], cls, case.inputs)}
 
 
 def _grad_bytes(ref) -> int:
@@ -518,11 +454,9 @@ def _ddp_judge(case, obs):
     x = case.inputs
     ranks, world = obs["ranks"], x["world"]
     ref = _reference_training(x, _sgd)
-    bad = _judge_init(ranks, ref["init"], "DDP")
-    if bad:
+    if bad := _judge_init(ranks, ref["init"], "DDP"):
         return bad
-    bad = _judge_grads(ranks, ref["grads"], world, "DDP")
-    if bad:
+    if bad := _judge_grads(ranks, ref["grads"], world, "DDP"):
         return bad
     want = _grad_bytes(ref)
     for step, events in enumerate(ranks[0]["events"]):
@@ -531,11 +465,8 @@ def _ddp_judge(case, obs):
             return (f"DDP step {step}: all-reduced {got} bytes of float32; the trainable parameters' gradients hold "
                     f"{want} bytes: all-reduce every gradient exactly once per step with dist.all_reduce (frozen "
                     "parameters have no gradient).")
-    for r, o in enumerate(ranks):
-        for name, w in ref["params"][-1].items():
-            bad = compare(o["final"][name], w, rtol=1e-4, atol=1e-6, name=f"rank {r}'s `{name}` after training")
-            if bad:
-                return bad
+    if bad := _judge_final(ranks, range(world), ref):
+        return bad
     return _judge_subgroups(x, ranks) if x.get("groups") else None
 
 
@@ -549,14 +480,13 @@ def _judge_subgroups(x, ranks) -> str | None:
     for g, members in enumerate(x["groups"]):
         sub, ref = [ranks[r]["sub"] for r in members], refs[g]
         where = f"DDP(model, process_group=dist.new_group({members}))"
-        bad = _judge_init(sub, ref["init"], "DDP", src="the group's first rank")
-        if bad:
+        if bad := _judge_init(sub, ref["init"], "DDP", src="the group's first rank"):
             return f"{where}, ranks numbered within the group: {bad} Remember: {fix}"
         got, want = sub[0]["grads"][0], ref["grads"][0]
         everyone = {n: sum(r["grads"][0][n] for r in refs) / len(refs) for n in want}  # the groups' sizes are equal
 
         def matches(target, factor=1.0):
-            return all(compare(got.get(n), t * factor, rtol=1e-4, atol=1e-6) is None for n, t in target.items())
+            return all(_differs(got.get(n), t * factor) is None for n, t in target.items())
         if matches(everyone) or matches(everyone, x["world"] / len(members)):  # divided by either size
             return (f"{where}, step 0: the gradients are averaged over all {x['world']} ranks, not over the group's "
                     f"{len(members)}: the all-reduce ignored the process_group (the other group trains on other "
@@ -565,16 +495,16 @@ def _judge_subgroups(x, ranks) -> str | None:
             return (f"{where}, step 0: the gradients are {x['world'] // len(members)} times too small: they were "
                     f"divided by the world size, {x['world']}, not by the group's size, {len(members)}. "
                     f"Remember: {fix}")
-        bad = _judge_grads(sub, ref["grads"], len(members), where)
-        if bad:
+        if bad := _judge_grads(sub, ref["grads"], len(members), where) or _judge_final(sub, members, ref, f"{where}: "):
             return bad
-        for r, o in zip(members, sub):
-            for name, w in ref["params"][-1].items():
-                bad = compare(o["final"][name], w, rtol=1e-4, atol=1e-6, name=f"{where}: rank {r}'s `{name}` after "
-                              "training")
-                if bad:
-                    return bad
     return None
+
+
+DDP_FROM_SCRATCH = Exercise(
+    "ddp_from_scratch", 4, ("DDP",), _ddp_cases, _launch_run("DDP", _ddp_rank), _ddp_judge,
+    title="DDP from scratch: broadcast, then average gradients",
+    hint="In __init__, dist.broadcast every parameter AND buffer from rank 0. After backward, all-reduce each gradient "
+         "and divide by the world size.")
 
 
 # --- 4. bucket assignment ----------------------------------------------------------------------------
@@ -607,30 +537,29 @@ def _bucket_cases(gen, public):
                                                                                          4 * 768 * 768, 4 * 768] * 4,
                                                               mb=25)),
                   Case("nothing to bucket", dict(sizes=[], mb=1.0))]
-    if public:
         for i in range(2):
-            n = _randint(gen, 1, 40)
-            sizes = [4 * _randint(gen, 1, 5000) for _ in range(n)]
-            cap = _randint(gen, 1, max(2, sum(sizes) // 2))
+            n = randint(gen, 1, 40)
+            sizes = [4 * randint(gen, 1, 5000) for _ in range(n)]
+            cap = randint(gen, 1, max(2, sum(sizes) // 2))
             if i % 3 == 0:  # land exactly on a running sum: "exceeds" and "reaches" differ there
-                cap = sum(sizes[-_randint(gen, 1, n):])
+                cap = sum(sizes[-randint(gen, 1, n):])
             cases.append(Case(f"random #{i}", dict(sizes=sizes, mb=cap / mb)))
         return cases
     # one case per rule, every seed (the rule is the name before ':'), random sizes
     for rule in ("a limit some bucket reaches exactly", "a parameter larger than the limit",
                  "one bucket, the limit above the total", "many small buckets", "any sizes and limit",
                  "nothing to bucket"):
-        n = _randint(gen, 2, 40)
-        sizes = [4 * _randint(gen, 1, 5000) for _ in range(n)]
-        cap = _randint(gen, 1, max(2, sum(sizes) // 2))
+        n = randint(gen, 2, 40)
+        sizes = [4 * randint(gen, 1, 5000) for _ in range(n)]
+        cap = randint(gen, 1, max(2, sum(sizes) // 2))
         if rule.startswith("a limit some bucket reaches"):  # "exceeds" and "reaches" differ there
-            cap = sum(sizes[-_randint(gen, 1, n - 1):])
+            cap = sum(sizes[-randint(gen, 1, n - 1):])
         elif rule.startswith("a parameter larger"):
-            sizes[_randint(gen, 0, n - 2)] = 4 * (cap // 4 + _randint(gen, 1, 5000))
+            sizes[randint(gen, 0, n - 2)] = 4 * (cap // 4 + randint(gen, 1, 5000))
         elif rule.startswith("one bucket"):
-            cap = sum(sizes) + _randint(gen, 0, 1000)
+            cap = sum(sizes) + randint(gen, 0, 1000)
         elif rule.startswith("many small"):
-            cap = _randint(gen, 1, max(2, max(sizes) // 2))
+            cap = randint(gen, 1, max(2, max(sizes) // 2))
         elif rule == "nothing to bucket":
             sizes = []
         cases.append(Case(f"{rule}: {len(sizes)} parameters, limit {cap} bytes", dict(sizes=sizes, mb=cap / mb)))
@@ -664,15 +593,16 @@ def _bucket_judge(case, obs):
             "the last bucket may be smaller.")
 
 
+BUCKET_ASSIGNMENT = Exercise(
+    "bucket_assignment", 2, ("assign_buckets",), _bucket_cases, _bucket_run, _bucket_judge,
+    title="Gradient buckets by size", hint="for i in reversed(range(n)): add i; if the bucket's "
+                                           "bytes > bucket_size_mb * 2**20: close it.")
+
+
 # --- 5. bucketed DDP, all-reduce overlapped with backward ------------------------------------------
 
 def _bucketed_rank(rank, world_size, cls, x):
-    out = []
-    for mb in x["bucket_mb"]:
-        model, wrapped, obs, timeline = _wrap_and_record(rank, cls, x, mb)
-        obs["grads"], obs["events"] = _train_steps(rank, world_size, model, wrapped, x, timeline)
-        out.append(obs)
-    return out
+    return [_train_replica(rank, cls, x, rank, world_size, mb) for mb in x["bucket_mb"]]
 
 
 def _bucketed_cases(gen, public):
@@ -683,69 +613,72 @@ def _bucketed_cases(gen, public):
         # parameter bytes of hidden [16, 24], in reverse order: 12, 288, 96, 1536, 64, 384
         case.inputs["bucket_mb"] = [0.0, 300 / 2**20, 1000 / 2**20, 1.0]
         return [case]
-    world = _randint(gen, 3, 4)
+    world = randint(gen, 3, 4)
     case = _ddp_case(gen, world, f"a random limit, then the last three parameters' bytes: {world} ranks, random "
                                  "widths", False)
     case.inputs["steps"] = 2
     sizes = [p.numel() * 4 for p in ToyMLP(**_model_kwargs(case.inputs)).parameters() if p.requires_grad]
-    case.inputs["bucket_mb"] = [_randint(gen, 1, sum(sizes) // 2) / 2**20, sum(sizes[-3:]) / 2**20]
+    case.inputs["bucket_mb"] = [randint(gen, 1, sum(sizes) // 2) / 2**20, sum(sizes[-3:]) / 2**20]
     return [case]
 
 
-def _bucketed_run(ns, case, device):
-    cls = entry(ns, "BucketedDDP")
-    return {"configs": _launch(("bucketed_ddp", cls), _bucketed_rank, case.inputs["world"], cls, case.inputs)}
+def _judge_schedule(events, buckets, sizes) -> str | None:
+    """One step's events (collectives and gradient marks, in order) against the buckets of ``sizes``
+    (elements per trainable parameter): one async all-reduce per bucket, launched during backward."""
+    launches = [(k, e) for k, e in enumerate(events) if e[0] == "all_reduce"]
+    numels = sorted(e[1] for _, e in launches)
+    want_numels = sorted(sum(sizes[i] for i in b) for b in buckets)
+    finish = next(k for k, e in enumerate(events) if e[3] == "finish")
+    grad_marks = [k for k, e in enumerate(events) if e[3].startswith("grad:")]
+    rule = (f"{len(buckets)} bucket(s) of {[sum(sizes[i] for i in b) for b in buckets]} elements "
+            f"(parameters in reverse order, a bucket closes once its bytes exceed the limit)")
+    if not launches:
+        return "no dist.all_reduce call was recorded; all-reduce each bucket with dist.all_reduce(flat, async_op=True)."
+    if numels != want_numels:
+        if len(numels) == 1 and len(want_numels) > 1:
+            return f"one all-reduce of every gradient, but the limit gives {rule}: the bucket size limit was ignored."
+        if len(numels) == len(sizes) and len(want_numels) < len(sizes):
+            return (f"one all-reduce per parameter ({len(numels)}), expected one per bucket: {rule}. Flatten each "
+                    "bucket's gradients into one buffer.")
+        return f"all-reduce sizes {numels} elements, expected one per bucket: {rule}; use your assign_buckets."
+    if not all(e[2] for _, e in launches):
+        return ("an all-reduce was blocking; launch each with async_op=True from the hook and wait() on the handles "
+                "in finish_gradient_synchronization(), so backward goes on computing while the bucket is on the wire.")
+    late = [k for k, _ in launches if k > finish]
+    if late:
+        return (f"{len(late)} of {len(launches)} all-reduces started in finish_gradient_synchronization(), after "
+                "backward: launch each bucket from the post-accumulate-grad hook of its last gradient "
+                "(register_post_accumulate_grad_hook), so communication overlaps the rest of backward.")
+    if len(buckets) > 1 and grad_marks and launches[0][0] > grad_marks[-1]:
+        return ("no all-reduce started during backward: the first launch came after the last gradient was computed. "
+                "Launch a bucket's all-reduce as soon as its last gradient is accumulated.")
+    return None
 
 
 def _bucketed_judge(case, obs):
     x = case.inputs
-    world = x["world"]
     ref = _reference_training(x, _sgd)
-    names = [n for n, p in ref["model"].named_parameters() if p.requires_grad]
-    sizes = [dict(ref["model"].named_parameters())[n].numel() for n in names]
+    sizes = [p.numel() for p in ref["model"].parameters() if p.requires_grad]
     for c, mb in enumerate(x["bucket_mb"]):
-        ranks = [o[c] for o in obs["configs"]]
+        ranks = [o[c] for o in obs["ranks"]]
         where = f"bucket_size_mb={mb * 2**20:.0f} bytes / 2**20"
-        bad = _judge_init(ranks, ref["init"], "BucketedDDP") or _judge_grads(ranks, ref["grads"], world, where)
-        if bad:
+        if bad := (_judge_init(ranks, ref["init"], "BucketedDDP")
+                   or _judge_grads(ranks, ref["grads"], x["world"], where)):
             return bad
         buckets = ref_assign_buckets([4 * s for s in sizes], mb)
-        want_numels = sorted(sum(sizes[i] for i in b) for b in buckets)
-        for r, step, events in [(r, step, ev) for r, o in enumerate(ranks) for step, ev in enumerate(o["events"])]:
-            where_r = f"{where}, rank {r}"
-            launches = [(k, e) for k, e in enumerate(events) if e[0] == "all_reduce"]
-            numels = sorted(e[1] for _, e in launches)
-            finish = next(k for k, e in enumerate(events) if e[3] == "finish")
-            grad_marks = [k for k, e in enumerate(events) if e[3].startswith("grad:")]
-            rule = (f"{len(buckets)} bucket(s) of {[sum(sizes[i] for i in b) for b in buckets]} elements "
-                    f"(parameters in reverse order, a bucket closes once its bytes exceed the limit)")
-            if not launches:
-                return (f"{where_r}, step {step}: no dist.all_reduce call was recorded; all-reduce each bucket with "
-                        "dist.all_reduce(flat, async_op=True).")
-            if numels != want_numels:
-                if len(numels) == 1 and len(want_numels) > 1:
-                    return (f"{where_r}, step {step}: one all-reduce of every gradient, but the limit gives {rule}: "
-                            "the bucket size limit was ignored.")
-                if len(numels) == len(sizes) and len(want_numels) < len(sizes):
-                    return (f"{where_r}, step {step}: one all-reduce per parameter ({len(numels)}), expected one per "
-                            f"bucket: {rule}. Flatten each bucket's gradients into one buffer.")
-                return (f"{where_r}, step {step}: all-reduce sizes {numels} elements, expected one per bucket: "
-                        f"{rule}; use your assign_buckets.")
-            if not all(e[2] for _, e in launches):
-                return (f"{where_r}, step {step}: an all-reduce was blocking; launch each with async_op=True from the "
-                        "hook and wait() on the handles in finish_gradient_synchronization(), so backward goes on "
-                        "computing while the bucket is on the wire.")
-            late = [k for k, _ in launches if k > finish]
-            if late:
-                return (f"{where_r}, step {step}: {len(late)} of {len(launches)} all-reduces started in "
-                        "finish_gradient_synchronization(), after backward: launch each bucket from the "
-                        "post-accumulate-grad hook of its last gradient (register_post_accumulate_grad_hook), so "
-                        "communication overlaps the rest of backward.")
-            if len(buckets) > 1 and grad_marks and launches[0][0] > grad_marks[-1]:
-                return (f"{where_r}, step {step}: no all-reduce started during backward: the first launch came after "
-                        "the last gradient was computed. Launch a bucket's all-reduce as soon as its last gradient "
-                        "is accumulated.")
+        for r, o in enumerate(ranks):
+            for step, events in enumerate(o["events"]):
+                if bad := _judge_schedule(events, buckets, sizes):
+                    return f"{where}, rank {r}, step {step}: {bad}"
     return None
+
+
+BUCKETED_DDP = Exercise(
+    "bucketed_ddp", 5, ("BucketedDDP",), _bucketed_cases, _launch_run("BucketedDDP", _bucketed_rank), _bucketed_judge,
+    title="Bucketed DDP: all-reduce overlapped with backward",
+    hint="Count the gradients each bucket still waits for; in the post-accumulate-grad hook of its last one, flatten "
+         "the bucket and dist.all_reduce(flat, async_op=True); in finish_gradient_synchronization wait, divide by the "
+         "world size, copy back, reset the counters.")
 
 
 # --- 6. ZeRO-1 sharded optimizer ---------------------------------------------------------------------
@@ -814,14 +747,9 @@ def _sharded_cases(gen, public):
     if public:
         return [Case("2 ranks, Adam, 10 parameters, lr halved after step 0",
                      dict(base, world=2, seed=3, data_seed=30))]
-    world = _randint(gen, 3, 4)
+    world = randint(gen, 3, 4)
     return [Case(f"Adam, lr halved after step 0: {world} ranks, random seeds",
-                 dict(base, world=world, seed=_randint(gen, 0, 10**6), data_seed=_randint(gen, 0, 10**6)))]
-
-
-def _sharded_run(ns, case, device):
-    cls = entry(ns, "ShardedOptimizer")
-    return {"ranks": _launch(("sharded_optimizer", cls), _sharded_rank, case.inputs["world"], cls, case.inputs)}
+                 dict(base, world=world, seed=randint(gen, 0, 10**6), data_seed=randint(gen, 0, 10**6)))]
 
 
 def _sharded_judge(case, obs):
@@ -842,13 +770,12 @@ def _sharded_judge(case, obs):
     for step in range(x["steps"]):
         for r, o in enumerate(ranks):
             for name, w in ref["params"][step].items():
-                bad = compare(o["params"][step][name], w, rtol=1e-4, atol=1e-6,
-                              name=f"rank {r}'s `{name}` after step {step}")
-                if bad:
-                    if compare(o["params"][step][name], fixed_lr["params"][step][name], rtol=1e-4, atol=1e-6) is None:
+                got = o["params"][step][name]
+                if bad := _differs(got, w, name=f"rank {r}'s `{name}` after step {step}"):
+                    if _differs(got, fixed_lr["params"][step][name]) is None:
                         return (f"step {step}: the learning rate set in param_groups (as a scheduler does) was "
                                 "ignored: copy each group's hyperparameters to your local optimizer before it steps.")
-                    if r > 0 and torch.equal(o["params"][step][name], ref["init"][name]):
+                    if r > 0 and torch.equal(got, ref["init"][name]):
                         return (f"step {step}: `{name}` on rank {r} never changed: the updated parameters must be "
                                 "broadcast from the rank that owns them to all others.")
                     return f"step {step}: {bad}"
@@ -882,35 +809,14 @@ def _sharded_judge(case, obs):
     return None
 
 
-EXERCISES = [
-    Exercise("collective_cost", 3, ("collective_time", "bus_bandwidth"), _cost_cases, _cost_run, _cost_judge,
-             title="Alpha-beta cost of the four collectives, ring and tree",
-             hint="Ring: reduce-scatter and all-gather each take p-1 steps moving n/p bytes per step; an all-reduce "
-                  "is both. Tree: ceil(log2 p) rounds; a binomial tree sends the whole message every round."),
-    Exercise("ring_all_reduce", 4, ("ring_all_reduce",), _ring_cases, _ring_run, _ring_judge,
-             title="Ring all-reduce from send/recv",
-             hint="Split the flat tensor into p chunks (torch.tensor_split handles uneven sizes). Step s of the "
-                  "reduce-scatter: send chunk (rank - s) % p to the right, receive chunk (rank - s - 1) % p from "
-                  "the left and add it. Then p-1 all-gather steps copy instead of add. isend + recv + wait avoids "
-                  "a deadlock."),
-    Exercise("ddp_from_scratch", 4, ("DDP",), _ddp_cases, _ddp_run, _ddp_judge,
-             title="DDP from scratch: broadcast, then average gradients",
-             hint="In __init__, dist.broadcast every parameter AND buffer from rank 0. After backward, all-reduce "
-                  "each gradient and divide by the world size."),
-    Exercise("bucket_assignment", 2, ("assign_buckets",), _bucket_cases, _bucket_run, _bucket_judge,
-             title="Gradient buckets by size",
-             hint="for i in reversed(range(n)): add i; if the bucket's bytes > bucket_size_mb * 2**20: close it."),
-    Exercise("bucketed_ddp", 5, ("BucketedDDP",), _bucketed_cases, _bucketed_run, _bucketed_judge,
-             title="Bucketed DDP: all-reduce overlapped with backward",
-             hint="Count the gradients each bucket still waits for; in the post-accumulate-grad hook of its last "
-                  "one, flatten the bucket and dist.all_reduce(flat, async_op=True); in "
-                  "finish_gradient_synchronization wait, divide by the world size, copy back, reset the counters."),
-    Exercise("sharded_optimizer", 4, ("ShardedOptimizer",), _sharded_cases, _sharded_run, _sharded_judge,
-             title="ZeRO-1: a sharded optimizer",
-             hint="super().__init__(params, kwargs); give each parameter an owner rank (balance by numel); build "
-                  "optimizer_cls over your own parameters only; in step(): copy the group hyperparameters, step "
-                  "locally, then dist.broadcast(p, src=owner) for every parameter."),
-]
+SHARDED_OPTIMIZER = Exercise(
+    "sharded_optimizer", 4, ("ShardedOptimizer",), _sharded_cases, _launch_run("ShardedOptimizer", _sharded_rank),
+    _sharded_judge, title="ZeRO-1: a sharded optimizer",
+    hint="super().__init__(params, kwargs); give each parameter an owner rank (balance by numel); build optimizer_cls "
+         "over your own parameters only; in step(): copy the group hyperparameters, step locally, then "
+         "dist.broadcast(p, src=owner) for every parameter.")
+
+EXERCISES = [COLLECTIVE_COST, RING_ALL_REDUCE, DDP_FROM_SCRATCH, BUCKET_ASSIGNMENT, BUCKETED_DDP, SHARDED_OPTIMIZER]
 
 # No BENCHMARKS: `grader bench` times one function in one process, and collectives need several
 # ranks; on CPU (gloo) their timings say nothing about NCCL. The lesson measures volumes instead.
