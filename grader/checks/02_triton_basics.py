@@ -61,10 +61,9 @@ def _vector_add_judge(case, obs):
                      may_reject=case.inputs["layout"] != "contiguous")
 
 
-VECTOR_ADD = Exercise(
-    "vector_add", 2, ("vector_add",), _vector_add_cases, _vector_add_run, _vector_add_judge,
-    title="Vector add: programs and masks",
-    hint="Launch triton.cdiv(n, BLOCK) programs and mask every load and store with offs < n.")
+VECTOR_ADD = Exercise("vector_add", 2, ("vector_add",), _vector_add_cases, _vector_add_run, _vector_add_judge,
+                      title="Vector add: programs and masks",
+                      hint="Launch triton.cdiv(n, BLOCK) programs and mask every load and store with offs < n.")
 
 
 # --- fused bias + GELU ----------------------------------------------------------------------------
@@ -111,11 +110,12 @@ def _bias_gelu_judge(case, obs):
                     tensor_match(x.dtype), f"\n  Your output matches {{}} instead: use the {form} form here.")
 
 
-BIAS_GELU = Exercise(
-    "bias_gelu", 3, ("bias_gelu",), _bias_gelu_cases, _bias_gelu_run, _bias_gelu_judge,
-    title="Fused bias + GELU (erf and tanh forms)",
-    hint="Load x in its dtype, compute in float32, store in x's dtype. erf form: 0.5*z*(1+erf(z/sqrt(2))); "
-         "tanh form: 0.5*z*(1+tanh(sqrt(2/pi)*(z+0.044715*z^3))), with tanh(u) = 2*sigmoid(2u)-1.")
+BIAS_GELU = Exercise("bias_gelu", 3, ("bias_gelu",), _bias_gelu_cases, _bias_gelu_run, _bias_gelu_judge,
+                     title="Fused bias + GELU (erf and tanh forms)",
+                     hint="Load x in its dtype, compute in float32, store in x's dtype. "
+                          "erf form: 0.5*z*(1+erf(z/sqrt(2))); "
+                          "tanh form: 0.5*z*(1+tanh(sqrt(2/pi)*(z+0.044715*z^3))), "
+                          "with tanh(u) = 2*sigmoid(2u)-1.")
 
 
 # --- strided 2-D copy -----------------------------------------------------------------------------
@@ -152,11 +152,10 @@ def _copy_2d_judge(case, obs):
     return message
 
 
-COPY_2D = Exercise(
-    "copy_2d", 2, ("copy_2d",), _copy_2d_cases, _copy_2d_run, _copy_2d_judge,
-    title="Strided 2-D copy",
-    hint="Use 2-D blocks of offsets (rows[:, None], cols[None, :]), the source's strides for loads, "
-         "the output's row-major layout for stores, and a 2-D mask.")
+COPY_2D = Exercise("copy_2d", 2, ("copy_2d",), _copy_2d_cases, _copy_2d_run, _copy_2d_judge,
+                   title="Strided 2-D copy",
+                   hint="Use 2-D blocks of offsets (rows[:, None], cols[None, :]), the source's strides for loads, "
+                        "the output's row-major layout for stores, and a 2-D mask.")
 
 
 # --- bytes moved by fused vs unfused bias+GELU ----------------------------------------------------
@@ -189,10 +188,9 @@ def _bytes_judge(case, obs):
     return None
 
 
-FUSION_BYTES = Exercise(
-    "fusion_bytes", 1, ("bias_gelu_bytes",), _bytes_cases, _bytes_run, _bytes_judge,
-    title="Bytes moved: fused vs unfused",
-    hint="Unfused, the intermediate x + bias is written to memory and read back.")
+FUSION_BYTES = Exercise("fusion_bytes", 1, ("bias_gelu_bytes",), _bytes_cases, _bytes_run, _bytes_judge,
+                        title="Bytes moved: fused vs unfused",
+                        hint="Unfused, the intermediate x + bias is written to memory and read back.")
 
 EXERCISES = [VECTOR_ADD, BIAS_GELU, COPY_2D, FUSION_BYTES]
 
