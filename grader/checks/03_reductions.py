@@ -35,17 +35,8 @@ import torch.nn.functional as F
 
 from gpulab.compare import compare, guard_elements, padded
 from grader.exercise import Benchmark, Case, Exercise, changed_inputs, entry
+from grader.kit import kernels
 from grader.kit.cases import choice, randint, randn
-from grader.kit.kernels import (
-    bounds_verdict,
-    final_verdict,
-    judge_out,
-    launch_verdict,
-    observe_kernel,
-    observe_out,
-    outside_verdict,
-    return_verdict,
-)
 from grader.kit.variants import matching_variant, tensor_match
 
 LAB = "03_reductions"
@@ -179,13 +170,13 @@ def _softmax_cases(gen, public):
 def _softmax_run(ns, case, device):
     x = _place(case.inputs["x"], device, case.inputs.get("row_pad", 0))
     fn, kw = entry(ns, "softmax"), _block_kwargs(case.inputs["block_n"])
-    return observe_out(lambda out: fn(x, **kw, out=out), x.shape, x.dtype, device, inputs={"x": x})
+    return kernels.observe_out(lambda out: fn(x, **kw, out=out), x.shape, x.dtype, device, inputs={"x": x})
 
 
 def _softmax_judge(case, obs):
     x, kind = case.inputs["x"], case.inputs["kind"]
     atol, rtol = SOFTMAX_TOL[x.dtype]
-    message = judge_out(case, obs, "softmax", softmax_reference(x), x.dtype, atol=atol, rtol=rtol)
+    message = kernels.judge_out(case, obs, "softmax", softmax_reference(x), x.dtype, atol=atol, rtol=rtol)
     if getattr(message, "stage", None) != "mismatch":
         return message
     out = obs["out"].double()
@@ -226,13 +217,12 @@ def _softmax_judge(case, obs):
     return message
 
 
-SOFTMAX_ROWS = Exercise(
-    "softmax_rows", 3, ("softmax",), _softmax_cases, _softmax_run, _softmax_judge,
-    title="Row softmax: one program per row, rows of any width",
-    hint="One program per row; loop over the row in blocks of BLOCK_N columns with `cols < N` masks and "
-         "other=-inf. Pass 1: running max and a running sum rescaled by exp(m_old - m_new) when the max "
-         "grows. Pass 2: store exp(x - m) / l. Compute in float32; use 0 in place of a -inf max and "
-         "divide only where l > 0.")
+SOFTMAX_ROWS = Exercise("softmax_rows", 3, ("softmax",), _softmax_cases, _softmax_run, _softmax_judge,
+                        title="Row softmax: one program per row, rows of any width",
+                        hint="One program per row; loop over the row in blocks of BLOCK_N columns with `cols < N` "
+                             "masks and other=-inf. Pass 1: running max and a running sum rescaled by "
+                             "exp(m_old - m_new) when the max grows. Pass 2: store exp(x - m) / l. Compute in float32; "
+                             "use 0 in place of a -inf max and divide only where l > 0.")
 
 
 # --- 2. online softmax: combinable partial states ----------------------------------------------------
@@ -356,9 +346,9 @@ def _stats_observe(stats, part, kw: dict, alloc: bool, device) -> dict:
     """softmax_stats on ``part``: into a poisoned ``out``, or (``alloc``) with ``out`` left to its default,
     None, with the states it returns as ``out`` (the name of its type if it is no tensor)."""
     if not alloc:
-        return observe_out(lambda out: stats(part, **kw, out=out), (part.shape[0], 2), torch.float32, device,
-                           inputs={"x": part})
-    call = observe_kernel(lambda: stats(part, **kw), {}, device, inputs={"x": part}, ablate=False)
+        return kernels.observe_out(lambda out: stats(part, **kw, out=out), (part.shape[0], 2), torch.float32,
+                                   device, inputs={"x": part})
+    call = kernels.observe_kernel(lambda: stats(part, **kw), {}, device, inputs={"x": part}, ablate=False)
     ret = call.returned
     return {**call.as_obs(), "out": ret.detach().cpu() if isinstance(ret, torch.Tensor) else type(ret).__name__}
 
@@ -407,7 +397,7 @@ def _stats_alloc_judge(case, obs) -> str | None:
     if not obs["own_launches"]:
         return ("no Triton kernel of yours was launched: softmax_stats must compute its result with your "
                 "@triton.jit kernel, not with PyTorch operations.")
-    verdict = bounds_verdict(obs)
+    verdict = kernels.bounds_verdict(obs)
     if verdict:
         return verdict
     x, splits = case.inputs["x"], case.inputs["splits"]
@@ -443,13 +433,13 @@ def _stats_judge(case, obs):
                 return report + _COMBINE_HINT
         return None
     x, splits = inp["x"], inp["splits"]
-    verdict = (launch_verdict(obs, "softmax_stats")
-               or outside_verdict(obs, "softmax_stats",
-                                  lambda o: _stats_compare(o["out"], stats_reference(x), "softmax_stats") is None)
-               or bounds_verdict(obs)
-               or return_verdict(obs, "softmax_stats", "softmax_stats must write its result into `out` when `out` is "
-                                 "given, and return `out` (the check passes a (M, 2) float32 buffer pre-filled with "
-                                 "NaN)."))
+    returns = ("softmax_stats must write its result into `out` when `out` is given, and return `out` (the check "
+               "passes a (M, 2) float32 buffer pre-filled with NaN).")
+    want = stats_reference(x)  # (M, 2): the whole row's (m, l)
+    verdict = (kernels.launch_verdict(obs, "softmax_stats")
+               or kernels.outside_verdict(obs, "softmax_stats",
+                                          lambda o: _stats_compare(o["out"], want, "softmax_stats") is None)
+               or kernels.bounds_verdict(obs) or kernels.return_verdict(obs, "softmax_stats", returns))
     if verdict:
         return verdict
     notes = _wide_note(case) + _row_pad_note(case)
@@ -460,7 +450,7 @@ def _stats_judge(case, obs):
                   "must not compute exp(-inf - (-inf)) = NaN.")
     notes += ("\n  When the running max grows from m_old to m_new, rescale the running sum: "
               "l = l * exp(m_old - m_new) + exp(x - m_new).")
-    report = _stats_compare(obs["whole"], stats_reference(x), f"softmax_stats(x) on the whole {tuple(x.shape)} x")
+    report = _stats_compare(obs["whole"], want, f"softmax_stats(x) on the whole {tuple(x.shape)} x")
     if report:
         return report + notes
     for (lo, hi), got in zip(_chunks(splits), obs["chunks"]):
@@ -468,18 +458,18 @@ def _stats_judge(case, obs):
         if report:
             return report + notes
     for order, got in obs["folds"].items():
-        report = _stats_compare(got, stats_reference(x), f"combine_stats over the chunk states, {order}")
+        report = _stats_compare(got, want, f"combine_stats over the chunk states, {order}")
         if report:
             return (report + "\n  Combining the chunk states in any order must give the whole row's state "
                     "(the combine is associative and commutative)." + _COMBINE_HINT)
-    return final_verdict(case, obs)
+    return kernels.final_verdict(case, obs)
 
 
-SOFTMAX_ONLINE_STATE = Exercise(
-    "softmax_online_state", 3, ("softmax_stats", "combine_stats"), _stats_cases, _stats_run, _stats_judge,
-    title="Online softmax: combinable (max, sum) states",
-    hint="softmax_stats: pass 1 of your softmax, storing (m, l) per row in float32. combine_stats: "
-         "m = max(m_a, m_b), l = l_a * exp(m_a - m) + l_b * exp(m_b - m), with 0 in place of a -inf m.")
+SOFTMAX_ONLINE_STATE = Exercise("softmax_online_state", 3, ("softmax_stats", "combine_stats"), _stats_cases,
+                                _stats_run, _stats_judge, title="Online softmax: combinable (max, sum) states",
+                                hint="softmax_stats: pass 1 of your softmax, storing (m, l) per row in float32. "
+                                     "combine_stats: m = max(m_a, m_b), l = l_a * exp(m_a - m) + l_b * exp(m_b - m), "
+                                     "with 0 in place of a -inf m.")
 
 
 # --- 3 and 4. RMSNorm and LayerNorm forward ---------------------------------------------------------
@@ -560,8 +550,8 @@ def _norm_run(op):
         x = _place(inp["x"], device, inp.get("row_pad", 0))
         vectors = {k: inp[k].to(device) for k in ("weight", "bias") if k in inp}  # (N,) each, in argument order
         fn, kw = entry(ns, op), {"eps": inp["eps"], **_block_kwargs(inp["block_n"])}
-        return observe_out(lambda out: fn(x, *vectors.values(), **kw, out=out), x.shape, x.dtype, device,
-                           inputs={"x": x, **vectors})
+        return kernels.observe_out(lambda out: fn(x, *vectors.values(), **kw, out=out), x.shape, x.dtype, device,
+                                   inputs={"x": x, **vectors})
     return run
 
 
@@ -580,7 +570,7 @@ def _norm_judge(op):
                       "sum((x - mean)^2) / N", lambda: layernorm_reference(x, w, b, eps, unbiased=True)),
                      ("(x - mean) / (sqrt(var) + eps): eps goes inside the square root, rsqrt(var + eps)",
                       lambda: layernorm_reference(x, w, b, eps, eps_inside=False))]
-        message = judge_out(case, obs, op, expected, x.dtype)
+        message = kernels.judge_out(case, obs, op, expected, x.dtype)
         if getattr(message, "stage", None) != "mismatch":
             return message
         mistake = matching_variant(obs["out"], wrong, tensor_match(x.dtype))
@@ -601,16 +591,15 @@ def _norm_judge(op):
     return judge
 
 
-RMSNORM_FORWARD = Exercise(
-    "rmsnorm_forward", 2, ("rmsnorm",), _norm_cases("rmsnorm"), _norm_run("rmsnorm"), _norm_judge("rmsnorm"),
-    title="RMSNorm forward",
-    hint="Pass 1: sum of x*x in float32 over the row's blocks; rstd = 1 / sqrt(sum / N + eps). "
-         "Pass 2: store x * rstd * weight in x's dtype.")
-LAYERNORM_FORWARD = Exercise(
-    "layernorm_forward", 3, ("layernorm",), _norm_cases("layernorm"), _norm_run("layernorm"), _norm_judge("layernorm"),
-    title="LayerNorm forward",
-    hint="Accumulate in float32. mean = sum(x) / N; var = sum((x - mean)^2) / N (biased, as F.layer_norm); "
-         "rstd = 1 / sqrt(var + eps); y = (x - mean) * rstd * weight + bias.")
+RMSNORM_FORWARD = Exercise("rmsnorm_forward", 2, ("rmsnorm",), _norm_cases("rmsnorm"), _norm_run("rmsnorm"),
+                           _norm_judge("rmsnorm"), title="RMSNorm forward",
+                           hint="Pass 1: sum of x*x in float32 over the row's blocks; rstd = 1 / sqrt(sum / N + eps). "
+                                "Pass 2: store x * rstd * weight in x's dtype.")
+LAYERNORM_FORWARD = Exercise("layernorm_forward", 3, ("layernorm",), _norm_cases("layernorm"),
+                             _norm_run("layernorm"), _norm_judge("layernorm"), title="LayerNorm forward",
+                             hint="Accumulate in float32. mean = sum(x) / N; var = sum((x - mean)^2) / N "
+                                  "(biased, as F.layer_norm); rstd = 1 / sqrt(var + eps); "
+                                  "y = (x - mean) * rstd * weight + bias.")
 
 
 # --- 5. stretch: RMSNorm backward ------------------------------------------------------------------
@@ -661,23 +650,23 @@ def _rms_bwd_run(ns, case, device):
     w = inp["weight"].to(device)
     M, N = x.shape
     fn, blocks = entry(ns, "rmsnorm_backward"), _block_kwargs(inp["block_n"])
-    return observe_kernel(lambda dx, dweight: fn(x, w, dy, eps=inp["eps"], out=(dx, dweight), **blocks),
-                          {"dx": ((M, N), x.dtype), "dweight": ((N,), w.dtype)}, device,
-                          inputs={"x": x, "weight": w, "dy": dy}).as_obs()
+    return kernels.observe_kernel(lambda dx, dweight: fn(x, w, dy, eps=inp["eps"], out=(dx, dweight), **blocks),
+                                  {"dx": ((M, N), x.dtype), "dweight": ((N,), w.dtype)}, device,
+                                  inputs={"x": x, "weight": w, "dy": dy}).as_obs()
 
 
 def _rms_bwd_judge(case, obs):
     inp = case.inputs
     x, w, dy, eps = inp["x"], inp["weight"], inp["dy"], inp["eps"]
     dx_ref, dw_ref = rmsnorm_backward_reference(x, w, dy, eps)
-    verdict = (launch_verdict(obs, "rmsnorm_backward", "compute dx and dweight with your @triton.jit kernels, not "
-                              "with PyTorch autograd or operations")
-               or outside_verdict(obs, "rmsnorm_backward", lambda o: compare(o["dx"], dx_ref, dtype=x.dtype) is None
-                                  and compare(o["dweight"], dw_ref, dtype=w.dtype) is None)
-               or bounds_verdict(obs)
-               or return_verdict(obs, "rmsnorm_backward", "rmsnorm_backward must write into `out = (dx, dweight)` "
-                                 "when it is given and return that pair (the check passes buffers pre-filled with "
-                                 "NaN)."))
+    task = "compute dx and dweight with your @triton.jit kernels, not with PyTorch autograd or operations"
+    returns = ("rmsnorm_backward must write into `out = (dx, dweight)` when it is given and return that pair (the "
+               "check passes buffers pre-filled with NaN).")
+    verdict = (kernels.launch_verdict(obs, "rmsnorm_backward", task)
+               or kernels.outside_verdict(obs, "rmsnorm_backward",
+                                          lambda o: compare(o["dx"], dx_ref, dtype=x.dtype) is None
+                                          and compare(o["dweight"], dw_ref, dtype=w.dtype) is None)
+               or kernels.bounds_verdict(obs) or kernels.return_verdict(obs, "rmsnorm_backward", returns))
     if verdict:
         return verdict
     x64, dy64, w64 = x.double(), dy.double(), w.double()
@@ -707,15 +696,15 @@ def _rms_bwd_judge(case, obs):
              lambda: (dy64 * x64 * rstd)[0] if x.shape[0] > 1 else None)], tensor_match(w.dtype))
         return report + "\n  " + (mistake or "dweight[j] = sum over rows r of dy[r, j] * x[r, j] * rstd[r] "
                                    "(a reduction down each column).")
-    return final_verdict(case, obs)
+    return kernels.final_verdict(case, obs)
 
 
-RMSNORM_BACKWARD = Exercise(
-    "rmsnorm_backward", 2, ("rmsnorm_backward",), _rms_bwd_cases, _rms_bwd_run, _rms_bwd_judge,
-    title="Stretch: RMSNorm backward (dx and dweight)",
-    hint="Kernel 1, one program per row: sum(x*x) and sum(w*dy*x) in one pass, store rstd per row, then "
-         "dx = rstd * (w*dy - x * rstd^2 * sum(w*dy*x) / N). Kernel 2, one program per block of columns: "
-         "loop over the rows, accumulating dy * x * rstd[row]; sum over rows at the end.")
+RMSNORM_BACKWARD = Exercise("rmsnorm_backward", 2, ("rmsnorm_backward",), _rms_bwd_cases, _rms_bwd_run,
+                            _rms_bwd_judge, title="Stretch: RMSNorm backward (dx and dweight)",
+                            hint="Kernel 1, one program per row: sum(x*x) and sum(w*dy*x) in one pass, "
+                                 "store rstd per row, then dx = rstd * (w*dy - x * rstd^2 * sum(w*dy*x) / N). "
+                                 "Kernel 2, one program per block of columns: loop over the rows, "
+                                 "accumulating dy * x * rstd[row]; sum over rows at the end.")
 
 EXERCISES = [SOFTMAX_ROWS, SOFTMAX_ONLINE_STATE, RMSNORM_FORWARD, LAYERNORM_FORWARD, RMSNORM_BACKWARD]
 
