@@ -23,11 +23,12 @@ import torch
 import torch.nn.functional as F
 
 from gpulab.compare import compare, guard_elements, padded
-from gpulab.device import interpreted
-from gpulab.launches import record_launches
+from gpulab.launches import record_stores, record_torch_ops, watch_launches
 from grader.exercise import Benchmark, Case, Exercise, entry
-from grader.kit.kernels import (bounds_verdict, final_verdict, launch_verdict, mismatch_verdict, observe_kernel,
-                                outside_verdict, return_verdict)
+from grader.kit import kernels
+from grader.kit.cases import randint
+from grader.kit.close import close
+from grader.kit.variants import diagnose, tensor_match
 
 LAB = "04_matmul"
 TITLE = "Matmul: tiling and the matrix units"
@@ -39,10 +40,6 @@ SMEM_BYTES = 227 * 1024
 ROW_PAD = 7
 # Non-square tiles (BLOCK_M, BLOCK_N, BLOCK_K) of the kernel checks: a BLOCK_M / BLOCK_N mix-up shows
 TILES = ((32, 64, 32), (64, 32, 32))
-
-
-def _randint(gen, lo, hi) -> int:
-    return int(torch.randint(lo, hi + 1, (1,), generator=gen))
 
 
 def _pow2(x) -> bool:
@@ -65,12 +62,12 @@ def _intensity_cases(gen, public):
     if not public:  # BLOCK_M != BLOCK_N; K a multiple of BLOCK_K, not one, or below it; every dtype size
         specs = []
         for i in range(8):
-            bm, bn, bk = 1 << _randint(gen, 4, 8), 1 << _randint(gen, 4, 7), 1 << _randint(gen, 4, 7)
+            bm, bn, bk = 1 << randint(gen, 4, 8), 1 << randint(gen, 4, 7), 1 << randint(gen, 4, 7)
             bn = bn * 2 if bn >= bm else bn
             if i % 2:
                 bm, bn = bn, bm
-            K = [bk * _randint(gen, 2, 100), bk * _randint(gen, 1, 100) + _randint(gen, 1, bk - 1),
-                 _randint(gen, 1, bk - 1)][i % 3]
+            K = [bk * randint(gen, 2, 100), bk * randint(gen, 1, 100) + randint(gen, 1, bk - 1),
+                 randint(gen, 1, bk - 1)][i % 3]
             specs.append((bm, bn, bk, K, [1, 2, 4][i % 3 if i < 6 else i % 2]))
     return [Case(f"BLOCK_M={m} BLOCK_N={n} BLOCK_K={k} K={K} dtype_bytes={b}",
                  dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, K=K, dtype_bytes=b)) for m, n, k, K, b in specs]
@@ -104,9 +101,16 @@ def _intensity_judge(case, obs):
             elif x["K"] % x["BLOCK_K"] and value == want // steps * (x["K"] // x["BLOCK_K"]):
                 msg += "\n  The last, partial K step still runs: count cdiv(K, BLOCK_K) steps, not K // BLOCK_K."
             return msg
-    if not isinstance(intensity, numbers.Real) or not math.isclose(float(got[2]), intensity, rel_tol=1e-9):
+    if not close(got[2], intensity):
         return f"intensity = {got[2]!r}, expected flops / bytes_loaded = {intensity:.6g} FLOP/B for {x}."
     return None
+
+
+TILE_INTENSITY = Exercise("tile_intensity", 1, ("tile_intensity",), _intensity_cases, _intensity_run,
+                          _intensity_judge, title="Arithmetic intensity of a tile",
+                          hint="Per K step a program loads a BLOCK_M x BLOCK_K tile of A and a BLOCK_K x BLOCK_N tile "
+                               "of B and does 2 x BLOCK_M x BLOCK_N x BLOCK_K FLOPs; "
+                               "the loop runs cdiv(K, BLOCK_K) steps.")
 
 
 # --- 2. grouped (swizzled) program order -----------------------------------------------------------
@@ -123,13 +127,13 @@ def ref_grouped_pid(pid: int, num_pid_m: int, num_pid_n: int, GROUP_M: int) -> t
 def _order_cases(gen, public):
     specs = [(5, 4, 2), (8, 8, 4), (7, 3, 3), (6, 6, 1), (3, 5, 8), (1, 9, 8), (9, 1, 4), (10, 7, 4)]
     if not public:  # a short last group, whole groups, GROUP_M above num_pid_m, one column, GROUP_M=1; random
-        g1, g2, m3 = _randint(gen, 2, 6), _randint(gen, 2, 6), _randint(gen, 1, 6)
-        specs = [(g1 * _randint(gen, 1, 4) + _randint(gen, 1, g1 - 1), _randint(gen, 2, 24), g1),
-                 (g2 * _randint(gen, 1, 4), _randint(gen, 2, 24), g2),
-                 (m3, _randint(gen, 2, 24), m3 + _randint(gen, 1, 4)),
-                 (_randint(gen, 2, 24), 1, _randint(gen, 2, 10)),
-                 (_randint(gen, 2, 24), _randint(gen, 2, 24), 1)]
-        specs += [(_randint(gen, 1, 24), _randint(gen, 1, 24), _randint(gen, 1, 10)) for _ in range(3)]
+        g1, g2, m3 = randint(gen, 2, 6), randint(gen, 2, 6), randint(gen, 1, 6)
+        specs = [(g1 * randint(gen, 1, 4) + randint(gen, 1, g1 - 1), randint(gen, 2, 24), g1),
+                 (g2 * randint(gen, 1, 4), randint(gen, 2, 24), g2),
+                 (m3, randint(gen, 2, 24), m3 + randint(gen, 1, 4)),
+                 (randint(gen, 2, 24), 1, randint(gen, 2, 10)),
+                 (randint(gen, 2, 24), randint(gen, 2, 24), 1)]
+        specs += [(randint(gen, 1, 24), randint(gen, 1, 24), randint(gen, 1, 10)) for _ in range(3)]
     return [Case(f"num_pid_m={m} num_pid_n={n} GROUP_M={g}", dict(num_pid_m=m, num_pid_n=n, GROUP_M=g))
             for m, n, g in specs]
 
@@ -170,7 +174,14 @@ def _order_judge(case, obs):
     return None
 
 
-# --- shared helpers of the kernel exercises --------------------------------------------------------
+GROUPED_ORDER = Exercise("grouped_order", 2, ("grouped_pid",), _order_cases, _order_run, _order_judge,
+                         title="Grouped (swizzled) program order",
+                         hint="A group is GROUP_M tile rows x all num_pid_n columns = GROUP_M * num_pid_n programs; "
+                              "inside a group go down the column first. "
+                              "The last group has min(num_pid_m - first_pid_m, GROUP_M) rows.")
+
+
+# --- the matmul kernels of sections 3 to 5: inputs, one observed call, the judge ---------------------
 
 # PyTorch operations a wrapper may run around its kernel: allocation, views, copies. Anything else
 # (mm, addmm, add, relu, gelu ...) is arithmetic that belongs inside the kernel.
@@ -181,81 +192,6 @@ _ALLOWED_TORCH_OPS = {
     "copy_", "contiguous", "lift_fresh", "lift_fresh_copy", "is_same_size", "_local_scalar_dense",
     "resize_", "set_", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "size", "stride",
 }
-
-
-@contextlib.contextmanager
-def _record_torch_ops():
-    """Yield a dict: ``launches`` (Triton kernel names), ``kinds`` (launcher types: JITFunction,
-    InterpretedFunction, Autotuner ...) and ``torch_ops`` (PyTorch arithmetic run outside kernels)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from triton.runtime.jit import KernelInterface
-
-    state = {"depth": 0, "kinds": [], "torch_ops": []}
-
-    class _Ops(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.overloadpacket.__name__
-            if state["depth"] == 0 and name not in _ALLOWED_TORCH_OPS:
-                state["torch_ops"].append(f"aten.{name}")
-            return func(*args, **(kwargs or {}))
-
-    with record_launches() as launched:
-        original = KernelInterface.__getitem__
-
-        def getitem(self, grid):
-            launcher = original(self, grid)
-            state["kinds"].append(type(self).__name__)
-
-            def run(*args, **kwargs):  # the interpreter's own tensor copies are not the learner's ops
-                state["depth"] += 1
-                try:
-                    return launcher(*args, **kwargs)
-                finally:
-                    state["depth"] -= 1
-            return run
-
-        KernelInterface.__getitem__ = getitem
-        try:
-            with _Ops():
-                yield state
-        finally:
-            KernelInterface.__getitem__ = original
-            state["launches"] = list(launched)
-
-
-@contextlib.contextmanager
-def _record_stores(out: torch.Tensor):
-    """In the interpreter, yield a list of (program id, first element written) for stores into ``out``,
-    in execution order. Yields ``None`` where it cannot observe (compiled kernels)."""
-    if not interpreted():
-        yield None
-        return
-    try:
-        from triton.runtime import interpreter as interp
-        builder = interp.interpreter_builder
-        original = builder.create_masked_store
-    except (ImportError, AttributeError):
-        yield None
-        return
-    base, end = out.data_ptr(), out.data_ptr() + out.numel() * out.element_size()
-    events: list = []
-
-    def create_masked_store(ptrs, value, mask, *args, **kwargs):
-        addrs = ptrs.data[mask.data] if mask is not None else ptrs.data.ravel()
-        if addrs.size:
-            first = int(addrs.min())
-            if base <= first < end:
-                events.append((int(builder.grid_idx[0]), (first - base) // out.element_size()))
-        return original(ptrs, value, mask, *args, **kwargs)
-
-    builder.create_masked_store = create_masked_store
-    try:
-        yield events
-    finally:
-        try:
-            del builder.create_masked_store
-        except AttributeError:
-            pass
 
 
 def _layout(a_base, b_base, layout):
@@ -286,7 +222,8 @@ def _stored(a, b, layout):
 
 _LAYOUT_TEXT = {"contiguous": "", "a_t": ", a transposed", "b_t": ", b transposed",
                 "both_t": ", a and b transposed", "b_sliced": ", b every other column of a wider matrix",
-                "a_rows": f", a row-padded (rows K + {ROW_PAD} apart)", "b_rows": f", b row-padded (rows N + {ROW_PAD} apart)"}
+                "a_rows": f", a row-padded (rows K + {ROW_PAD} apart)",
+                "b_rows": f", b row-padded (rows N + {ROW_PAD} apart)"}
 
 
 def _operands(gen, M, N, K, dtype, layout, kind="randn"):
@@ -312,37 +249,92 @@ def _matmul_case(gen, M, N, K, dtype, layout="contiguous", blocks=(*TILES[0], 4)
                            order=order, kind=kind, **extra))
 
 
+def _not_multiple(gen, lo, hi, block) -> int:
+    """A random integer in [lo, hi] that is not a multiple of ``block`` (a partial last tile)."""
+    n = randint(gen, lo, hi)
+    return n - 1 if n % block == 0 else n
+
+
 @contextlib.contextmanager
 def _recorders(out: torch.Tensor):
-    """This lab's own recorders, around the learner's call: (stores into ``out``, PyTorch ops)."""
-    with _record_stores(out) as stores, _record_torch_ops() as rec:
-        yield stores, rec
+    """This lab's own recorders, around the learner's call: the stores into ``out`` (the program
+    order), the launches (their launcher types) and the PyTorch arithmetic outside the kernels."""
+    with record_stores(out) as stores, watch_launches(check_bounds=False) as seen, \
+            record_torch_ops(seen, _ALLOWED_TORCH_OPS) as ops:
+        yield stores, seen, ops
 
 
-def _call(fn, a, b, out_dtype, device, extra=None, order_blocks=None, blocks=None, inputs=None) -> dict:
-    """Call ``fn(a, b, out=out, **extra)`` with a poisoned ``out``; observe everything a check needs.
-    ``inputs``: the (padded) tensors behind ``a``, ``b`` and ``extra``.
+def _matmul_run(fn_name):
+    """The run of a matmul kernel exercise: ``fn_name(a, b, out=out, **blocks)``, or with the case's
+    bias (the epilogue) ``fn_name(a, b, bias, activation=..., out=out, **blocks)``, observed."""
+    def run(ns, case, device):
+        x = case.inputs
+        a_base, b_base = padded(x["a"], device), padded(x["b"], device)
+        a, b = _layout(a_base, b_base, x["layout"])
+        fn, inputs = entry(ns, fn_name), {"a": a_base, "b": b_base}
+        args, kwargs = (a, b), dict(zip(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"), x["blocks"] or ()))
+        if "bias" in x:  # the epilogue
+            inputs["bias"] = padded(x["bias"], device)
+            args, kwargs["activation"] = (a, b, inputs["bias"]), x["epilogue"]
+        # The guard region covers everything an unmasked store of the case's tiles (256 x 256 when the
+        # autotuner picks them) could reach: a missing mask is reported, never a write into memory
+        # that belongs to someone else.
+        M, N = a.shape[0], b.shape[1]
+        bm, bn = x["blocks"][:2] if x["blocks"] else (256, 256)
+        overhang = (-(-M // bm) * bm - M) * N + (-(-N // bn) * bn - N)
+        result = kernels.observe_kernel(lambda out: fn(*args, out=out, **kwargs), {"out": ((M, N), a.dtype)},
+                                        device, inputs=inputs, guard=guard_elements(device) + overhang,
+                                        watch=lambda bufs: _recorders(bufs["out"]))
+        stores, seen, ops = result.watched
+        obs = {**result.as_obs(), "kinds": [launch.kind for launch in seen.launches], "torch_ops": ops,
+               "device": str(device)}
+        if x.get("order"):
+            obs.update(_order_evidence(ns, a, b, bm, bn, x["blocks"][3]), tiles=_tiles(stores, N, bm, bn))
+        return obs
+    return run
 
-    The guard region covers everything an unmasked store of ``blocks``-sized tiles (256 when the
-    autotuner picks them) could reach, so a missing mask is reported, never a write into memory
-    that belongs to someone else."""
-    M, N = a.shape[0], b.shape[1]
-    bm, bn = (blocks[0], blocks[1]) if blocks else (256, 256)
-    overhang = (-(-M // bm) * bm - M) * N + (-(-N // bn) * bn - N)
-    call = observe_kernel(lambda out: fn(a, b, out=out, **(extra or {})), {"out": ((M, N), out_dtype)}, device,
-                          inputs=inputs or {"a": a, "b": b}, guard=guard_elements(device) + overhang,
-                          watch=lambda bufs: _recorders(bufs["out"]))
-    stores, rec = call.watched
-    obs = {**call.as_obs(), "kinds": rec["kinds"], "torch_ops": rec["torch_ops"], "device": str(device)}
-    if order_blocks is not None:
-        obs["tiles"] = None
-        if stores:
-            bm, bn = order_blocks
-            first: dict = {}
-            for pid, offset in stores:
-                first.setdefault(pid, [offset // N // bm, offset % N // bn])
-            obs["tiles"] = [first.get(pid) for pid in range(max(first) + 1)]
-    return obs
+
+def _tiles(stores, N: int, bm: int, bn: int):
+    """Per program id, the tile [pid_m, pid_n] of its first store into the (M, N) output; None where
+    the stores cannot be observed (compiled kernels)."""
+    if not stores:
+        return None
+    first: dict = {}
+    for pid, offset in stores:
+        first.setdefault(pid, [offset // N // bm, offset % N // bn])
+    return [first.get(pid) for pid in range(max(first) + 1)]
+
+
+def _judge_matmul(case, obs, name: str) -> str | None:
+    """The ladder of a matmul kernel, with this lab's rules inserted: no PyTorch arithmetic next to
+    the kernel, exactly one launch."""
+    a, b = _layout(case.inputs["a"], case.inputs["b"], case.inputs["layout"])
+    expected = a.double() @ b.double()
+    if case.inputs.get("epilogue"):
+        expected = _apply_epilogue(expected, case)
+    verdict = kernels.launch_verdict(obs, name)
+    if verdict:
+        return verdict
+    if obs["torch_ops"]:
+        ops = ", ".join(dict.fromkeys(obs["torch_ops"]))
+        return (f"{name} ran PyTorch arithmetic outside your kernel ({ops}): every FLOP, the epilogue "
+                "included, must happen inside the one Triton kernel.")
+    if len(obs["launches"]) > 1:
+        return (f"{name} launched {len(obs['launches'])} Triton kernels ({', '.join(obs['launches'])}); "
+                "it must be exactly 1 launch: fuse the work into one kernel, so the "
+                "output tile is written once, straight from the accumulator.")
+    atol, rtol = _tolerance(a.dtype, a.shape[1], obs.get("device", "cpu"))
+    verdict = (kernels.outside_verdict(obs, name, lambda o: compare(o["out"], expected, dtype=a.dtype, atol=atol,
+                                                                    rtol=rtol) is None)
+               or kernels.bounds_verdict(obs) or kernels.return_verdict(obs, name))
+    if verdict:
+        if verdict.stage == "out_of_bounds":
+            return verdict + " In a matmul, mask the store with (rows < M) & (cols < N)."
+        return verdict
+    report = compare(obs["out"], expected, dtype=a.dtype, atol=atol, rtol=rtol, name=name)
+    if report:
+        return kernels.mismatch_verdict(report + _diagnose(case, obs, a, b, atol, rtol), obs)
+    return kernels.final_verdict(case, obs)
 
 
 def _tolerance(dtype, K, device):
@@ -354,35 +346,6 @@ def _tolerance(dtype, K, device):
     if str(device).startswith("cuda"):
         return 2.5e-3 * math.sqrt(max(K, 1)), 1e-2
     return 1e-4, 1e-4
-
-
-def _judge_matmul(case, obs, expected, name: str, launches_allowed: int = 1) -> str | None:
-    a_base, b_base = case.inputs["a"], case.inputs["b"]
-    a, b = _layout(a_base, b_base, case.inputs["layout"])
-    K = a.shape[1]
-    verdict = launch_verdict(obs, name)
-    if verdict:
-        return verdict
-    if obs["torch_ops"]:
-        ops = ", ".join(dict.fromkeys(obs["torch_ops"]))
-        return (f"{name} ran PyTorch arithmetic outside your kernel ({ops}): every FLOP, the epilogue "
-                "included, must happen inside the one Triton kernel.")
-    if len(obs["launches"]) > launches_allowed:
-        return (f"{name} launched {len(obs['launches'])} Triton kernels ({', '.join(obs['launches'])}); "
-                f"it must be exactly {launches_allowed} launch: fuse the work into one kernel, so the "
-                "output tile is written once, straight from the accumulator.")
-    atol, rtol = _tolerance(a.dtype, K, obs.get("device", "cpu"))
-    verdict = (outside_verdict(obs, name, lambda o: compare(o["out"], expected, dtype=a.dtype, atol=atol,
-                                                            rtol=rtol) is None)
-               or bounds_verdict(obs) or return_verdict(obs, name))
-    if verdict:
-        if verdict.stage == "out_of_bounds":
-            return verdict + " In a matmul, mask the store with (rows < M) & (cols < N)."
-        return verdict
-    report = compare(obs["out"], expected, dtype=a.dtype, atol=atol, rtol=rtol, name=name)
-    if report:
-        return mismatch_verdict(report + _diagnose(case, obs, a, b, atol, rtol), obs)
-    return final_verdict(case, obs)
 
 
 def _diagnose(case, obs, a, b, atol, rtol) -> str:
@@ -440,54 +403,27 @@ def _matmul_cases(gen, public):
         M, N, K = _not_multiple(gen, 1, 130, bm), _not_multiple(gen, 1, 130, bn), _not_multiple(gen, 1, 160, bk)
         cases.append(_matmul_case(gen, M, N, K, ["float32", "float16"][i % 2], layout, blocks=(bm, bn, bk, 4)))
     cases += _swapped_grid_cases(gen)
-    M, N, K = _randint(gen, 17, 64), _randint(gen, 17, 64), 2 * _randint(gen, 64, 100)
+    M, N, K = randint(gen, 17, 64), randint(gen, 17, 64), 2 * randint(gen, 64, 100)
     cases.append(_matmul_case(gen, M, N, K, "float16", kind="cancel", blocks=(*TILES[1], 4),
                               name=f"({M}, {N}, {K}) float16, partial sums that cancel (accumulate in fp32)"))
-    M, N, K = _randint(gen, 40, 130), _randint(gen, 40, 130), _randint(gen, 1, 64)
-    blocks = [(16, 32, 32), (32, 16, 64)][_randint(gen, 0, 1)]
-    cases.append(_matmul_case(gen, M, N, K, "float16", blocks=(*blocks, _randint(gen, 1, 4)), order=True,
+    M, N, K = randint(gen, 40, 130), randint(gen, 40, 130), randint(gen, 1, 64)
+    blocks = [(16, 32, 32), (32, 16, 64)][randint(gen, 0, 1)]
+    cases.append(_matmul_case(gen, M, N, K, "float16", blocks=(*blocks, randint(gen, 1, 4)), order=True,
                               name=f"({M}, {N}, {K}) float16, programs must follow grouped_pid"))
     return cases
-
-
-def _not_multiple(gen, lo, hi, block) -> int:
-    """A random integer in [lo, hi] that is not a multiple of ``block`` (a partial last tile)."""
-    n = _randint(gen, lo, hi)
-    return n - 1 if n % block == 0 else n
 
 
 def _swapped_grid_cases(gen) -> list:
     """A tall and a wide output, tiles in both orientations: swapping BLOCK_M and BLOCK_N anywhere
     (grid, tile offsets, program mapping) leaves output tiles unwritten or wrong in one of them."""
     (bm, bn, bk), (bm2, bn2, bk2) = TILES
-    M, N, K = _randint(gen, 97, 128), _randint(gen, 17, 32), _not_multiple(gen, 20, 100, bk)
-    tall = _matmul_case(gen, M, N, K, "float32", blocks=(bm, bn, bk, _randint(gen, 1, 4)),
+    M, N, K = randint(gen, 97, 128), randint(gen, 17, 32), _not_multiple(gen, 20, 100, bk)
+    tall = _matmul_case(gen, M, N, K, "float32", blocks=(bm, bn, bk, randint(gen, 1, 4)),
                         name=f"({M}, {N}, {K}) float32, tall output", shape="tall")
-    M, N, K = _randint(gen, 17, 32), _randint(gen, 97, 128), _not_multiple(gen, 20, 100, bk2)
-    wide = _matmul_case(gen, M, N, K, "float16", blocks=(bm2, bn2, bk2, _randint(gen, 1, 4)),
+    M, N, K = randint(gen, 17, 32), randint(gen, 97, 128), _not_multiple(gen, 20, 100, bk2)
+    wide = _matmul_case(gen, M, N, K, "float16", blocks=(bm2, bn2, bk2, randint(gen, 1, 4)),
                         name=f"({M}, {N}, {K}) float16, wide output", shape="wide")
     return [tall, wide]
-
-
-def _matmul_run_with(fn_name, extra_inputs=()):
-    def run(ns, case, device):
-        x = case.inputs
-        a_base, b_base = padded(x["a"], device), padded(x["b"], device)
-        a, b = _layout(a_base, b_base, x["layout"])
-        fn = entry(ns, fn_name)
-        kwargs = {k: (padded(x[k], device) if isinstance(x[k], torch.Tensor) else x[k]) for k in extra_inputs}
-        if x["blocks"]:
-            bm, bn, bk, g = x["blocks"]
-            kwargs.update(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=g)
-        inputs = {"a": a_base, "b": b_base, **{k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}}
-        obs = _call(fn, a, b, a.dtype, device, kwargs, blocks=x["blocks"],
-                    order_blocks=x["blocks"][:2] if x.get("order") else None, inputs=inputs)
-        obs["inputs_after"] = {"a": a_base.cpu(), "b": b_base.cpu(),
-                               **{k: v.cpu() for k, v in kwargs.items() if isinstance(v, torch.Tensor)}}
-        if x.get("order"):
-            obs.update(_order_evidence(ns, a, b, bm, bn, g))
-        return obs
-    return run
 
 
 def _order_evidence(ns, a, b, bm, bn, g) -> dict:
@@ -506,8 +442,7 @@ def _order_evidence(ns, a, b, bm, bn, g) -> dict:
 
 
 def _matmul_judge(case, obs):
-    a, b = _layout(case.inputs["a"], case.inputs["b"], case.inputs["layout"])
-    message = _judge_matmul(case, obs, a.double() @ b.double(), "matmul")
+    message = _judge_matmul(case, obs, "matmul")
     if message or not case.inputs.get("order"):
         return message
     return _judge_order(case, obs)
@@ -535,6 +470,14 @@ def _judge_order(case, obs) -> str | None:
                   "GROUP_M), the same function as section 2, so neighbouring programs share A and B tiles in L2.")
 
 
+MATMUL_TILED = Exercise("matmul_tiled", 4, ("matmul",), _matmul_cases, _matmul_run("matmul"), _matmul_judge,
+                        title="Tiled matmul with fp32 accumulation",
+                        hint="acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32); for k in range(0, K, BLOCK_K): "
+                             "load A and B tiles with masks on rows/cols AND on k, acc = tl.dot(a, b, acc), "
+                             "advance the pointers by BLOCK_K * stride; "
+                             "store acc.to(output dtype) under the (rows < M) & (cols < N) mask.")
+
+
 # --- 4. autotune configurations -----------------------------------------------------------------------
 
 def _autotune_cases(gen, public):
@@ -546,7 +489,7 @@ def _autotune_cases(gen, public):
                                name="matmul_autotuned (70, 65, 90) float32, a and b transposed")]
     else:
         for i, layout in enumerate(["contiguous", "a_t"]):
-            M, N, K = _randint(gen, 1, 130), _randint(gen, 1, 130), _randint(gen, 1, 160)
+            M, N, K = randint(gen, 1, 130), randint(gen, 1, 130), randint(gen, 1, 160)
             dtype = ["float16", "float32"][i]
             cases.append(_matmul_case(gen, M, N, K, dtype, layout, blocks=None,
                                       name=f"matmul_autotuned ({M}, {N}, {K}) {dtype}{_LAYOUT_TEXT[layout]}"))
@@ -578,8 +521,7 @@ def _autotune_run(ns, case, device):
         described = _describe_configs(configs("cpu"))
         if len(described.get("configs", [])) != 1:
             return {"skipped": "matmul_configs('cpu') must return exactly one config (see the first case)."}
-    obs = _matmul_run_with("matmul_autotuned")(ns, case, device)
-    return obs
+    return _matmul_run("matmul_autotuned")(ns, case, device)
 
 
 def _config_problem(cfg: dict, device: str) -> str | None:
@@ -638,8 +580,14 @@ def _autotune_judge(case, obs):
         return ("matmul_autotuned launched a plain kernel: launch autotuned_matmul_kernel() with a grid that "
                 "reads the tile sizes from the chosen config, grid = lambda META: (cdiv(M, META['BLOCK_M']) * "
                 "cdiv(N, META['BLOCK_N']),), and pass no BLOCK_* arguments.")
-    a, b = _layout(case.inputs["a"], case.inputs["b"], case.inputs["layout"])
-    return _judge_matmul(case, obs, a.double() @ b.double(), "matmul_autotuned")
+    return _judge_matmul(case, obs, "matmul_autotuned")
+
+
+MATMUL_AUTOTUNE = Exercise("matmul_autotune", 2, ("matmul_configs", "matmul_autotuned"), _autotune_cases,
+                           _autotune_run, _autotune_judge, title="Autotune configurations",
+                           hint="triton.Config({'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8}, "
+                                "num_warps=8, num_stages=3); on 'cpu' return one config with 32x32x32 tiles. "
+                                "The grid is a function of META.")
 
 
 # --- 5. fused epilogue --------------------------------------------------------------------------------
@@ -650,11 +598,11 @@ def _epilogue_cases(gen, public):
         specs = [(130, 30, 96, "float32", "relu", "contiguous"), (30, 77, 100, "float16", "gelu", "contiguous"),
                  (64, 64, 64, "float16", "relu", "a_t"), (33, 70, 45, "float32", "gelu", "b_t")]
     else:
-        specs = [(_randint(gen, 97, 128), _randint(gen, 17, 32), _randint(gen, 1, 160), "float32", "relu", "contiguous"),
-                 (_randint(gen, 17, 32), _randint(gen, 97, 128), _randint(gen, 1, 160), "float16", "gelu", "a_t")]
+        specs = [(randint(gen, 97, 128), randint(gen, 17, 32), randint(gen, 1, 160), "float32", "relu", "contiguous"),
+                 (randint(gen, 17, 32), randint(gen, 97, 128), randint(gen, 1, 160), "float16", "gelu", "a_t")]
         for i, (act, layout) in enumerate([("gelu", "b_rows"), ("relu", "both_t")]):
             bm, bn, _ = TILES[i % 2]
-            specs.append((_not_multiple(gen, 1, 130, bm), _not_multiple(gen, 1, 130, bn), _randint(gen, 1, 160),
+            specs.append((_not_multiple(gen, 1, 130, bm), _not_multiple(gen, 1, 130, bn), randint(gen, 1, 160),
                           ["float32", "float16"][i % 2], act, layout))
     cases = []
     for i, (M, N, K, dtype, act, layout) in enumerate(specs):
@@ -667,57 +615,29 @@ def _epilogue_cases(gen, public):
     return cases
 
 
-def _epilogue_run(ns, case, device):
-    fn = entry(ns, "matmul_bias_act")
-    act = case.inputs["epilogue"]
-
-    def call(a, b, bias, out=None, **kw):
-        return fn(a, b, bias, activation=act, out=out, **kw)
-    return _matmul_run_with("_epilogue_call", ("bias",))({**ns, "_epilogue_call": call}, case, device)
-
-
 def _epilogue_judge(case, obs):
+    message = _judge_matmul(case, obs, "matmul_bias_act")
+    if not message or "differ" not in message:
+        return message
     a, b = _layout(case.inputs["a"], case.inputs["b"], case.inputs["layout"])
-    expected = _apply_epilogue(a.double() @ b.double(), case)
-    message = _judge_matmul(case, obs, expected, "matmul_bias_act")
-    if message and "differ" in message and obs.get("out") is not None:
-        other = "gelu" if case.inputs["epilogue"] == "relu" else "relu"
-        t = a.double() @ b.double() + case.inputs["bias"].double()
-        atol, rtol = _tolerance(a.dtype, a.shape[1], obs.get("device", "cpu"))
-        for label, candidate in ((f"activation={other!r}", torch.relu(t) if other == "relu" else F.gelu(t)),
-                                 ("no bias", torch.relu(t - case.inputs["bias"].double())
-                                  if case.inputs["epilogue"] == "relu" else F.gelu(t - case.inputs["bias"].double())),
-                                 ("no activation", t),
-                                 ("tanh-approximated GELU", F.gelu(t, approximate="tanh"))):
-            if compare(obs["out"], candidate, dtype=a.dtype, atol=atol, rtol=rtol) is None:
-                message += f"\n  Your output matches the {label} version instead."
-                break
-    return message
+    bias, act = case.inputs["bias"].double(), case.inputs["epilogue"]
+    t = a.double() @ b.double() + bias
+    other = "gelu" if act == "relu" else "relu"
+    atol, rtol = _tolerance(a.dtype, a.shape[1], obs.get("device", "cpu"))
+    variants = [(f"activation={other!r}", lambda: torch.relu(t) if other == "relu" else F.gelu(t)),
+                ("no bias", lambda: torch.relu(t - bias) if act == "relu" else F.gelu(t - bias)),
+                ("no activation", t),
+                ("tanh-approximated GELU", lambda: F.gelu(t, approximate="tanh"))]
+    return diagnose(message, obs.get("out"), variants, tensor_match(a.dtype, atol=atol, rtol=rtol),
+                    "\n  Your output matches the {} version instead.")
 
 
-EXERCISES = [
-    Exercise("tile_intensity", 1, ("tile_intensity",), _intensity_cases, _intensity_run, _intensity_judge,
-             title="Arithmetic intensity of a tile",
-             hint="Per K step a program loads a BLOCK_M x BLOCK_K tile of A and a BLOCK_K x BLOCK_N tile of B and "
-                  "does 2 x BLOCK_M x BLOCK_N x BLOCK_K FLOPs; the loop runs cdiv(K, BLOCK_K) steps."),
-    Exercise("grouped_order", 2, ("grouped_pid",), _order_cases, _order_run, _order_judge,
-             title="Grouped (swizzled) program order",
-             hint="A group is GROUP_M tile rows x all num_pid_n columns = GROUP_M * num_pid_n programs; inside a "
-                  "group go down the column first. The last group has min(num_pid_m - first_pid_m, GROUP_M) rows."),
-    Exercise("matmul_tiled", 4, ("matmul",), _matmul_cases, _matmul_run_with("matmul"), _matmul_judge,
-             title="Tiled matmul with fp32 accumulation",
-             hint="acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32); for k in range(0, K, BLOCK_K): load A and B tiles "
-                  "with masks on rows/cols AND on k, acc = tl.dot(a, b, acc), advance the pointers by BLOCK_K * stride; "
-                  "store acc.to(output dtype) under the (rows < M) & (cols < N) mask."),
-    Exercise("matmul_autotune", 2, ("matmul_configs", "matmul_autotuned"), _autotune_cases, _autotune_run,
-             _autotune_judge, title="Autotune configurations",
-             hint="triton.Config({'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8}, num_warps=8, "
-                  "num_stages=3); on 'cpu' return one config with 32x32x32 tiles. The grid is a function of META."),
-    Exercise("matmul_epilogue", 3, ("matmul_bias_act",), _epilogue_cases, _epilogue_run, _epilogue_judge,
-             title="Fused epilogue: bias + activation",
-             hint="After the K loop, add the bias (loaded once per column block, in fp32) to acc, apply the "
-                  "activation on acc, then store: one kernel, no PyTorch arithmetic."),
-]
+MATMUL_EPILOGUE = Exercise("matmul_epilogue", 3, ("matmul_bias_act",), _epilogue_cases,
+                           _matmul_run("matmul_bias_act"), _epilogue_judge, title="Fused epilogue: bias + activation",
+                           hint="After the K loop, add the bias (loaded once per column block, in fp32) to acc, "
+                                "apply the activation on acc, then store: one kernel, no PyTorch arithmetic.")
+
+EXERCISES = [TILE_INTENSITY, GROUPED_ORDER, MATMUL_TILED, MATMUL_AUTOTUNE, MATMUL_EPILOGUE]
 
 
 # --- benchmarks (python -m grader bench) -----------------------------------------------------------
