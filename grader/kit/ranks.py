@@ -29,15 +29,19 @@ HANG_ADVICE = ("Every rank of a process group must call the same collectives in 
 
 
 class RanksHung(RuntimeError):
-    """The ranks deadlocked and were stopped; ``summary`` says where (see :func:`hang_summary`)."""
+    """The ranks deadlocked and were stopped; ``summary`` says where (see :func:`hang_summary`) and,
+    for a later case of the same learner objects, that it was not run because an earlier one hung."""
 
-    def __init__(self, summary: str, timeout_s: float, repeated: bool = False):
-        self.summary, self.timeout_s, self.repeated = summary, timeout_s, repeated
-        first = "(an earlier case already hung, so this one was not run) " if repeated else ""
-        super().__init__(f"a rank hung and was stopped after {timeout_s:g} s: {first}{summary} {HANG_ADVICE}")
+    REPEATED = "(an earlier case already hung, so this one was not run) "
+
+    def __init__(self, summary: str, timeout_s: float):
+        self.summary, self.timeout_s = summary, timeout_s
+        super().__init__(f"a rank hung and was stopped after {timeout_s:g} s: {summary} {HANG_ADVICE}")
 
     def again(self) -> "RanksHung":
-        return RanksHung(self.summary, self.timeout_s, repeated=True)
+        """The same hang, as reported for a later case that is not run."""
+        summary = self.summary if self.summary.startswith(self.REPEATED) else self.REPEATED + self.summary
+        return RanksHung(summary, self.timeout_s)
 
 
 def hang_summary(text: str) -> str:
