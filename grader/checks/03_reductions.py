@@ -219,9 +219,10 @@ def _softmax_judge(case, obs):
 
 SOFTMAX_ROWS = Exercise("softmax_rows", 3, ("softmax",), _softmax_cases, _softmax_run, _softmax_judge,
                         title="Row softmax: one program per row, rows of any width",
-                        hint="One program per row; loop over the row in blocks of BLOCK_N columns with `cols < N` "
-                             "masks and other=-inf. Pass 1: running max and a running sum rescaled by "
-                             "exp(m_old - m_new) when the max grows. Pass 2: store exp(x - m) / l. Compute in float32; "
+                        hint="One program per row; loop over the row in blocks of BLOCK_N columns "
+                             "with `cols < N` masks and other=-inf. "
+                             "Pass 1: running max and a running sum rescaled by exp(m_old - m_new) when the max grows. "
+                             "Pass 2: store exp(x - m) / l. Compute in float32; "
                              "use 0 in place of a -inf max and divide only where l > 0.")
 
 
@@ -700,7 +701,8 @@ def _rms_bwd_judge(case, obs):
 
 
 RMSNORM_BACKWARD = Exercise("rmsnorm_backward", 2, ("rmsnorm_backward",), _rms_bwd_cases, _rms_bwd_run,
-                            _rms_bwd_judge, title="Stretch: RMSNorm backward (dx and dweight)",
+                            _rms_bwd_judge,
+                            title="Stretch: RMSNorm backward (dx and dweight)",
                             hint="Kernel 1, one program per row: sum(x*x) and sum(w*dy*x) in one pass, "
                                  "store rstd per row, then dx = rstd * (w*dy - x * rstd^2 * sum(w*dy*x) / N). "
                                  "Kernel 2, one program per block of columns: loop over the rows, "
