@@ -78,6 +78,7 @@ class KernelCall:
     returned_out: bool = False         # it returned the buffers it was given
     launches: list = field(default_factory=list)       # every Triton kernel launched, in order
     own_launches: list = field(default_factory=list)   # those defined by the learner
+    launch_args: list = field(default_factory=list)    # per launch, its tensor arguments' (dtype, numel, data_ptr)
     out_of_bounds: str | None = None   # the first write outside a buffer
     out_of_bounds_read: str | None = None  # the first read outside every tensor (interpreter only)
     written_outside: list = field(default_factory=list)  # outputs PyTorch modified in place
@@ -106,8 +107,9 @@ def observe_kernel(call: Callable, outputs: dict, device, *, inputs: dict | None
     call for the unmodified-inputs rule, and restored for the ablated run. ``may_reject``: a
     ValueError/TypeError/AssertionError is observed (``rejected``) instead of raised. ``watch``:
     ``buffers -> context manager`` entered around the real call only (a lab's own recorders);
-    what it yields becomes ``watched``. ``guard``: elements of guard region after each output
-    (default: :func:`gpulab.compare.guard_elements`).
+    what it yields becomes ``watched``. ``launch_args`` lists what each launch was given (lesson 08:
+    the int8 weight, and no float tensor as large as it). ``guard``: elements of guard region after
+    each output (default: :func:`gpulab.compare.guard_elements`).
     """
     inputs = inputs or {}
     guard = guard_elements(device) if guard is None else guard
@@ -129,6 +131,7 @@ def observe_kernel(call: Callable, outputs: dict, device, *, inputs: dict | None
     synchronize(device)
     result.watched = watched
     result.launches, result.own_launches = list(seen.names), seen.own
+    result.launch_args = [launch.tensors for launch in seen.launches]
     names = {t.untyped_storage().data_ptr(): name for name, t in {**inputs, **views}.items()}
     result.out_of_bounds = seen.first_out_of_bounds(writes=True, names=names) or next(
         (r for name, (view, storage) in bufs.items() if (r := guard_report(storage, view.numel(), name))), None)
