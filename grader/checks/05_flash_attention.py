@@ -682,12 +682,11 @@ def _backward_judge(case, obs):
     return final_verdict(case, obs)
 
 
-BACKWARD = Exercise("flash_backward", 2, ("flash_attention_autograd",), _backward_cases, _backward_run,
-                    _backward_judge, title="Stretch: the backward pass as a torch.autograd.Function",
-                    hint="Save q, k, v, out, lse only. delta = rowsum(dO * O); one kernel per key block accumulates "
-                         "dV += Pᵀ dO and dK += dSᵀ Q over query blocks, one per query block accumulates dQ += dS K, "
-                         "with P = exp2(s - lse * log2(e)) and dS = P * (dP - delta); scale dK and dQ by the softmax "
-                         "scale.")
+BACKWARD = Exercise("flash_backward", 2, ("flash_attention_autograd",), _backward_cases, _backward_run, _backward_judge,
+                    title="Stretch: the backward pass as a torch.autograd.Function", hint="Save q, k, v, out, lse "
+                    "only. delta = rowsum(dO * O); one kernel per key block accumulates dV += Pᵀ dO and dK += dSᵀ Q "
+                    "over query blocks, one per query block accumulates dQ += dS K, with P = exp2(s - lse * log2(e)) "
+                    "and dS = P * (dP - delta); scale dK and dQ by the softmax scale.")
 
 EXERCISES = [REFERENCE, MEMORY, FORWARD, CAUSAL, BACKWARD]
 
