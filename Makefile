@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.gpulab-installed
 # setuptools explains editable installs in a banner on every setup; the install is standard, so hush it.
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: lab test test-gpu test-triton36 setup release bench clean
+.PHONY: lab test test-gpu test-triton36 test-torch211 setup release bench clean
 
 # Containers often run as root, which Jupyter refuses without --allow-root.
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
@@ -44,6 +44,23 @@ $(VENV36)/.gpulab-installed: pyproject.toml
 	$(QUIET_EDITABLE) $(VENV36)/bin/python -m pip install --quiet -e ".[test]" "$(TRITON36_PIN)" "numpy<2.4"
 	touch $@
 
+# The whole suite with the GPU machines' versions, torch 2.11 + Triton 3.6, in a side venv: not part of
+# `make test` (torch 2.11 comes as a CUDA build, about 5 GB; it runs on the CPU here like any other).
+VENV211       ?= .venv-torch211
+TORCH211_PIN  ?= torch==2.11.0
+test-torch211: $(VENV211)/.gpulab-installed
+	$(VENV211)/bin/python -c "import torch, triton; print('torch', torch.__version__, 'Triton', triton.__version__)"
+	$(VENV211)/bin/python -m ruff check .
+	$(VENV211)/bin/python -m grader release --check
+	$(VENV211)/bin/python -m pytest -n 2 --dist worksteal
+
+$(VENV211)/.gpulab-installed: pyproject.toml
+	test -x $(VENV211)/bin/python || $(PYTHON) -m venv $(VENV211)
+	$(VENV211)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV211)/bin/python -m pip install --quiet "$(TORCH211_PIN)" "$(TRITON36_PIN)" "numpy<2.4"
+	$(QUIET_EDITABLE) $(VENV211)/bin/python -m pip install --quiet -e ".[test]" "$(TORCH211_PIN)" "$(TRITON36_PIN)" "numpy<2.4"
+	touch $@
+
 release: $(STAMP)
 	$(PY) -m grader release
 
@@ -58,4 +75,4 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) $(VENV36) .pytest_cache .gpulab build *.egg-info
+	rm -rf $(VENV) $(VENV36) $(VENV211) .pytest_cache .gpulab build *.egg-info
