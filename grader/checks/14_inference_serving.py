@@ -291,12 +291,11 @@ def _bytes_judge(case, obs):
            f"sequence of {s} tokens needs {per_seq / 1e9:.3f} GB of cache" if free > 0 else
            f"the weights alone ({spec.n_params * x['weight_bytes'] / 1e9:.1f} GB) do not fit in "
            f"{x['gpu_bytes'] / 1e9:.0f} GB: no sequence fits")
-    label = matching_variant(got, [("the KV cache given the whole GPU: subtract the weights first",
-                                    int(x["gpu_bytes"] // per_seq)),
-                                   ("a count rounded up: a sequence that does not fit entirely does not fit",
-                                    math.ceil(exact)),
-                                   ("a negative count: return 0 when the weights leave no room", int(exact))],
-                             lambda g, w: g is not None and g == w)
+    label = "a negative count: return 0 when the weights leave no room" if got is not None and got < 0 else \
+        matching_variant(got, [("the KV cache given the whole GPU: subtract the weights first",
+                                int(x["gpu_bytes"] // per_seq)),
+                               ("a count rounded up: a sequence that does not fit entirely does not fit",
+                                math.ceil(exact))], lambda g, w: g is not None and g == w)
     return (f"max_batch = {obs['max_batch']!r}, expected {want}: {why}." + (f"\n  Yours is {label}." if label else ""))
 
 
@@ -511,7 +510,8 @@ def _paged_judge(case, obs):
     x = case.inputs
     nb, bs = x["num_blocks"], x["block_size"]
     lengths: dict = {}
-    before: dict = {}  # the learner's tables after the previous operation
+    before: dict = {}  # the learner's tables after the previous operation, and its num_free()
+    free_before = nb
     for i, (op, seen) in enumerate(zip(x["ops"], obs["log"])):
         where = f"operation {i}, {_op_text(op)}"
         state = ", ".join(f"sequence {s}: {n} tokens" for s, n in lengths.items()) or "empty"
@@ -532,6 +532,13 @@ def _paged_judge(case, obs):
         else:
             lengths.pop(op[1])
         tables = {s: seen["tables"].get(s, seen["tables"].get(str(s))) for s in lengths}
+        if seen["result"] == "MemoryError":
+            changed = [s for s in lengths if s in before and tables[s] != before[s]]
+            if changed or seen["free"] != free_before:
+                what = (f"sequence {changed[0]}'s block table went from {before[changed[0]]} to {tables[changed[0]]}"
+                        if changed else f"num_free() went from {free_before} to {seen['free']}")
+                return (f"{where} raised MemoryError, but {what}: a failed append must change nothing (check that "
+                        "all the blocks it needs are free before taking any), or the blocks it took are lost.")
         for s, n in lengths.items():
             table = tables[s]
             if table is None:
@@ -562,7 +569,7 @@ def _paged_judge(case, obs):
             if seen["result"] != want:
                 return (f"{where} returned the slots {seen['result']}; tokens {lengths[seq] - n}..{lengths[seq] - 1} "
                         f"of sequence {seq} go to (block_table[p // block_size], p % block_size) = {want}.")
-        before = {s: list(tables[s]) for s in lengths}
+        before, free_before = {s: list(tables[s]) for s in lengths}, seen["free"]
     return None
 
 
