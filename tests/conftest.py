@@ -23,9 +23,15 @@ HIDDEN_SEED = 20261122
 
 def solution_namespace(stem: str) -> dict:
     """Execute the solution of lab ``stem`` as a module (its exported cells and answers)."""
+    import torch
+
     nb = read_notebook(ROOT / "solutions" / f"{stem}.ipynb")
     source = export_source(nb, answer_cells(nb))
-    return exec_source(source, f"<solutions/{stem}.ipynb>")
+    ns = exec_source(source, f"<solutions/{stem}.ipynb>")
+    # The export runs in the test process: a cell that switches autograd off for good (a bare
+    # torch.set_grad_enabled(False)) would break every later backward in this pytest worker.
+    assert torch.is_grad_enabled(), f"solutions/{stem}.ipynb switches autograd off; use `with torch.no_grad():`"
+    return ns
 
 
 def grade(stem: str, exercise_id: str, ns: dict, hidden: bool = True):
