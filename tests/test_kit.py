@@ -36,8 +36,12 @@ def _stub(rank, world_size):
 
 
 def _raises(rank, world_size):
+    import torch.distributed as dist
+
+    dist.barrier()  # both ranks are up: rank 0 ending early must not take the store down under rank 1
     if rank == 1:
         raise ValueError("shapes differ")
+    dist.barrier()  # rank 0 waits here until rank 1's error ends the launch
     return rank
 
 
