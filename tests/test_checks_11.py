@@ -1,7 +1,9 @@
 """Lab 11's checks: the solution passes; summed gradients, unbroadcast buffers and frozen parameters,
 gradients all-reduced twice, all-reduces after backward (or blocking, or launched only once backward
 is over), buckets ignoring their limit, a ring without its all-gather phase (or sending whole
-tensors), a sharded optimizer keeping the whole state and a hung rank are all rejected.
+tensors), a sharded optimizer keeping the whole state, a bucket left unlaunched because a parameter got
+no gradient, a param group added after construction left without owners and a hung rank are all
+rejected; the solution itself trains right with an unused parameter and with a late param group.
 
 Each distributed case is one launch of real gloo ranks (2 to 4 processes importing torch: about
 2-3 s of CPU per rank), so wrong answers are graded on the public case only, and every test that
@@ -277,7 +279,7 @@ def _bucketed_variant(sol11, *, after_backward=False, one_bucket=False, blocking
 
         def _grad_ready(self, b):
             if after_backward:
-                return  # BUG: nothing launched during backward ...
+                return  # BUG: nothing launched during backward: finish_gradient_synchronization() does it
             if from_last_hook:  # BUG: waits for every gradient, then launches all buckets at once
                 self._seen += 1
                 if self._seen == sum(len(bucket) for bucket in self.buckets):
@@ -286,20 +288,14 @@ def _bucketed_variant(sol11, *, after_backward=False, one_bucket=False, blocking
                         for _ in self.buckets[k]:
                             super()._grad_ready(k)
                 return
-            if not blocking:
-                return super()._grad_ready(b)
-            self._waiting[b] -= 1
-            if self._waiting[b] == 0:
-                flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[b]])
-                dist.all_reduce(flat)  # BUG: blocking all-reduce inside backward
-                self._inflight.append((b, flat, _Done()))
+            return super()._grad_ready(b)
 
-        def finish_gradient_synchronization(self):
-            if after_backward:  # ... everything all-reduced here, after backward
-                for b, bucket in enumerate(self.buckets):
-                    flat = torch.cat([p.grad.reshape(-1) for p in bucket])
-                    self._inflight.append((b, flat, dist.all_reduce(flat, async_op=True)))
-            super().finish_gradient_synchronization()
+        def _launch(self, b):
+            if not blocking:
+                return super()._launch(b)
+            flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[b]])
+            dist.all_reduce(flat)  # BUG: blocking all-reduce inside backward
+            self._inflight.append((b, flat, _Done()))
     return Broken
 
 
@@ -398,3 +394,176 @@ def test_distributed_answers_that_compute_nothing_score_zero(sol11, eid, answer)
 @pytest.mark.parametrize("eid", sorted(exercises(STEM)))
 def test_every_hidden_set_covers_the_same_rules(eid):
     kit.assert_same_rules_every_seed(exercises(STEM)[eid])
+
+
+# --- the solution itself: a parameter without a gradient, a param group added later -----------------
+
+class ModelWithUnusedParameters(nn.Module):
+    """Registration order: `unused` (no forward uses it), first.*, `extra` (used only when the caller
+    asks), second.*; every value from ``seed``, so replicas differ until broadcast."""
+
+    def __init__(self, seed):
+        super().__init__()
+        self.unused = nn.Parameter(torch.empty(5))
+        self.first = nn.Linear(4, 8)
+        self.extra = nn.Parameter(torch.empty(8))
+        self.second = nn.Linear(8, 2)
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+
+    def forward(self, x, use_extra=False):
+        h = torch.relu(self.first(x))
+        return self.second(h * self.extra if use_extra else h)
+
+
+def _unused_batch(step, rank):
+    return torch.randn(6, 4, generator=torch.Generator().manual_seed(100 * step + rank))
+
+
+def _unused_rank(rank, world_size, cls, bucket_mb, extra_ranks):
+    """Two SGD steps of ``cls(model, bucket_mb)``: no rank uses `unused`, the ranks ``extra_ranks`` use `extra`."""
+    model = ModelWithUnusedParameters(seed=rank)
+    ddp = cls(model, bucket_mb)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    grads = []
+    for step in range(2):
+        opt.zero_grad()
+        ddp(_unused_batch(step, rank), use_extra=rank in extra_ranks).pow(2).mean().backward()
+        ddp.finish_gradient_synchronization()
+        grads.append({n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()})
+        opt.step()
+    return {"grads": grads, "final": {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+
+@slow
+@pytest.mark.parametrize("bucket_mb, extra_ranks", [(25.0, (0, 1)),  # one bucket; `unused` has no gradient
+                                                    (0.0, (1,))])    # a bucket each; `extra` only on rank 1
+def test_solution_bucketed_ddp_averages_every_bucket_when_a_parameter_gets_no_gradient(sol11, bucket_mb,
+                                                                                      extra_ranks):
+    from gpulab.dist import launch
+
+    ranks = launch(_unused_rank, 2, sol11["BucketedDDP"], bucket_mb, extra_ranks, backend="gloo", timeout_s=20)
+    model = ModelWithUnusedParameters(seed=0)  # single process: the mean of both ranks' losses
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(2):
+        opt.zero_grad()
+        sum(model(_unused_batch(step, r), use_extra=r in extra_ranks).pow(2).mean() for r in range(2)).div(2).backward()
+        for r, o in enumerate(ranks):
+            for name, p in model.named_parameters():
+                got = o["grads"][step][name]
+                if p.grad is None:  # no rank used it: no gradient, or zeros, but the same on every rank
+                    assert got is None or not got.any(), (r, step, name)
+                    assert (got is None) == (ranks[0]["grads"][step][name] is None), (step, name)
+                else:
+                    assert got is not None, f"rank {r}, step {step}: `{name}` has no averaged gradient"
+                    torch.testing.assert_close(got, p.grad, msg=lambda m: f"rank {r}, step {step}, `{name}`: {m}")
+        opt.step()
+    for name, p in model.named_parameters():
+        assert torch.equal(ranks[0]["final"][name], ranks[1]["final"][name]), f"the replicas drifted apart: `{name}`"
+        torch.testing.assert_close(ranks[0]["final"][name], p.detach())
+
+
+def _late_group_model():
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 3))
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.4 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def _late_group_training(opt_fn):
+    """Adam on the first layer, then ``add_param_group`` of the last two (another lr): 3 steps.
+    Returns the parameters after each step, and the optimizer."""
+    model = _late_group_model()
+    x, y = torch.randn(8, 6, generator=torch.Generator().manual_seed(1)), torch.zeros(8, 3)
+    opt = opt_fn(list(model[0].parameters()))
+    params = []
+    for step in range(3):
+        if step == 1:
+            opt.add_param_group({"params": [*model[2].parameters(), *model[4].parameters()], "lr": 0.005})
+        opt.zero_grad()
+        (model(x) - y).pow(2).mean().backward()  # the same batch on every rank: no averaging needed
+        opt.step()
+        params.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    return params, opt
+
+
+def _late_group_rank(rank, world_size, cls):
+    import gc
+
+    params, opt = _late_group_training(lambda ps: cls(ps, torch.optim.Adam, lr=0.01))  # opt alive: counted below
+    state = sum(v.numel() for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer)
+                for s in o.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
+    return {"params": params, "state": state}
+
+
+@slow
+def test_solution_sharded_optimizer_shards_a_param_group_added_later(sol11):
+    from gpulab.dist import launch
+
+    ranks = launch(_late_group_rank, 2, sol11["ShardedOptimizer"], backend="gloo", timeout_s=20)
+    want, _ = _late_group_training(lambda ps: torch.optim.Adam(ps, lr=0.01))
+    for r, o in enumerate(ranks):
+        for step, params in enumerate(want):
+            for name, w in params.items():
+                torch.testing.assert_close(o["params"][step][name], w, msg=lambda m: f"rank {r}, step {step}, "
+                                                                                      f"`{name}`: {m}")
+    full = 2 * sum(p.numel() for p in _late_group_model().parameters())  # Adam: exp_avg and exp_avg_sq
+    assert sum(o["state"] for o in ranks) == full and all(0 < o["state"] < full for o in ranks), \
+        [o["state"] for o in ranks]
+
+
+# --- the check holds learners to the same: hidden cases with an unused parameter, a late param group ----
+
+def _hidden_case(eid, rule):
+    ex = exercises(STEM)[eid]
+    return ex, [c for c in ex.cases(HIDDEN_SEED, public=False) if c.name.startswith(rule)]
+
+
+def _bucketed_ignoring_unused(sol11):
+    """The solution's BucketedDDP, except that a bucket still waiting at the finish is never launched
+    (as before the fix)."""
+    class Broken(sol11["BucketedDDP"]):
+        def finish_gradient_synchronization(self):
+            self._next = len(self.buckets)  # BUG: buckets waiting for a gradient that never came stay unlaunched
+            super().finish_gradient_synchronization()
+    return Broken
+
+
+@slow
+def test_bucketed_ddp_leaving_the_bucket_of_an_unused_parameter_fails(sol11):
+    ex, cases = _hidden_case("bucketed_ddp", "a trainable parameter forward never uses")
+    r = evaluate(ex, with_answer(sol11, BucketedDDP=_bucketed_ignoring_unused(sol11)), "cpu", cases)
+    assert r.status == "failed" and "its bucket never completes during backward" in r.message, r.message
+
+
+class ShardedOwnersAtConstructionOnly(torch.optim.Optimizer):
+    """Owners given in __init__ only (as the solution before the fix); a later group's parameters are never
+    stepped, only broadcast from rank 0 (the code before the fix raised KeyError there)."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        super().__init__(params, kwargs)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        load, self.owner = [0] * world, {}
+        for p in sorted((p for g in self.param_groups for p in g["params"]), key=lambda p: -p.numel()):
+            r = min(range(world), key=lambda i: load[i])
+            self.owner[p], load[r] = r, load[r] + p.numel()
+        self.local = optimizer_cls([p for p in self.owner if self.owner[p] == rank], **kwargs)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.local.param_groups[0]["lr"] = self.param_groups[0]["lr"]
+        self.local.step()
+        for group in self.param_groups:
+            for p in group["params"]:
+                dist.broadcast(p, src=self.owner.get(p, 0))  # BUG: a later group's parameters have no owner
+
+
+@slow
+def test_sharded_optimizer_ignoring_a_param_group_added_later_fails(sol11):
+    ex, cases = _hidden_case("sharded_optimizer", "a param group added after step 0")
+    r = evaluate(ex, with_answer(sol11, ShardedOptimizer=ShardedOwnersAtConstructionOnly), "cpu", cases)
+    assert r.status == "failed" and "joined with opt.add_param_group(...) after step 0" in r.message, r.message

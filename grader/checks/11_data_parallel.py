@@ -249,6 +249,25 @@ def _model_kwargs(x) -> dict:
     return dict(d_in=x["d_in"], hidden=tuple(x["hidden"]), d_out=x["d_out"])
 
 
+def _toy_model(x, seed: int):
+    """The case's ToyMLP from ``seed``. With ``x["unused"]``, plus `unused`, a trainable parameter of that
+    many elements that forward never uses (no gradient, no hook call): the first trainable parameter
+    registered, so it lands in the last bucket."""
+    from gpulab.toy import ToyMLP
+
+    model = ToyMLP(**_model_kwargs(x), seed=seed)
+    if x.get("unused"):
+        model.unused = torch.nn.Parameter(torch.randn(x["unused"], generator=torch.Generator().manual_seed(seed)))
+    return model
+
+
+def _late_split(x, params) -> tuple[list, list]:
+    """The parameters the optimizer starts with, and the last ``x["late"]`` ones, which a training loop
+    adds with ``add_param_group`` before step 1 (as when unfreezing the head)."""
+    k = x.get("late", 0)
+    return params[:len(params) - k], params[len(params) - k:]
+
+
 def _step_batch(x, step: int):
     from gpulab.toy import toy_batch
 
@@ -261,13 +280,14 @@ def _reference_training(x, opt_fn, lr_schedule=None) -> dict:
     Returns the initial state, the gradients of each step and the parameters after each step."""
     import torch.nn.functional as F
 
-    from gpulab.toy import ToyMLP
-
-    model = ToyMLP(**_model_kwargs(x), seed=x["seed"])
+    model = _toy_model(x, x["seed"])
     init = {k: v.clone() for k, v in model.state_dict().items()}
-    opt = opt_fn([p for p in model.parameters() if p.requires_grad])
+    first, later = _late_split(x, [p for p in model.parameters() if p.requires_grad])
+    opt = opt_fn(first)
     grads, params = [], []
     for step in range(x["steps"]):
+        if step == 1 and later:
+            opt.add_param_group({"params": later})
         if lr_schedule is not None:
             for g in opt.param_groups:
                 g["lr"] = lr_schedule(step)
@@ -361,10 +381,10 @@ def _train_replica(rank, cls, x, data_rank, data_world, *wrapper_args, **wrapper
     import torch.nn.functional as F
 
     from gpulab.commlog import record_collectives
-    from gpulab.toy import ToyMLP, shard
+    from gpulab.toy import shard
 
     torch.manual_seed(1000 + rank)
-    model = ToyMLP(**_model_kwargs(x), seed=x["seed"] + rank)
+    model = _toy_model(x, x["seed"] + rank)
     kinds = _state_kinds(model)
     step_log = {"log": None}  # the step's CommLog from forward to finish_gradient_synchronization()
 
@@ -606,8 +626,6 @@ def _bucketed_rank(rank, world_size, cls, x):
 
 
 def _bucketed_cases(gen, public):
-    from gpulab.toy import ToyMLP
-
     if public:
         case = _ddp_case(gen, 2, "2 ranks; limits giving 6, 3, 2 and 1 buckets", True)
         # parameter bytes of hidden [16, 24], in reverse order: 12, 288, 96, 1536, 64, 384
@@ -617,14 +635,22 @@ def _bucketed_cases(gen, public):
     case = _ddp_case(gen, world, f"a random limit, then the last three parameters' bytes: {world} ranks, random "
                                  "widths", False)
     case.inputs["steps"] = 2
-    sizes = [p.numel() * 4 for p in ToyMLP(**_model_kwargs(case.inputs)).parameters() if p.requires_grad]
+    sizes = [p.numel() * 4 for p in _toy_model(case.inputs, 0).parameters() if p.requires_grad]
     case.inputs["bucket_mb"] = [randint(gen, 1, sum(sizes) // 2) / 2**20, sum(sizes[-3:]) / 2**20]
-    return [case]
+    # `unused` gets no gradient: its bucket (the last) never completes in backward; one bucket for all
+    # puts it with every other gradient, which must be averaged all the same
+    unused = _ddp_case(gen, 2, "a trainable parameter forward never uses: 2 ranks, random widths, a random limit, "
+                               "then one bucket for all", False)
+    unused.inputs.update(steps=2, unused=randint(gen, 1, 8))
+    sizes = [p.numel() * 4 for p in _toy_model(unused.inputs, 0).parameters() if p.requires_grad]
+    unused.inputs["bucket_mb"] = [randint(gen, 1, sum(sizes) // 2) / 2**20, sum(sizes) / 2**20]
+    return [case, unused]
 
 
-def _judge_schedule(events, buckets, sizes) -> str | None:
+def _judge_schedule(events, buckets, sizes, may_wait: int = 0) -> str | None:
     """One step's events (collectives and gradient marks, in order) against the buckets of ``sizes``
-    (elements per trainable parameter): one async all-reduce per bucket, launched during backward."""
+    (elements per trainable parameter): one async all-reduce per bucket, launched during backward,
+    except ``may_wait`` buckets (those holding a parameter without a gradient), launched at the finish."""
     launches = [(k, e) for k, e in enumerate(events) if e[0] == "all_reduce"]
     numels = sorted(e[1] for _, e in launches)
     want_numels = sorted(sum(sizes[i] for i in b) for b in buckets)
@@ -645,7 +671,7 @@ def _judge_schedule(events, buckets, sizes) -> str | None:
         return ("an all-reduce was blocking; launch each with async_op=True from the hook and wait() on the handles "
                 "in finish_gradient_synchronization(), so backward goes on computing while the bucket is on the wire.")
     late = [k for k, _ in launches if k > finish]
-    if late:
+    if len(late) > may_wait:
         return (f"{len(late)} of {len(launches)} all-reduces started in finish_gradient_synchronization(), after "
                 "backward: launch each bucket from the post-accumulate-grad hook of its last gradient "
                 "(register_post_accumulate_grad_hook), so communication overlaps the rest of backward.")
@@ -655,21 +681,32 @@ def _judge_schedule(events, buckets, sizes) -> str | None:
     return None
 
 
+_UNUSED_ADVICE = ("`unused` is a trainable parameter that forward never uses: it gets no gradient and its hook never "
+                  "runs, so its bucket never completes during backward. finish_gradient_synchronization() must "
+                  "launch every bucket not launched yet, counting a missing gradient as zeros, so that the other "
+                  "gradients of that bucket are averaged too.")
+
+
 def _bucketed_judge(case, obs):
     x = case.inputs
     ref = _reference_training(x, _sgd)
     sizes = [p.numel() for p in ref["model"].parameters() if p.requires_grad]
+    trainable = [n for n, p in ref["model"].named_parameters() if p.requires_grad]
+    unused = [i for i, n in enumerate(trainable) if n == "unused"]  # none, or the first trainable parameter
     for c, mb in enumerate(x["bucket_mb"]):
         ranks = [o[c] for o in obs["ranks"]]
         where = f"bucket_size_mb={mb * 2**20:.0f} bytes / 2**20"
-        if bad := (_judge_init(ranks, ref["init"], "BucketedDDP")
-                   or _judge_grads(ranks, ref["grads"], x["world"], where)):
+        if bad := _judge_init(ranks, ref["init"], "BucketedDDP"):
             return bad
+        if bad := _judge_grads(ranks, ref["grads"], x["world"], where):
+            return f"{bad}\n{_UNUSED_ADVICE}" if unused else bad
         buckets = ref_assign_buckets([4 * s for s in sizes], mb)
+        may_wait = sum(any(i in b for i in unused) for b in buckets)
         for r, o in enumerate(ranks):
             for step, events in enumerate(o["events"]):
-                if bad := _judge_schedule(events, buckets, sizes):
-                    return f"{where}, rank {r}, step {step}: {bad}"
+                if bad := _judge_schedule(events, buckets, sizes, may_wait):
+                    missing = unused and sum(e[0] == "all_reduce" for e in events) < len(buckets)
+                    return f"{where}, rank {r}, step {step}: {bad}" + (f"\n{_UNUSED_ADVICE}" if missing else "")
     return None
 
 
@@ -708,18 +745,21 @@ def _sharded_rank(rank, world_size, cls, x):
     import torch.nn.functional as F
 
     from gpulab.commlog import record_collectives
-    from gpulab.toy import ToyMLP, shard
+    from gpulab.toy import shard
 
-    model = ToyMLP(**_model_kwargs(x), seed=x["seed"])  # the same replica everywhere: no DDP here
+    model = _toy_model(x, x["seed"])  # the same replica everywhere: no DDP here
     params = [p for p in model.parameters() if p.requires_grad]
+    first, later = _late_split(x, params)
     with record_collectives() as log:
-        opt = cls(params, torch.optim.Adam, lr=x["lr"])
+        opt = cls(first, torch.optim.Adam, lr=x["lr"])
     obs = {"is_optimizer": isinstance(opt, torch.optim.Optimizer),
            "groups_cover": sorted(id(p) for g in getattr(opt, "param_groups", []) for p in g["params"])
-           == sorted(id(p) for p in params), "init_comm": log.summary()}
+           == sorted(id(p) for p in first), "init_comm": log.summary()}
     schedule = _adam_lr(x)
     steps, comm = [], []
     for step in range(x["steps"]):
+        if step == 1 and later:  # a training loop unfreezing the last layers
+            opt.add_param_group({"params": later})
         for g in opt.param_groups:
             g["lr"] = schedule(step)
         opt.zero_grad()
@@ -748,8 +788,12 @@ def _sharded_cases(gen, public):
         return [Case("2 ranks, Adam, 10 parameters, lr halved after step 0",
                      dict(base, world=2, seed=3, data_seed=30))]
     world = randint(gen, 3, 4)
-    return [Case(f"Adam, lr halved after step 0: {world} ranks, random seeds",
-                 dict(base, world=world, seed=randint(gen, 0, 10**6), data_seed=randint(gen, 0, 10**6)))]
+    cases = [Case(f"Adam, lr halved after step 0: {world} ranks, random seeds",
+                  dict(base, world=world, seed=randint(gen, 0, 10**6), data_seed=randint(gen, 0, 10**6)))]
+    late = 2 * randint(gen, 1, 2)  # the last one or two layers' weights and biases
+    return cases + [Case(f"a param group added after step 0: 2 ranks, the last {late} parameters, random seeds",
+                         dict(base, world=2, late=late, seed=randint(gen, 0, 10**6),
+                              data_seed=randint(gen, 0, 10**6)))]
 
 
 def _sharded_judge(case, obs):
@@ -760,6 +804,8 @@ def _sharded_judge(case, obs):
         return torch.optim.Adam(params, lr=x["lr"])
 
     ref = _reference_training(x, adam, _adam_lr(x))
+    names = [n for n, p in ref["model"].named_parameters() if p.requires_grad]
+    added = _late_split(x, names)[1]
     for r, o in enumerate(ranks):
         if not o["is_optimizer"]:
             return "ShardedOptimizer must subclass torch.optim.Optimizer (schedulers and training loops rely on it)."
@@ -775,6 +821,11 @@ def _sharded_judge(case, obs):
                     if _differs(got, fixed_lr["params"][step][name]) is None:
                         return (f"step {step}: the learning rate set in param_groups (as a scheduler does) was "
                                 "ignored: copy each group's hyperparameters to your local optimizer before it steps.")
+                    if name in added:
+                        return (f"step {step}: `{name}` joined with opt.add_param_group(...) after step 0 and is "
+                                "not updated as plain Adam would: give the new group's parameters owners (the same "
+                                "rule), add them to their owner's local optimizer, and broadcast them in step() "
+                                f"like the others.\n{bad}")
                     if r > 0 and torch.equal(got, ref["init"][name]):
                         return (f"step {step}: `{name}` on rank {r} never changed: the updated parameters must be "
                                 "broadcast from the rank that owns them to all others.")
