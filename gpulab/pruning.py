@@ -1,0 +1,157 @@
+"""Small training tasks for pruning and distillation (lesson 09 introduces them).
+
+Everything runs on one CPU thread, whatever device the notebook uses: the models are spiral MLPs
+(:mod:`gpulab.spirals`, 2 inputs, 4 classes), so each run takes about a second and gives the same
+numbers on every machine for a given seed.
+
+- :func:`fit`: full-batch Adam on any loss of the logits, with a hook after each step (re-applying
+  pruning masks, for instance).
+- :func:`distill_task`: a teacher trained on plenty of clean data, and a *small, noisy* transfer set
+  for a student: the setting where the teacher's soft labels help a student most.
+- :func:`student_accuracy`: trains the small student on the transfer set with a given loss and
+  returns its test accuracy, so "with the teacher" and "without" differ in the loss only.
+- :func:`zeros_vs_sparse_ms`: the time of a dense matmul whose weight is mostly zeros, next to the
+  same product with the weight stored as CSR (``torch.sparse``).
+- :func:`semi_structured_ms`: a 2:4-pruned fp16 linear layer, dense vs ``to_sparse_semi_structured``
+  (sparse tensor cores: CUDA GPUs of compute capability 8.0 and later only).
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gpulab.bench import benchmark
+from gpulab.spirals import MLP, accuracy, make_spirals
+
+CLASSES = 4
+
+
+def fit(model: nn.Module, x: torch.Tensor, loss_fn: Callable[[torch.Tensor], torch.Tensor], steps: int,
+        lr: float, after_step: Callable[[], None] | None = None) -> list[float]:
+    """Full-batch Adam on ``loss_fn(model(x))`` for ``steps`` steps; returns every step's loss.
+
+    ``x``: float32 ``(B, d_in)``; ``loss_fn`` maps the ``(B, classes)`` logits to a scalar.
+    ``after_step()`` runs after each ``optimizer.step()`` (under ``torch.no_grad()``). One thread:
+    the matrices are tiny (see :func:`gpulab.spirals.train`).
+    """
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model.train()
+        for _ in range(steps):
+            loss = loss_fn(model(x))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if after_step is not None:
+                with torch.no_grad():
+                    after_step()
+            losses.append(float(loss.detach()))
+        model.eval()
+    finally:
+        torch.set_num_threads(threads)
+    return losses
+
+
+@dataclass
+class DistillTask:
+    """A trained ``teacher``; a small transfer set ``x`` (float32 ``(n, 2)``) with noisy labels
+    ``y`` (int64 ``(n,)``) and the teacher's logits on it, ``teacher_logits`` (float32 ``(n, 4)``);
+    a clean test set ``x_test``, ``y_test``; and ``noise``, the share of labels drawn at random."""
+
+    teacher: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+    teacher_logits: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    noise: float
+
+
+def distill_task(seed: int = 0, n_transfer: int = 160, noise: float = 0.3, teacher_hidden: int = 64,
+                 teacher_steps: int = 500) -> DistillTask:
+    """Train a teacher MLP (2 -> ``teacher_hidden`` -> ``teacher_hidden`` -> 4) on 2400 clean spiral
+    points, then draw ``n_transfer`` of them as the student's transfer set and replace a ``noise``
+    share of their labels by random classes (a cheap, noisy labelling)."""
+    x_train, y_train = make_spirals(600, classes=CLASSES, seed=seed)         # (2400, 2), (2400,)
+    x_test, y_test = make_spirals(500, classes=CLASSES, seed=seed + 1000)    # (2000, 2), (2000,)
+    torch.manual_seed(seed)
+    teacher = MLP(hidden=teacher_hidden, classes=CLASSES)
+    fit(teacher, x_train, lambda logits: F.cross_entropy(logits, y_train), teacher_steps, 2e-2)
+    gen = torch.Generator().manual_seed(seed + 7)
+    pick = torch.randperm(len(x_train), generator=gen)[:n_transfer]
+    x, y = x_train[pick], y_train[pick].clone()
+    flip = torch.rand(n_transfer, generator=gen) < noise
+    y[flip] = torch.randint(0, CLASSES, (int(flip.sum()),), generator=gen)
+    with torch.no_grad():
+        teacher_logits = teacher(x)
+    return DistillTask(teacher, x, y, teacher_logits, x_test, y_test, noise)
+
+
+def student_accuracy(task: DistillTask, loss_fn: Callable[[torch.Tensor], torch.Tensor], seed: int = 0,
+                     hidden: int = 16, steps: int = 600, lr: float = 1e-2) -> float:
+    """Test accuracy (0..1) of a student MLP (2 -> ``hidden`` -> ``hidden`` -> 4), initialised from
+    ``seed`` and trained on ``task.x`` with ``loss_fn(student_logits)`` (a scalar)."""
+    torch.manual_seed(seed)
+    student = MLP(hidden=hidden, classes=CLASSES)
+    fit(student, task.x, loss_fn, steps, lr)
+    return accuracy(student, task.x_test, task.y_test)
+
+
+def zeros_vs_sparse_ms(sparsities, out_features: int = 1024, in_features: int = 1024, batch: int = 128,
+                       device: str = "cpu", seed: int = 0, repeats: int = 7) -> list[dict]:
+    """For each sparsity in ``sparsities``: ``{"sparsity", "dense_ms", "csr_ms"}``, the median time of
+    ``x @ W.T`` (``x``: float32 ``(batch, in_features)``, ``W``: ``(out_features, in_features)``) with that
+    share of ``W``'s entries set to zero at random, computed by the dense kernel and with ``W`` stored
+    as CSR (``torch.sparse.mm``, which skips the zeros)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, in_features, generator=gen).to(device)
+    rows = []
+    for s in sparsities:
+        w = torch.randn(out_features, in_features, generator=gen)
+        w = (w * (torch.rand(w.shape, generator=gen) >= s)).to(device)      # share s of exact zeros
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")                                   # "CSR support is in beta"
+            w_csr = w.to_sparse_csr()
+        x_t = x.T.contiguous()                                                # (in, batch)
+        dense = benchmark(lambda: x @ w.T, device=device, warmup=2, repeats=repeats)
+        csr = benchmark(lambda: torch.sparse.mm(w_csr, x_t), device=device, warmup=2, repeats=repeats)
+        rows.append({"sparsity": s, "dense_ms": dense.median_ms, "csr_ms": csr.median_ms})
+    return rows
+
+
+def semi_structured_support(device: str) -> str | None:
+    """``None`` if ``torch.sparse.to_sparse_semi_structured`` can run here, else the reason why not."""
+    if device != "cuda" or not torch.cuda.is_available():
+        return ("2:4 sparse kernels need a CUDA GPU with sparse tensor cores (NVIDIA Ampere, compute "
+                "capability 8.0, or later); this run is on the CPU, so nothing is timed.")
+    major, minor = torch.cuda.get_device_capability()
+    if major < 8:
+        return f"this GPU is compute capability {major}.{minor}; sparse tensor cores start at 8.0 (Ampere)."
+    return None
+
+
+def semi_structured_ms(w: torch.Tensor, mask: torch.Tensor, x: torch.Tensor) -> dict:
+    """``{"dense_ms", "sparse_ms", "speedup", "max_abs_err"}`` for ``F.linear(x, w * mask)`` as a dense fp16
+    matmul and with the weight compressed by ``to_sparse_semi_structured`` (values plus 2-bit indices).
+
+    ``w``: float ``(out, in)`` and ``mask``: bool ``(out, in)`` 2:4 along ``in``; ``x``: ``(batch, in)``; all on
+    a CUDA device (see :func:`semi_structured_support`). Sizes should be multiples of 64.
+    """
+    from torch.sparse import to_sparse_semi_structured
+
+    dense_w = (w * mask).half()                                   # (out, in), half of each group of 4 zero
+    sparse_w = to_sparse_semi_structured(dense_w)
+    x = x.half()
+    dense = benchmark(lambda: F.linear(x, dense_w), device="cuda")
+    sparse = benchmark(lambda: F.linear(x, sparse_w), device="cuda")
+    err = float((F.linear(x, sparse_w) - F.linear(x, dense_w)).abs().max())
+    return {"dense_ms": dense.median_ms, "sparse_ms": sparse.median_ms,
+            "speedup": dense.median_ms / sparse.median_ms, "max_abs_err": err}
