@@ -6,7 +6,7 @@ numbers on every machine for a given seed.
 
 - :func:`fit`: full-batch Adam on any loss of the logits, with a hook after each step (re-applying
   pruning masks, for instance).
-- :func:`distill_task`: a teacher trained on plenty of clean data, and a *small, noisy* transfer set
+- :func:`distill_task`: for a teacher trained on plenty of clean data, a *small, noisy* transfer set
   for a student: the setting where the teacher's soft labels help a student most.
 - :func:`student_accuracy`: trains the small student on the transfer set with a given loss and
   returns its test accuracy, so "with the teacher" and "without" differ in the loss only.
@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpulab.bench import benchmark
-from gpulab.spirals import MLP, accuracy, make_spirals
+from gpulab.spirals import MLP, accuracy
 
 CLASSES = 4
 
@@ -36,27 +36,24 @@ def fit(model: nn.Module, x: torch.Tensor, loss_fn: Callable[[torch.Tensor], tor
     """Full-batch Adam on ``loss_fn(model(x))`` for ``steps`` steps; returns every step's loss.
 
     ``x``: float32 ``(B, d_in)``; ``loss_fn`` maps the ``(B, classes)`` logits to a scalar.
-    ``after_step()`` runs after each ``optimizer.step()`` (under ``torch.no_grad()``). One thread:
-    the matrices are tiny (see :func:`gpulab.spirals.train`).
+    ``after_step()`` runs after each ``optimizer.step()``, under ``torch.no_grad()`` (re-applying
+    pruning masks, for instance). One thread, as :func:`gpulab.spirals.train`: the matrices are tiny.
     """
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    losses = []
-    threads = torch.get_num_threads()
+    losses, threads = [], torch.get_num_threads()
     torch.set_num_threads(1)
-    try:
-        model.train()
-        for _ in range(steps):
-            loss = loss_fn(model(x))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if after_step is not None:
-                with torch.no_grad():
-                    after_step()
-            losses.append(float(loss.detach()))
-        model.eval()
-    finally:
-        torch.set_num_threads(threads)
+    model.train()
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x))
+        loss.backward()
+        opt.step()
+        if after_step is not None:
+            with torch.no_grad():
+                after_step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    torch.set_num_threads(threads)
     return losses
 
 
@@ -75,16 +72,12 @@ class DistillTask:
     noise: float
 
 
-def distill_task(seed: int = 0, n_transfer: int = 160, noise: float = 0.3, teacher_hidden: int = 64,
-                 teacher_steps: int = 500) -> DistillTask:
-    """Train a teacher MLP (2 -> ``teacher_hidden`` -> ``teacher_hidden`` -> 4) on 2400 clean spiral
-    points, then draw ``n_transfer`` of them as the student's transfer set and replace a ``noise``
-    share of their labels by random classes (a cheap, noisy labelling)."""
-    x_train, y_train = make_spirals(600, classes=CLASSES, seed=seed)         # (2400, 2), (2400,)
-    x_test, y_test = make_spirals(500, classes=CLASSES, seed=seed + 1000)    # (2000, 2), (2000,)
-    torch.manual_seed(seed)
-    teacher = MLP(hidden=teacher_hidden, classes=CLASSES)
-    fit(teacher, x_train, lambda logits: F.cross_entropy(logits, y_train), teacher_steps, 2e-2)
+def distill_task(teacher: nn.Module, x_train: torch.Tensor, y_train: torch.Tensor, x_test: torch.Tensor,
+                 y_test: torch.Tensor, seed: int = 0, n_transfer: int = 320, noise: float = 0.4) -> DistillTask:
+    """A transfer set for a student of ``teacher`` (trained on the clean ``x_train``, ``y_train``):
+    ``n_transfer`` points drawn from ``x_train`` with a ``noise`` share of their labels replaced by
+    random classes (a cheap, noisy labelling), and the teacher's logits on them. ``seed`` picks the
+    points and the noise."""
     gen = torch.Generator().manual_seed(seed + 7)
     pick = torch.randperm(len(x_train), generator=gen)[:n_transfer]
     x, y = x_train[pick], y_train[pick].clone()
@@ -96,7 +89,7 @@ def distill_task(seed: int = 0, n_transfer: int = 160, noise: float = 0.3, teach
 
 
 def student_accuracy(task: DistillTask, loss_fn: Callable[[torch.Tensor], torch.Tensor], seed: int = 0,
-                     hidden: int = 16, steps: int = 600, lr: float = 1e-2) -> float:
+                     hidden: int = 32, steps: int = 600, lr: float = 1e-2) -> float:
     """Test accuracy (0..1) of a student MLP (2 -> ``hidden`` -> ``hidden`` -> 4), initialised from
     ``seed`` and trained on ``task.x`` with ``loss_fn(student_logits)`` (a scalar)."""
     torch.manual_seed(seed)
