@@ -1,0 +1,165 @@
+"""Looking inside ``torch.compile`` (lesson 06): a backend that counts, a model with graph breaks, a timed
+Inductor compile in a child process.
+
+- :class:`CountingBackend` is a ``torch.compile`` backend that keeps every FX graph Dynamo hands it and runs
+  it as is (no code generation, so compiling costs milliseconds, not Inductor's seconds). ``compiles`` counts
+  compilations (a recompile is a second one), ``runs`` counts calls of the compiled graphs.
+- :func:`graph_ops` lists the operators of an FX graph by name (``"linear"``, ``"relu"``, ``"mul"`` ...).
+- :class:`BreakyNet` is a small MLP, input (B, d_in) float32 -> (B, d_out) float32, whose forward has the
+  graph breaks real code has: a ``print`` of a tensor statistic, an ``.item()`` feeding a Python ``if``
+  and a round trip through NumPy.
+- :func:`start_inductor_demo` compiles one tiny function with Inductor in a child process (a cold Inductor
+  compile on a CPU takes tens of seconds; the lesson overlaps it with its other sections) and
+  :func:`inductor_demo` is what that process runs: generated source, compile time, steady-state times.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class CountingBackend:
+    """A ``torch.compile`` backend that records each FX graph and runs it unchanged (eager)."""
+
+    def __init__(self):
+        self.graphs: list = []   # one torch.fx.GraphModule per compilation
+        self.runs = 0            # calls of any compiled graph
+
+    @property
+    def compiles(self) -> int:
+        return len(self.graphs)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list):
+        self.graphs.append(gm)
+
+        def run(*args):
+            self.runs += 1
+            return gm.forward(*args)
+        return run
+
+    def ops(self) -> list[str]:
+        """The operators of every recorded graph, in order."""
+        return [op for gm in self.graphs for op in graph_ops(gm)]
+
+
+def graph_ops(gm: torch.fx.GraphModule) -> list[str]:
+    """The names of the operators a graph calls: functions, methods and submodules (their class name)."""
+    names = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            names.append(getattr(node.target, "__name__", str(node.target)))
+        elif node.op == "call_method":
+            names.append(str(node.target))
+        elif node.op == "call_module":
+            names.append(type(gm.get_submodule(node.target)).__name__.lower())
+    return names
+
+
+def op_module(target) -> str:
+    """Where an FX node's function comes from (``"torch"``, ``"operator"``, or a user module's name)."""
+    module = getattr(target, "__module__", None) or type(target).__module__ or ""
+    return module.split(".")[0]
+
+
+class BreakyNet(nn.Module):
+    """Linear -> ReLU -> [print] -> [clip if the max is above `limit`] -> [NumPy std scale] -> Linear -> ReLU
+    -> Linear. Input (B, d_in) float32, output (B, d_out) float32. Each bracketed step is switched on by its
+    flag and costs at least one graph break under ``torch.compile``."""
+
+    def __init__(self, d_in: int = 16, d_hidden: int = 32, d_out: int = 8, limit: float = 1.0,
+                 log: bool = True, clip: bool = True, numpy_scale: bool = True, seed: int = 0):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.fc1, self.fc2, self.fc3 = nn.Linear(d_in, d_hidden), nn.Linear(d_hidden, d_hidden), nn.Linear(d_hidden,
+                                                                                                            d_out)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+        self.limit, self.log, self.clip, self.numpy_scale = limit, log, clip, numpy_scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x).relu()                                    # (B, d_hidden)
+        if self.log:
+            print(f"hidden mean {h.mean():.4f}")                   # a host read: the value must reach Python
+        if self.clip and h.abs().max().item() > self.limit:      # a Python branch on a tensor's value
+            h = h.clamp(max=self.limit)
+        if self.numpy_scale:
+            h = h / float(np.std(h.detach().cpu().numpy()) + 1.0)  # leaves PyTorch for NumPy and back
+        h = self.fc2(h).relu()                                    # (B, d_hidden)
+        return self.fc3(h)                                        # (B, d_out)
+
+
+def inductor_demo(out_path: str) -> dict:
+    """Compile a bias + GELU + matmul function with Inductor, record its generated source and timings, write
+    them to ``out_path`` as JSON. Run in a child process by :func:`start_inductor_demo`."""
+    from torch._inductor.utils import run_and_get_code
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def mlp(x, w, b):  # x (N, K), w (K, M), b (M,): a library matmul, then a fusable epilogue
+        return torch.nn.functional.gelu(x @ w + b) * 2.0
+
+    n = 512 if device == "cpu" else 4096
+    x, w, b = (torch.randn(n, n, device=device), torch.randn(n, n, device=device), torch.randn(n, device=device))
+
+    def timed(fn, repeats=20):
+        for _ in range(3):
+            fn(x, w, b)                 # warm-up: the compile and caches are not timed
+        if device == "cuda":
+            torch.cuda.synchronize()
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn(x, w, b)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            samples.append((time.perf_counter() - start) * 1e3)
+        return float(np.median(samples))
+
+    compiled = torch.compile(mlp)
+    start = time.perf_counter()
+    _, codes = run_and_get_code(compiled, x, w, b)   # the first call compiles
+    compile_s = time.perf_counter() - start
+    eager_ms, compiled_ms = timed(mlp), timed(compiled)
+    matmul_ms = timed(lambda x, w, b: x @ w)
+    result = {"device": device, "n": n, "compile_s": compile_s, "code": codes[0], "eager_ms": eager_ms,
+              "compiled_ms": compiled_ms, "matmul_ms": matmul_ms,
+              "same": bool(torch.allclose(compiled(x, w, b), mlp(x, w, b), rtol=1e-3, atol=1e-3))}
+    Path(out_path).write_text(json.dumps(result))
+    return result
+
+
+class InductorDemo:
+    """A running :func:`inductor_demo` child process; :meth:`result` waits for it and returns its dict."""
+
+    def __init__(self, device: str):
+        self.path = Path(tempfile.mkdtemp(prefix="gpulab-inductor-")) / "demo.json"
+        env_device = "" if device == "cuda" else "-"   # hide the GPU from a CPU lesson's child
+        cmd = [sys.executable, "-c", f"import gpulab.compiler as c; c.inductor_demo({str(self.path)!r})"]
+        env = None
+        if env_device:
+            import os
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+
+    def result(self, timeout: float = 600) -> dict:
+        _, err = self.proc.communicate(timeout=timeout)
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"the Inductor demo failed:\n{err[-3000:]}")
+        data = json.loads(self.path.read_text())
+        data["waited_s"] = time.perf_counter() - self.started
+        return data
+
+
+def start_inductor_demo(device: str) -> InductorDemo:
+    """Start compiling the demo function with Inductor in a child process; collect with ``.result()``."""
+    return InductorDemo(device)

@@ -1,0 +1,582 @@
+"""Checks of lab 06, compile and graphs: a forward without graph breaks (counted as ``torch._dynamo.explain`` counts,
+every layer inside the captured graph, so hiding a break behind ``torch._dynamo.disable``, an eager fallback or
+an opaque ``allow_in_graph`` call fails), compilations counted with a backend, one compilation across dynamic
+sizes (counted by the check's own backend, every call through the compiled graph), a training step with no
+host sync (``gpulab.syncs.SyncDetector``) that still skips non-finite batches, a graph captured once and
+replayed (``gpulab.graphs``: CUDA graphs on a GPU, the recording stand-in on a CPU), and a profiler trace read.
+No check runs Inductor: the compile checks use counting and eager backends, milliseconds per graph.
+Hidden cases: one per rule (a case's name starts with its rule, before ':'), the same rules on every seed.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import math
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from gpulab.compare import compare
+from gpulab.compiler import BreakyNet, CountingBackend, graph_ops, op_module
+from gpulab.graphs import graph_api
+from gpulab.syncs import SyncDetector, make_classifier, new_stats, train_step_with_syncs
+from grader.exercise import Case, Exercise, entry, to_cpu
+from grader.kit.cases import choice, randint, randn, uniform
+from grader.kit.close import close
+from grader.kit.variants import diagnose, tensor_match
+
+LAB = "06_compile_and_graphs"
+TITLE = "Compile and graphs: the path from Python to kernels"
+
+OUT = {"dtype": torch.float32, "atol": 1e-4, "rtol": 1e-4}   # float32 results of small MLPs vs float64
+_TORCH_MODULES = {"torch", "operator", "builtins", "math", "_operator"}
+
+
+@contextlib.contextmanager
+def _quiet_fresh_dynamo():
+    """A clean Dynamo (no cached graphs, default settings that hide nothing) and no printing."""
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_scalar_outputs=False, suppress_errors=False), \
+            contextlib.redirect_stdout(io.StringIO()):
+        yield
+    torch._dynamo.reset()
+
+
+# --- exercise 1: a forward with no graph breaks --------------------------------------------------------------
+
+def _breaks_cases(gen, public):
+    def case(rule, flags, big):
+        cfg = dict(d_in=randint(gen, 4, 24), d_hidden=randint(gen, 8, 40), d_out=randint(gen, 2, 10),
+                   limit=round(uniform(gen, 0.3, 1.5), 3), seed=randint(gen, 0, 2**30), **flags)
+        x = randn(gen, randint(gen, 2, 9), cfg["d_in"], scale=4.0 if big else 0.05)
+        on = [k for k in ("log", "clip", "numpy_scale") if flags[k]]
+        name = f"{rule}{': ' if rule else ''}BreakyNet with {'+'.join(on)}, x {tuple(x.shape)} " \
+               f"({'large: the clip fires' if big else 'small: no clipping'})"
+        return Case(name, dict(cfg=cfg, x=x))
+
+    every = dict(log=True, clip=True, numpy_scale=True)
+    if public:
+        return [case("", every, True), case("", every, False), case("", dict(log=False, clip=True, numpy_scale=False),
+                                                                     True)]
+    return [case("every break, clip firing", every, True), case("every break, no clipping", every, False),
+            case("the print alone", dict(log=True, clip=False, numpy_scale=False), True),
+            case("the branch alone", dict(log=False, clip=True, numpy_scale=False), True),
+            case("the NumPy round trip alone", dict(log=False, clip=False, numpy_scale=True), True)]
+
+
+def _breaks_run(ns, case, device):
+    fn, cfg = entry(ns, "smooth_forward"), case.inputs["cfg"]
+    model, x = BreakyNet(**cfg).to(device), case.inputs["x"].to(device)
+    with _quiet_fresh_dynamo():
+        explained = torch._dynamo.explain(lambda x: fn(model, x))(x)
+        ops = [(graph_ops(gm), [op_module(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+               for gm in explained.graphs]
+        out = fn(model, x)
+    return {"breaks": int(explained.graph_break_count), "graphs": int(explained.graph_count),
+            "reasons": [str(r.reason).split("\n")[0][:160] for r in explained.break_reasons][:4],
+            "ops": [names for names, _ in ops], "modules": sorted({m for _, mods in ops for m in mods}),
+            "out": to_cpu(out) if isinstance(out, torch.Tensor) else type(out).__name__}
+
+
+def ref_smooth(model: BreakyNet, x: torch.Tensor, clip: bool = True, scale: bool = True,
+               correction: int = 0) -> torch.Tensor:
+    """BreakyNet's output computed branch-free (the reference, and the usual mistakes through the knobs)."""
+    h = model.fc1(x).relu()
+    if model.clip and clip:
+        h = h.clamp(max=model.limit)  # clamping below the limit changes nothing: the branch was never needed
+    if model.numpy_scale and scale:
+        h = h / (h.std(correction=correction) + 1.0)
+    return model.fc3(model.fc2(h).relu())
+
+
+def _breaks_judge(case, obs):
+    cfg, x = case.inputs["cfg"], case.inputs["x"].double()
+    model = BreakyNet(**cfg).double()
+    n_linear = 3
+    linears = sum(names.count("linear") for names in obs["ops"])
+    if linears < n_linear:
+        return (f"only {linears} of the model's {n_linear} Linear layers ran inside the captured graph "
+                f"({obs['graphs']} graph(s)): the rest ran in eager Python. torch._dynamo.disable, a try/except "
+                "that falls back to eager, or work done outside the compiled function hides a break from the count "
+                "without removing it. Make the whole forward traceable.")
+    if obs["breaks"] > 0:
+        reasons = "\n    ".join(obs["reasons"])
+        return (f"smooth_forward still has {obs['breaks']} graph break(s) (target 0), {obs['graphs']} graphs. "
+                f"Dynamo's reasons (as torch._dynamo.explain lists them):\n    {reasons}\n  Remove each: no print "
+                "of a tensor, no .item() feeding an if (make it branch-free: torch.where / clamp), no NumPy (use the "
+                "torch op).")
+    foreign = [m for m in obs["modules"] if m not in _TORCH_MODULES]
+    if foreign:
+        return (f"the captured graph calls Python code from {foreign} as an opaque node (allow_in_graph or a "
+                "custom op wrapping the break): the compiler cannot see inside it. Write the forward in torch ops.")
+    got = obs["out"]
+    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+        want = model(x)
+        report = compare(got, want, name="smooth_forward(model, x)", **OUT)
+        return diagnose(report, got, [
+            ("the forward without the clip: the `if` was deleted, not made branch-free (h.clamp(max=limit) "
+             "is the same whether or not the max is above the limit)", lambda: ref_smooth(model, x, clip=False)),
+            ("the forward without the NumPy scale: keep it, as h / (h.std(correction=0) + 1)",
+             lambda: ref_smooth(model, x, scale=False)),
+            ("a std with Bessel's correction: np.std is the population std, torch.std's default divides by n - 1 "
+             "(use correction=0)", lambda: ref_smooth(model, x, correction=1)),
+        ], tensor_match(**OUT))
+
+
+GRAPH_BREAKS = Exercise(
+    "graph_breaks", 3, ("smooth_forward",), _breaks_cases, _breaks_run, _breaks_judge,
+    title="A forward without graph breaks",
+    hint="Keep model.fc1/fc2/fc3; drop the print; replace `if max > limit: clamp` by an unconditional clamp; "
+         "replace the NumPy std by h.std(correction=0). torch._dynamo.explain(fn)(x).graph_break_count must be 0.")
+
+
+# --- exercise 2: counting compilations -------------------------------------------------------------------------
+
+FUNCTIONS = {  # row-wise functions of x (N, D) float32 -> (N, D) float32: padding rows never changes other rows
+    "gelu_mlp": lambda x: torch.nn.functional.gelu(x * 1.5 + 0.25) * x,
+    "layer_norm": lambda x: torch.nn.functional.layer_norm(x, x.shape[-1:]) * 2.0 + 1.0,
+    "softmax": lambda x: torch.softmax(x * 0.5, dim=-1) + x.tanh(),
+}
+KEY_OP = {"gelu_mlp": "gelu", "layer_norm": "layer_norm", "softmax": "softmax"}
+
+
+@functools.lru_cache(maxsize=256)
+def ref_count_compiles(name: str, shapes: tuple, dynamic=None) -> int:
+    """Compilations of torch.compile(FUNCTIONS[name], dynamic=dynamic) called on inputs of `shapes` in turn,
+    counted by a backend (a count depends on the shapes only: cached)."""
+    fn, inputs = FUNCTIONS[name], [torch.randn(*s) for s in shapes]
+    with _quiet_fresh_dynamo():
+        counter = CountingBackend()
+        compiled = torch.compile(fn, backend=counter, dynamic=dynamic)
+        for x in inputs:
+            compiled(x)
+        return counter.compiles
+
+
+def _count_cases(gen, public):
+    def case(rule, shapes, dynamic=None):
+        name = choice(gen, sorted(FUNCTIONS))
+        label = ", ".join("x".join(map(str, s)) for s in shapes)
+        return Case(f"{rule}{': ' if rule else ''}{name}, dynamic={dynamic}, shapes {label}",
+                    dict(fn=name, shapes=[list(s) for s in shapes], dynamic=dynamic))
+
+    d = lambda: randint(gen, 3, 9)  # noqa: E731
+    if public:
+        return [case("", [(4, 8), (4, 8), (6, 8), (9, 8), (9, 8)]), case("", [(4, 8), (6, 8), (9, 8), (12, 8)]),
+                case("", [(3, 8), (5, 8), (7, 8)], dynamic=False), case("", [(4, 8), (1, 8), (6, 8)], dynamic=True)]
+    width = d()
+    rows = lambda k: sorted({randint(gen, 2, 40) for _ in range(8)})[:k]  # noqa: E731
+    growing = rows(4)
+    return [case("one shape repeated", [(growing[0], width)] * 3),
+            case("growing batches: automatic dynamic shapes", [(n, width) for n in growing]),
+            case("a batch of one among others", [(growing[0], width), (1, width)] + [(n, width) for n in growing[1:]]),
+            case("dynamic=False: one graph per shape", [(n, width) for n in growing[:3]], dynamic=False),
+            case("dynamic=True", [(n, width) for n in growing[:3]], dynamic=True),
+            case("a new rank", [(growing[0], width), (2, growing[0], width)])]
+
+
+def _count_run(ns, case, device):
+    fn = FUNCTIONS[case.inputs["fn"]]
+    inputs = [torch.randn(*s, device=device) for s in case.inputs["shapes"]]
+    with contextlib.redirect_stdout(io.StringIO()):
+        got = entry(ns, "count_compiles")(fn, inputs, dynamic=case.inputs["dynamic"])
+    torch._dynamo.reset()
+    return {"count": got}
+
+
+def _count_judge(case, obs):
+    shapes, dynamic = case.inputs["shapes"], case.inputs["dynamic"]
+    want = ref_count_compiles(case.inputs["fn"], tuple(tuple(s) for s in shapes), dynamic)
+    got = obs["count"]
+    if isinstance(got, int) and not isinstance(got, bool) and got == want:
+        return None
+    message = f"count_compiles returned {got!r}; Dynamo compiled {want} time(s) for these shapes."
+    return diagnose(message, got, [
+        ("the number of calls: count in the backend, which Dynamo calls once per compilation, not per call",
+         len(shapes)),
+        ("the number of distinct shapes: after one recompile, automatic dynamic shapes make a generic graph "
+         "(sizes 0 and 1 still get their own)", len({tuple(s) for s in shapes})),
+        ("recompiles only (compilations minus the first)", want - 1),
+    ], lambda g, w: g == w, "\n  Yours counts {}.")
+
+
+COUNT_COMPILES = Exercise(
+    "count_compiles", 2, ("count_compiles",), _count_cases, _count_run, _count_judge,
+    title="Counting compilations with a backend",
+    hint="torch._dynamo.reset(); a backend(gm, example_inputs) that appends gm to a list and returns gm.forward; "
+         "compiled = torch.compile(fn, backend=backend, dynamic=dynamic); call it on each input; count the list.")
+
+
+# --- exercise 3: one compilation across sizes -------------------------------------------------------------------
+
+def _once_cases(gen, public):
+    def case(rule, rows, width):
+        name = choice(gen, sorted(FUNCTIONS))
+        return Case(f"{rule}{': ' if rule else ''}{name}, rows {rows}, width {width}",
+                    dict(fn=name, rows=rows, width=width, seed=randint(gen, 0, 2**30)))
+
+    if public:
+        return [case("", [4, 6, 9, 12], 8), case("", [8, 3, 5], 8), case("", [5, 1, 7], 8)]
+    sizes = sorted({randint(gen, 2, 64) for _ in range(10)})
+    width = randint(gen, 3, 12)
+    return [case("growing batches", sizes[:4], width), case("shrinking batches", sizes[:4][::-1], width),
+            case("a batch of one", [sizes[0], 1, sizes[1], 1], width),
+            case("repeated sizes", [sizes[0], sizes[1], sizes[0], sizes[1]], width)]
+
+
+def _once_inputs(case, device="cpu") -> list:
+    gen = torch.Generator().manual_seed(case.inputs["seed"])
+    return [torch.randn(n, case.inputs["width"], generator=gen).to(device) for n in case.inputs["rows"]]
+
+
+def _once_run(ns, case, device):
+    fn = FUNCTIONS[case.inputs["fn"]]
+    with _quiet_fresh_dynamo():
+        counter = CountingBackend()
+        compiled = entry(ns, "compile_once")(fn, counter)
+        outs = [to_cpu(compiled(x)) for x in _once_inputs(case, device)]
+    return {"outs": outs, "compiles": counter.compiles, "runs": counter.runs, "ops": counter.ops()}
+
+
+def _once_judge(case, obs):
+    fn, name, n = FUNCTIONS[case.inputs["fn"]], case.inputs["fn"], len(case.inputs["rows"])
+    if obs["compiles"] != 1:
+        return (f"the backend compiled {obs['compiles']} time(s) for rows {case.inputs['rows']}; the target is 1. "
+                + ("Nothing was compiled with the backend you were given: pass it to torch.compile(..., backend=)."
+                   if obs["compiles"] == 0 else
+                   "Mark the batch dimension dynamic before the first call (torch._dynamo.mark_dynamic(x, 0)), and "
+                   "remember that sizes 0 and 1 are always specialised: pad a batch of one to two rows and slice "
+                   "the result; or pad every batch to one bucket."))
+    if obs["runs"] != n:
+        return (f"only {obs['runs']} of the {n} calls ran the compiled graph: the others ran eagerly. Every call "
+                "must go through the one compiled graph.")
+    if KEY_OP[name] not in obs["ops"]:
+        return (f"the compiled graph does not contain {KEY_OP[name]}: compile the function you were given, "
+                f"not a wrapper around part of it (graph ops: {obs['ops'][:12]}).")
+    for i, (x, got) in enumerate(zip(_once_inputs(case), obs["outs"])):
+        want = fn(x.double())
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            return (f"call {i} (rows {x.shape[0]}): the result is {shape}, expected {tuple(want.shape)}: slice the "
+                    "padding rows off the result.")
+        report = compare(got, want, name=f"call {i} (rows {x.shape[0]})", **OUT)
+        if report:
+            return report
+    return None
+
+
+COMPILE_ONCE = Exercise(
+    "compile_once", 3, ("compile_once",), _once_cases, _once_run, _once_judge,
+    title="One compilation across dynamic sizes",
+    hint="compiled = torch.compile(fn, backend=backend); in the wrapper: pad a one-row batch to two rows, "
+         "torch._dynamo.mark_dynamic(x, 0), call compiled, slice off the padding.")
+
+
+# --- exercise 4: a training step with no host sync -----------------------------------------------------------
+
+def _step_cases(gen, public):
+    def case(rule, steps, bad_at=(), max_norm=None):
+        d, h, c, b = randint(gen, 4, 16), randint(gen, 8, 32), randint(gen, 2, 6), randint(gen, 4, 12)
+        xs = [randn(gen, b, d, scale=2.0) for _ in range(steps)]
+        for i in bad_at:
+            xs[i][randint(gen, 0, b - 1), randint(gen, 0, d - 1)] = choice(gen, [float("inf"), float("nan")])
+        ys = [torch.randint(0, c, (b,), generator=gen) for _ in range(steps)]
+        norm = max_norm if max_norm is not None else round(uniform(gen, 0.3, 3.0), 3)
+        what = f"{steps} steps, batch {b}" + (f", non-finite batch at step {list(bad_at)}" if bad_at else "")
+        return Case(f"{rule}{': ' if rule else ''}{what}, max_norm {norm}",
+                    dict(sizes=[d, h, c], seed=randint(gen, 0, 2**30), xs=xs, ys=ys, lr=0.1, max_norm=norm))
+
+    if public:
+        return [case("", 3), case("", 4, bad_at=(1,)), case("", 2, max_norm=0.01)]
+    return [case("clean steps", randint(gen, 2, 4)), case("a non-finite batch", 4, bad_at=(randint(gen, 0, 3),)),
+            case("the first batch non-finite", 3, bad_at=(0,)), case("every step clipped", 3, max_norm=0.001),
+            case("nothing clipped", 3, max_norm=1e6)]
+
+
+def _step_model(case, device="cpu"):
+    d, h, c = case.inputs["sizes"]
+    return make_classifier(d, h, c, case.inputs["seed"], device)
+
+
+def _step_run(ns, case, device):
+    fn, x = entry(ns, "train_step"), case.inputs
+    model, stats = _step_model(case, device), new_stats(device)
+    with SyncDetector() as syncs, contextlib.redirect_stdout(io.StringIO()):
+        for xb, yb in zip(x["xs"], x["ys"]):
+            fn(model, xb.to(device), yb.to(device), x["lr"], x["max_norm"], stats)
+    return {"syncs": [f"{s.call} at {s.where}" for s in syncs.found][:6],
+            "params": [to_cpu(p) for p in model.parameters()],
+            "stats": {k: to_cpu(v) if isinstance(v, torch.Tensor) else v for k, v in stats.items()}}
+
+
+def _step_judge(case, obs):
+    if obs["syncs"]:
+        found = "\n    ".join(obs["syncs"])
+        return (f"the step synchronises with the host ({len(obs['syncs'])} found):\n    {found}\n  Keep every value "
+                "on the device: accumulate statistics as tensors (stats['loss'] += loss.detach()), replace an `if` "
+                "on a tensor by torch.where, and print nothing inside the step.")
+    x = case.inputs
+    model, stats = _step_model(case), new_stats()
+    with contextlib.redirect_stdout(io.StringIO()):
+        for xb, yb in zip(x["xs"], x["ys"]):
+            train_step_with_syncs(model, xb, yb, x["lr"], x["max_norm"], stats)
+    for name, want in stats.items():
+        got = obs["stats"].get(name)
+        ok = isinstance(got, torch.Tensor) and got.numel() == 1 and close(float(got), float(want), 1e-4, 1e-5)
+        if not ok:
+            hint = {"loss": "the sum of the losses of the steps taken (a skipped batch adds nothing)",
+                    "correct": "correct predictions of the steps taken",
+                    "clipped": "steps taken whose gradient norm was above max_norm",
+                    "skipped": "batches whose loss was not finite"}[name]
+            return (f"stats['{name}'] = {got!r}, expected {float(want):g}: {hint}. Update the 0-d tensors in place "
+                    "(stats[name] += ...) with torch.where(finite, value, 0).")
+    for i, (got, want) in enumerate(zip(obs["params"], model.parameters())):
+        report = compare(got, want.detach(), name=f"parameter {i} after the steps", dtype=torch.float32,
+                         atol=1e-5, rtol=1e-4)
+        if report:
+            return report + ("\n  A non-finite batch must leave the parameters unchanged: update with "
+                             "torch.where(finite, p - lr * grad, p), never with a NaN gradient."
+                             if not torch.isfinite(got).all() or any(
+                                 not torch.isfinite(xb).all() for xb in x["xs"]) else "")
+    return None
+
+
+SYNC_FREE_STEP = Exercise(
+    "sync_free_step", 3, ("train_step",), _step_cases, _step_run, _step_judge,
+    title="A training step with no host sync",
+    hint="finite = torch.isfinite(loss); zero_grad, backward, norm = clip_grad_norm_(...); update each p with "
+         "torch.where(finite, p - lr * p.grad, p); stats[...] += torch.where(finite, value, 0) as tensors.")
+
+
+# --- exercise 5: capture once, replay ---------------------------------------------------------------------------
+
+def _graph_cases(gen, public):
+    def case(rule, n_inputs, calls):
+        rows, d = randint(gen, 2, 8), randint(gen, 3, 12)
+        name = f"{rule}{': ' if rule else ''}{n_inputs} input(s) ({rows}, {d}), {calls} calls"
+        return Case(name, dict(rows=rows, d=d, n_inputs=n_inputs, calls=calls, seed=randint(gen, 0, 2**30)))
+
+    if public:
+        return [case("", 1, 3), case("", 2, 4)]
+    return [case("one input", 1, randint(gen, 2, 5)), case("two inputs", 2, randint(gen, 2, 5)),
+            case("many calls", 1, 8)]
+
+
+def _graph_model(case, dtype=torch.float32):
+    """fn(x[, scale]) = Linear -> GELU -> Linear of x (rows, d), times `scale` (rows, d) when given."""
+    gen = torch.Generator().manual_seed(case.inputs["seed"])
+    d = case.inputs["d"]
+    w1 = (torch.randn(d, 2 * d, generator=gen) / d ** 0.5).to(dtype)        # drawn in float32 for any dtype
+    w2 = (torch.randn(2 * d, d, generator=gen) / (2 * d) ** 0.5).to(dtype)
+    b1 = torch.randn(2 * d, generator=gen).to(dtype)
+
+    def fn(x, scale=None):
+        out = torch.nn.functional.gelu(x @ w1.to(x.device) + b1.to(x.device)) @ w2.to(x.device)  # (rows, d)
+        return out if scale is None else out * scale
+    return fn
+
+
+def _graph_inputs(case, k: int) -> list:
+    """Call k's inputs (k = 0: the example inputs given at construction)."""
+    gen = torch.Generator().manual_seed(case.inputs["seed"] + 1 + k)
+    shape = (case.inputs["rows"], case.inputs["d"])
+    return [torch.randn(*shape, generator=gen) for _ in range(case.inputs["n_inputs"])]
+
+
+class _EagerOps(TorchDispatchMode):
+    """The compute operators run outside a replay (copies and clones are reading and writing buffers)."""
+
+    ALLOWED = {"copy_", "clone", "_to_copy", "detach", "alias", "empty", "empty_like", "empty_strided", "zeros_like",
+               "lift_fresh", "zero_", "fill_"}
+
+    def __init__(self, api):
+        super().__init__()
+        self.api, self.ops = api, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        if not getattr(self.api, "replaying", False) and name not in self.ALLOWED:
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _graph_run(ns, case, device):
+    cls, api = entry(ns, "GraphRunner"), graph_api(device)
+    fn = _graph_model(case)
+    dev_fn = lambda *xs: fn(*xs)  # noqa: E731
+    example = [t.to(device) for t in _graph_inputs(case, 0)]
+    kept = [t.clone() for t in example]
+    runner = cls(dev_fn, tuple(example), api)
+    after_init = {"captures": api.captures, "replays": api.replays}
+    outs, eager = [], []
+    for k in range(1, case.inputs["calls"] + 1):
+        inputs = [t.to(device) for t in _graph_inputs(case, k)]
+        with _EagerOps(api) as seen:
+            out = runner(*inputs)
+        eager += seen.ops
+        outs.append(to_cpu(out).clone() if isinstance(out, torch.Tensor) else type(out).__name__)
+    return {"init": after_init, "captures": api.captures, "replays": api.replays, "eager": sorted(set(eager)),
+            "outs": outs, "example_kept": all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(example, kept))}
+
+
+def _graph_judge(case, obs):
+    calls = case.inputs["calls"]
+    if obs["init"]["captures"] != 1:
+        return (f"GraphRunner(...) captured {obs['init']['captures']} graph(s) when constructed: capture exactly one, "
+                "in __init__ (with api.capture(g): static_out = fn(*static_inputs)).")
+    if obs["captures"] != 1:
+        return (f"{obs['captures'] - 1} more capture(s) during {calls} calls: a call must replay the graph captured "
+                "in __init__, never capture again (a capture costs as much as the eager run it records, and more).")
+    if obs["eager"]:
+        return (f"__call__ ran {', '.join(obs['eager'][:6])} outside the graph: the call computed eagerly. Copy the "
+                "inputs into the static buffers, g.replay(), return the static output.")
+    if obs["replays"] - obs["init"]["replays"] != calls:
+        return (f"{obs['replays'] - obs['init']['replays']} replay(s) for {calls} calls: replay once per call.")
+    if not obs["example_kept"]:
+        return ("the example inputs were modified: they became your static buffers and each call copied into them. "
+                "Allocate your own static input buffers (clone the examples) in __init__.")
+    fn = _graph_model(case, torch.float64)
+    stale = fn(*[t.double() for t in _graph_inputs(case, 0)])
+    for k, got in enumerate(obs["outs"], start=1):
+        want = fn(*[t.double() for t in _graph_inputs(case, k)])
+        report = compare(got, want, name=f"call {k}", **OUT)
+        if report:
+            return diagnose(report, got, [
+                ("the output of the example inputs: the replay read the static buffers captured in __init__, "
+                 "and the new inputs never reached them. Copy into the buffers (static.copy_(x)); rebinding "
+                 "a name to a new tensor does not move the graph's pointers", stale)],
+                tensor_match(**OUT))
+    return None
+
+
+GRAPH_RUNNER = Exercise(
+    "graph_runner", 3, ("GraphRunner",), _graph_cases, _graph_run, _graph_judge,
+    title="Capture once, replay with static buffers",
+    hint="__init__: static inputs = clones; `with api.warmup():` run fn once; g = api.graph(); `with "
+         "api.capture(g): self.out = fn(*static)`. __call__: static[i].copy_(x[i]); g.replay(); return self.out.")
+
+
+# --- exercise 6: reading a profiler trace -------------------------------------------------------------------
+
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def ref_trace_summary(trace: dict, k: int, min_gap_us: float, *, top_cats=("kernel",), busy_cats=DEVICE_CATS,
+                      aggregate: bool = True, merge: bool = True) -> dict:
+    """The top-k kernels by total time, the idle gaps of the device (no kernel, copy or memset on any stream)
+    of at least min_gap_us, and the busy fraction of the device window. Knobs: the usual mistakes."""
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    totals: dict = {}
+    for i, e in enumerate(events):
+        if e.get("cat") in top_cats:
+            key = e["name"] if aggregate else (e["name"], i)
+            totals[key] = totals.get(key, 0.0) + e["dur"]
+    top = sorted(((key if aggregate else key[0], t) for key, t in totals.items()), key=lambda kv: (-kv[1], kv[0]))[:k]
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in busy_cats)
+    gaps, busy, end = [], 0.0, spans[0][0]
+    for start, stop in spans:
+        if start - end >= min_gap_us:
+            gaps.append((end, start - end))
+        if merge:
+            busy += max(0.0, stop - max(start, end))
+            end = max(end, stop)
+        else:
+            busy += stop - start
+            end = stop
+    return {"top": top, "gaps": gaps, "busy": busy / (end - spans[0][0])}
+
+
+def _trace_cases(gen, public):
+    names = ["sgemm_128x64_nn", "vectorized_elementwise_kernel<gelu>", "reduce_kernel<sum>", "softmax_warp_forward",
+             "triton_poi_fused_add_mul_0", "triton_red_fused_layer_norm_1", "cutlass_80_tensorop_s1688gemm"]
+
+    def case(rule, n_kernels, gap_scale, streams=1, memcpy=False, cpu=True, shuffle=False, flows=True):
+        events, t = [], uniform(gen, 1000, 2000)
+        for i in range(n_kernels):
+            t += uniform(gen, 0.5, 3.0) * gap_scale if randint(gen, 0, 3) == 0 else uniform(gen, 0.0, 2.0)
+            dur = round(uniform(gen, 2.0, 60.0), 3)
+            events.append({"ph": "X", "cat": "kernel", "name": choice(gen, names), "ts": round(t, 3), "dur": dur,
+                           "pid": 0, "tid": 7 + (i % streams)})
+            t += dur if streams == 1 or i % streams == streams - 1 else -dur * uniform(gen, 0.2, 0.9)
+            if memcpy and i % 5 == 2:
+                events.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)",
+                               "ts": round(t + 0.5, 3), "dur": round(gap_scale * 2, 3), "pid": 0, "tid": 7})
+                t += gap_scale * 2 + 0.5
+        if cpu:
+            for e in list(events)[:n_kernels // 2]:
+                events.append({"ph": "X", "cat": "cpu_op", "name": "aten::linear", "ts": e["ts"] - 30,
+                               "dur": 400.0, "pid": 1, "tid": 1})
+                events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": e["ts"] - 20,
+                               "dur": 5.0, "pid": 1, "tid": 1})
+        if flows:
+            events += [{"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 1, "ts": 1000.0, "pid": 1, "tid": 1},
+                       {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": 1, "ts": 1001.0, "pid": 0, "tid": 7}]
+        if shuffle:
+            order = torch.randperm(len(events), generator=gen).tolist()
+            events = [events[i] for i in order]
+        k, min_gap = randint(gen, 2, 4), round(uniform(gen, 5.0, 15.0), 2)
+        name = f"{rule}{': ' if rule else ''}{len(events)} events, {streams} stream(s), top {k}, gaps >= {min_gap} us"
+        return Case(name, dict(trace={"traceEvents": events}, k=k, min_gap_us=min_gap))
+
+    if public:
+        return [case("", 12, 40.0), case("", 16, 30.0, memcpy=True, shuffle=True),
+                case("", 18, 25.0, streams=2)]
+    return [case("repeated kernels", 20, 30.0, cpu=False, flows=False), case("cpu ops and flow events", 14, 30.0),
+            case("unsorted events", 16, 30.0, shuffle=True), case("a copy inside a gap", 20, 30.0, memcpy=True),
+            case("two streams overlapping", 20, 30.0, streams=2), case("launch-bound: mostly idle", 12, 200.0)]
+
+
+def _trace_run(ns, case, device):
+    x = case.inputs
+    return {"summary": entry(ns, "trace_summary")(x["trace"], x["k"], x["min_gap_us"])}
+
+
+def _same_summary(got, want) -> bool:
+    try:
+        top = [(str(n), float(t)) for n, t in got["top"]]
+        gaps = [(float(s), float(length)) for s, length in got["gaps"]]
+        busy = float(got["busy"])
+    except (TypeError, KeyError, ValueError):
+        return False
+    return ([n for n, _ in top] == [n for n, _ in want["top"]]
+            and all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6) for (_, a), (_, b) in zip(top, want["top"]))
+            and len(gaps) == len(want["gaps"])
+            and all(math.isclose(a, b, abs_tol=1e-6) and math.isclose(c, d, abs_tol=1e-6)
+                    for (a, c), (b, d) in zip(gaps, want["gaps"]))
+            and math.isclose(busy, want["busy"], rel_tol=1e-6, abs_tol=1e-9))
+
+
+def _trace_judge(case, obs):
+    x = case.inputs
+    ref = lambda **mistake: ref_trace_summary(x["trace"], x["k"], x["min_gap_us"], **mistake)  # noqa: E731
+    want, got = ref(), obs["summary"]
+    if not isinstance(got, dict) or not {"top", "gaps", "busy"} <= set(got):
+        return f"trace_summary must return a dict with 'top', 'gaps' and 'busy'; got {type(got).__name__}."
+    if _same_summary(got, want):
+        return None
+    shown = {key: got.get(key) for key in ("top", "gaps", "busy")}
+    message = (f"trace_summary gave {str(shown)[:400]};\n  expected top {want['top']}, {len(want['gaps'])} gap(s) "
+               f"{[(round(s, 3), round(n, 3)) for s, n in want['gaps']][:5]}, busy {want['busy']:.4f}.")
+    return diagnose(message, got, [
+        ("kernels not added up by name: a kernel launched many times is one line of the top list, its total time",
+         lambda: ref(aggregate=False)),
+        ("CPU-side events counted as device work: keep the device categories (cat 'kernel'; for gaps also "
+         "'gpu_memcpy' and 'gpu_memset')", lambda: ref(top_cats=("kernel", "cpu_op", "cuda_runtime"),
+                                                       busy_cats=DEVICE_CATS + ("cpu_op", "cuda_runtime"))),
+        ("copies ignored: a memcpy or memset keeps the device busy, so it is not an idle gap",
+         lambda: ref(busy_cats=("kernel",))),
+        ("overlapping kernels (two streams) not merged: the device is idle only when no stream runs anything",
+         lambda: ref(merge=False)),
+    ], _same_summary, "\n  Yours matches {} instead.")
+
+
+TRACE_SUMMARY = Exercise(
+    "trace_summary", 2, ("trace_summary",), _trace_cases, _trace_run, _trace_judge,
+    title="Reading a profiler trace: top kernels and idle gaps",
+    hint="Keep ph == 'X' events; top: sum dur per name over cat 'kernel', sort descending, first k; gaps: sort the "
+         "device events (kernel, gpu_memcpy, gpu_memset) by ts, track the end of the busy union, record gaps >= "
+         "min_gap_us as (start, length); busy = union length / (last end - first start).")
+
+EXERCISES = [GRAPH_BREAKS, COUNT_COMPILES, COMPILE_ONCE, SYNC_FREE_STEP, GRAPH_RUNNER, TRACE_SUMMARY]
+BENCHMARKS: list = []

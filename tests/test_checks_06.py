@@ -1,0 +1,324 @@
+"""Lab 06's checks: the solution passes; the mistakes compile-and-graphs code really has are rejected with a
+message that names them: a forward that keeps its breaks, deletes the branch instead of making it branch-free,
+takes Bessel's std, or hides a break (torch._dynamo.disable, an eager fallback, a flag that captures .item());
+compilations counted per call or per shape; a wrapper that recompiles for the batch of one, falls back to eager
+or returns padding; a training step with .item(), an `if` on a tensor or a print, one that updates with NaN
+gradients or counts a skipped loss; a graph runner that captures on every call, rebinds its buffers, runs eagerly
+or writes into the caller's examples; a trace reader that does not add kernels up, counts host events, ignores
+copies or does not merge overlapping streams."""
+import pytest
+import torch
+
+from gpulab.compiler import BreakyNet
+from gpulab.syncs import train_step_with_syncs
+from grader.checks import exercises, load_lab
+from grader.exercise import evaluate
+from tests import graderkit as kit
+from tests.conftest import grade, solution_namespace, with_answer
+
+STEM = "06_compile_and_graphs"
+CHECKS = load_lab(STEM)
+EX = exercises(STEM)
+
+
+@pytest.fixture(scope="module")
+def sol06():
+    return solution_namespace(STEM)
+
+
+def _public(eid, ns, n=None):
+    """The public cases only (the first ``n``): enough to see a wrong answer's message, quickly."""
+    ex = EX[eid]
+    return evaluate(ex, ns, "cpu", ex.cases()[:n])
+
+
+@pytest.mark.parametrize("eid", list(EX))
+def test_solution_passes_public_and_hidden_cases(sol06, eid):
+    result = grade(STEM, eid, sol06)
+    assert result.status == "passed", result.message
+
+
+# --- 1. graph breaks ---------------------------------------------------------------------------------------------
+
+def _forward(clip=True, correction=0):
+    def smooth_forward(model, x):
+        h = model.fc1(x).relu()
+        if model.clip and clip:
+            h = h.clamp(max=model.limit)
+        if model.numpy_scale:
+            h = h / (h.std(correction=correction) + 1.0)
+        return model.fc3(model.fc2(h).relu())
+    return smooth_forward
+
+
+def test_the_model_as_is_keeps_its_breaks(sol06):
+    r = _public("graph_breaks", with_answer(sol06, smooth_forward=lambda model, x: model(x)), 1)
+    assert r.status == "failed" and "still has 3 graph break(s)" in r.message, r.message
+
+
+def test_deleting_the_branch_instead_of_clamping_is_named(sol06):
+    r = _public("graph_breaks", with_answer(sol06, smooth_forward=_forward(clip=False)), 1)
+    assert r.status == "failed" and "the `if` was deleted, not made branch-free" in r.message, r.message
+
+
+def test_bessels_std_is_named(sol06):
+    r = _public("graph_breaks", with_answer(sol06, smooth_forward=_forward(correction=1)), 1)
+    assert r.status == "failed" and "Bessel's correction" in r.message, r.message
+
+
+def test_disabling_dynamo_hides_the_breaks_and_fails(sol06):
+    hidden = torch._dynamo.disable(lambda model, x: model(x))
+    r = _public("graph_breaks", with_answer(sol06, smooth_forward=hidden), 1)
+    assert r.status == "failed" and "only 0 of the model's 3 Linear layers ran inside" in r.message, r.message
+
+
+def test_an_eager_fallback_around_a_compiled_attempt_fails(sol06):
+    def smooth_forward(model, x):  # "it compiles whenever it can": the breaks are still there, in eager
+        try:
+            return torch.compile(model, fullgraph=True, backend="eager")(x)
+        except Exception:
+            return model(x)
+    r = _public("graph_breaks", with_answer(sol06, smooth_forward=smooth_forward), 1)
+    assert r.status != "passed" and r.score == 0, r.message
+
+
+def test_disabling_only_the_numpy_part_still_counts_its_breaks(sol06):
+    @torch._dynamo.disable
+    def numpy_scale(h):
+        return h / (float(torch.from_numpy(h.detach().numpy()).std(correction=0)) + 1.0)
+
+    def smooth_forward(model, x):
+        h = model.fc1(x).relu().clamp(max=model.limit)
+        return model.fc3(model.fc2(numpy_scale(h)).relu())
+    r = _public("graph_breaks", with_answer(sol06, smooth_forward=smooth_forward), 1)
+    assert r.status == "failed" and "graph break(s) (target 0)" in r.message, r.message
+
+
+def test_capturing_scalar_outputs_does_not_count_as_a_fix(sol06):
+    def smooth_forward(model, x):  # relies on capture_scalar_outputs=True to swallow the .item() break
+        torch._dynamo.config.capture_scalar_outputs = True
+        h = model.fc1(x).relu()
+        if h.abs().max().item() > model.limit:
+            h = h.clamp(max=model.limit)
+        h = h / (h.std(correction=0) + 1.0)
+        return model.fc3(model.fc2(h).relu())
+    try:
+        r = _public("graph_breaks", with_answer(sol06, smooth_forward=smooth_forward), 1)
+    finally:
+        torch._dynamo.config.capture_scalar_outputs = False
+    assert r.status == "failed" and "graph break" in r.message, r.message
+
+
+def test_reference_equals_the_breaky_model():
+    for flags in ({}, {"log": False}, {"clip": False}, {"numpy_scale": False}):
+        model = BreakyNet(d_in=5, d_hidden=7, d_out=3, seed=4, **flags).double()
+        for scale in (0.05, 4.0):
+            x = torch.randn(6, 5, dtype=torch.float64) * scale
+            with torch.no_grad():
+                assert torch.allclose(CHECKS.ref_smooth(model, x), model(x), atol=1e-12)
+
+
+# --- 2. counting compilations -------------------------------------------------------------------------------------
+
+def test_counting_calls_is_named(sol06):
+    r = _public("count_compiles", with_answer(sol06, count_compiles=lambda fn, inputs, dynamic=None: len(inputs)))
+    assert r.status == "failed" and "Yours counts the number of calls" in r.message, r.message
+
+
+def test_counting_distinct_shapes_is_named(sol06):
+    def count_compiles(fn, inputs, dynamic=None):
+        return len({tuple(x.shape) for x in inputs})
+    r = _public("count_compiles", with_answer(sol06, count_compiles=count_compiles))
+    assert r.status == "failed" and "the number of distinct shapes" in r.message, r.message
+
+
+# --- 3. one compilation across sizes -------------------------------------------------------------------------------
+
+def test_plain_compile_recompiles(sol06):
+    r = _public("compile_once", with_answer(sol06, compile_once=lambda fn, backend: torch.compile(fn, backend=backend)),
+                1)
+    assert r.status == "failed" and "compiled 2 time(s)" in r.message, r.message
+
+
+def test_dynamic_true_recompiles_for_the_batch_of_one(sol06):
+    r = _public("compile_once", with_answer(
+        sol06, compile_once=lambda fn, backend: torch.compile(fn, backend=backend, dynamic=True)))
+    assert r.status == "failed" and r.cases[-1].status == "failed", r.message  # (8, 8) also fails: duck sizing
+    assert "sizes 0 and 1 are always specialised" in r.cases[-1].message
+
+
+def test_an_eager_fallback_for_awkward_sizes_fails(sol06):
+    def compile_once(fn, backend):
+        compiled = torch.compile(fn, backend=backend)
+
+        def call(x):
+            if x.shape[0] == 1:
+                return fn(x)                      # BUG: the batch of one runs eagerly
+            torch._dynamo.mark_dynamic(x, 0)
+            return compiled(x)
+        return call
+    r = _public("compile_once", with_answer(sol06, compile_once=compile_once))
+    assert r.status == "failed" and "ran the compiled graph: the others ran eagerly" in r.message, r.message
+
+
+def test_padding_left_in_the_result_fails(sol06):
+    def compile_once(fn, backend):
+        compiled = torch.compile(fn, backend=backend)
+
+        def call(x):
+            x = torch.cat([x, x.new_zeros(64 - x.shape[0], x.shape[1])])  # one bucket of 64 rows ...
+            return compiled(x)                                            # BUG: ... never sliced back
+        return call
+    r = _public("compile_once", with_answer(sol06, compile_once=compile_once), 1)
+    assert r.status == "failed" and "slice the padding rows off" in r.message, r.message
+
+
+def test_ignoring_the_given_backend_fails(sol06):
+    r = _public("compile_once", with_answer(
+        sol06, compile_once=lambda fn, backend: torch.compile(fn, backend="eager", dynamic=True)), 1)
+    assert r.status == "failed" and "Nothing was compiled with the backend you were given" in r.message, r.message
+
+
+# --- 4. the step without syncs ----------------------------------------------------------------------------------------
+
+def test_the_step_with_syncs_fails_and_names_the_line(sol06):
+    r = _public("sync_free_step", with_answer(sol06, train_step=train_step_with_syncs), 1)
+    assert r.status == "failed" and "synchronises with the host" in r.message and "Tensor.__bool__" in r.message
+    assert "if not torch.isfinite(loss)" in r.message
+
+
+def _step(item_log=False, format_log=False, skip="where"):
+    """The solution's step with one plausible bug."""
+    def train_step(model, x, y, lr, max_norm, stats):
+        logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        finite = torch.isfinite(loss)
+        model.zero_grad()
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        with torch.no_grad():
+            for p in model.parameters():
+                if skip == "where":
+                    p.copy_(torch.where(finite, p - lr * p.grad, p))
+                elif skip == "mask":   # BUG: NaN * 0 is NaN
+                    p -= lr * p.grad * finite
+                else:                  # BUG: no skip at all
+                    p -= lr * p.grad
+            stats["loss"] += loss.detach() if skip == "count all" else torch.where(finite, loss.detach(), 0.0)
+            stats["correct"] += torch.where(finite, (logits.argmax(-1) == y).sum(), 0)
+            stats["clipped"] += (finite & (norm > max_norm)).long()
+            stats["skipped"] += (~finite).long()
+        if item_log:
+            stats["last"] = loss.item()             # BUG: "just for logging"
+        if format_log:
+            print(f"loss {loss:.3f}")              # BUG: formatting a tensor reads it
+    return train_step
+
+
+def test_an_item_for_logging_is_a_sync(sol06):
+    r = _public("sync_free_step", with_answer(sol06, train_step=_step(item_log=True)), 1)
+    assert r.status == "failed" and "Tensor.item" in r.message and "loss.item()" in r.message, r.message
+
+
+def test_printing_the_loss_is_a_sync(sol06):
+    r = _public("sync_free_step", with_answer(sol06, train_step=_step(format_log=True)), 1)
+    assert r.status == "failed" and "Tensor.__format__" in r.message, r.message
+
+
+@pytest.mark.parametrize("skip", ["mask", "none"])
+def test_updating_with_nan_gradients_is_caught(sol06, skip):
+    r = _public("sync_free_step", with_answer(sol06, train_step=_step(skip="count all" if skip == "none" else skip)),
+                2)
+    assert r.status == "failed" and r.cases[0].status == "passed", r.message
+    assert "non-finite batch" in r.message or "stats['loss']" in r.message, r.message
+
+
+def test_a_skipped_batch_counted_in_the_loss_is_caught(sol06):
+    r = _public("sync_free_step", with_answer(sol06, train_step=_step(skip="count all")), 2)
+    assert r.status == "failed" and "stats['loss']" in r.message and "skipped batch adds nothing" in r.message
+
+
+# --- 5. capture once, replay ----------------------------------------------------------------------------------------
+
+def _runner(recapture=False, rebind=False, eager=False, own_buffers=True):
+    class GraphRunner:
+        def __init__(self, fn, example_inputs, api):
+            self.fn, self.api = fn, api
+            self.static_in = [t.clone() for t in example_inputs] if own_buffers else list(example_inputs)
+            self._capture()
+
+        def _capture(self):
+            self.graph = self.api.graph()
+            with self.api.capture(self.graph):
+                self.static_out = self.fn(*self.static_in)
+
+        def __call__(self, *inputs):
+            if eager:
+                return self.fn(*inputs)
+            if rebind:
+                self.static_in = [x.clone() for x in inputs]   # BUG: new tensors; the graph reads the old ones
+            else:
+                for s, x in zip(self.static_in, inputs):
+                    s.copy_(x)
+            if recapture:
+                self._capture()                                # BUG: a capture per call
+            self.graph.replay()
+            return self.static_out
+    return GraphRunner
+
+
+@pytest.mark.parametrize("bug, says", [
+    (dict(recapture=True), "more capture(s)"),
+    (dict(rebind=True), "the output of the example inputs"),
+    (dict(eager=True), "outside the graph"),
+    (dict(own_buffers=False), "the example inputs were modified"),
+])
+def test_a_wrong_graph_runner_is_named(sol06, bug, says):
+    r = _public("graph_runner", with_answer(sol06, GraphRunner=_runner(**bug)), 1)
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def test_a_correct_variant_of_the_runner_passes(sol06):
+    assert _public("graph_runner", with_answer(sol06, GraphRunner=_runner())).status == "passed"
+
+
+# --- 6. reading a trace ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mistake, says", [
+    (dict(aggregate=False), "kernels not added up by name"),
+    (dict(top_cats=("kernel", "cpu_op", "cuda_runtime"),
+          busy_cats=CHECKS.DEVICE_CATS + ("cpu_op", "cuda_runtime")), "CPU-side events counted as device work"),
+    (dict(busy_cats=("kernel",)), "copies ignored"),
+    (dict(merge=False), "overlapping kernels (two streams) not merged"),
+])
+def test_a_wrong_trace_reading_is_named(sol06, mistake, says):
+    wrong = lambda trace, k, min_gap_us: CHECKS.ref_trace_summary(trace, k, min_gap_us, **mistake)  # noqa: E731
+    r = _public("trace_summary", with_answer(sol06, trace_summary=wrong))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def test_a_reader_that_does_not_sort_fails(sol06):
+    def trace_summary(trace, k, min_gap_us):  # BUG: takes the events in file order
+        spans = [(e["ts"], e["ts"] + e["dur"]) for e in trace["traceEvents"]
+                 if e.get("ph") == "X" and e.get("cat") in CHECKS.DEVICE_CATS]
+        first, end, busy, gaps = spans[0][0], spans[0][0], 0.0, []
+        for start, stop in spans:
+            if start - end >= min_gap_us:
+                gaps.append((end, start - end))
+            busy += max(0.0, stop - max(start, end))
+            end = max(end, stop)
+        return dict(CHECKS.ref_trace_summary(trace, k, min_gap_us), gaps=gaps, busy=busy / (end - first))
+    r = _public("trace_summary", with_answer(sol06, trace_summary=trace_summary))
+    assert r.status == "failed" and r.cases[0].status == "passed" and r.cases[1].status == "failed", r.message
+
+
+# --- answers that compute nothing earn nothing; every rule in every hidden set -------------------------------------
+
+@pytest.mark.parametrize("eid", ["count_compiles", "sync_free_step", "graph_runner", "trace_summary"])
+def test_answers_that_compute_nothing_score_zero(eid):
+    kit.assert_do_nothing_scores_zero(EX[eid])
+
+
+@pytest.mark.parametrize("eid", list(EX))
+def test_every_hidden_set_covers_the_same_rules(eid):
+    kit.assert_same_rules_every_seed(EX[eid])
