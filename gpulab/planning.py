@@ -1,0 +1,205 @@
+"""Planning a training or serving deployment on paper: hardware, layouts and the costs earlier labs taught
+(lesson 16, the capstone).
+
+- :class:`Cluster`: what a machine offers (GPUs, memory, an assumed TFLOP/s and MFU, HBM bandwidth, the
+  alpha-beta figures of the links inside a node and between nodes). :data:`CLUSTERS` holds the two
+  clusters of the published runs below; their numbers are datasheet figures, labelled as such.
+- :class:`Layout`: a 3-D training layout, DP x TP x PP, with the microbatch size, the ZeRO stage and
+  activation recomputation. :data:`PUBLISHED` holds layouts published runs used, with their sources.
+- The building blocks of earlier labs, as plain formulas: :func:`ring_allreduce_time` (lab 11's alpha-beta
+  model of a ring), :func:`bubble_fraction` (lab 13's ``(p-1)/(m+p-1)``), :func:`group_link` (which link
+  a process group's ring crosses, from the rank order TP fastest, then DP, then PP, as Megatron-LM orders
+  them), :func:`kv_bytes_per_token` (lab 14's cache).
+- Serving on paper: :func:`replica_step_time` (one step of a TP-sharded replica on the roofline, plus its
+  per-layer all-reduces), :class:`FCFSBatcher` (lab 14's continuous-batching policy: oldest first, stop at
+  the first request that does not fit) and :func:`simulate_replicas` (a seeded trace split round-robin
+  over replicas, each served by :func:`gpulab.serving.simulate`).
+
+All sizes are bytes, times seconds, rates per second; the functions take and return Python floats.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from gpulab.datasheet import H100_FP16_FLOPS, H100_HBM_BYTES, H100_HBM_BYTES_PER_S, H100_NVLINK_BYTES_PER_S
+from gpulab.serving import ModelSpec, make_trace, simulate, summarize
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``n_gpus`` GPUs in nodes of ``gpus_per_node``: per GPU ``gpu_bytes`` of memory, ``peak_flops`` (dense
+    bf16) reached at ``mfu`` (model FLOPs utilisation, an assumption), ``hbm_bytes_per_s``; links as
+    alpha (latency, s) and bandwidth (bytes/s per GPU, one direction) inside a node and between nodes."""
+
+    name: str
+    n_gpus: int
+    gpus_per_node: int
+    gpu_bytes: float
+    peak_flops: float
+    mfu: float
+    hbm_bytes_per_s: float
+    intra_alpha: float
+    intra_bytes_per_s: float
+    inter_alpha: float
+    inter_bytes_per_s: float
+
+    def with_gpus(self, n_gpus: int) -> "Cluster":
+        return replace(self, n_gpus=n_gpus)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A training layout: ``dp * tp * pp`` GPUs; each DP replica runs ``global_batch / (dp * micro_batch)``
+    microbatches of ``micro_batch`` sequences per step; ZeRO ``zero`` (0-3) shards model states over DP;
+    ``recompute`` keeps only each layer's input and recomputes the rest in the backward pass."""
+
+    dp: int
+    tp: int
+    pp: int
+    micro_batch: int = 1
+    zero: int = 0
+    recompute: bool = False
+
+    def __str__(self) -> str:
+        return (f"DP={self.dp} x TP={self.tp} x PP={self.pp}, microbatch {self.micro_batch}, ZeRO-{self.zero}"
+                f"{', recompute' if self.recompute else ''}")
+
+
+# Datasheet figures (A100 SXM 80 GB and H100 SXM), one NIC per GPU; MFU is an assumption.
+CLUSTERS = {c.name: c for c in [
+    Cluster("A100-80GB x 1024 (Selene-like, HDR InfiniBand)", 1024, 8, 80e9, 312e12, 0.45, 2.0e12,
+            2e-6, 300e9, 8e-6, 25e9),
+    Cluster("H100-80GB x 8192 (RoCE 400G)", 8192, 8, H100_HBM_BYTES, H100_FP16_FLOPS, 0.40, H100_HBM_BYTES_PER_S,
+            2e-6, H100_NVLINK_BYTES_PER_S, 8e-6, 50e9),
+]}
+
+# Model shapes of the published runs (from their papers and configs).
+GPT3_175B = ModelSpec("GPT-3-175B", 96, 12288, 96, 96, 128, 175e9)
+LLAMA3_405B = ModelSpec("Llama-3-405B", 126, 16384, 128, 8, 128, 405e9)
+
+# Published training layouts: (model, sequence length, global batch in sequences, cluster, layout, source).
+PUBLISHED = {
+    "GPT-3 175B (Megatron-LM)": (GPT3_175B, 2048, 1536, CLUSTERS["A100-80GB x 1024 (Selene-like, HDR InfiniBand)"],
+                                 Layout(dp=16, tp=8, pp=8, micro_batch=1, zero=0, recompute=True),
+                                 "Narayanan et al., 'Efficient Large-Scale Language Model Training on GPU Clusters "
+                                 "Using Megatron-LM', SC 2021 (arXiv:2104.04473), Table 1: 175B, TP 8, PP 8, "
+                                 "1024 GPUs, batch 1536"),
+    "Llama 3 405B (Meta)": (LLAMA3_405B, 8192, 2048, CLUSTERS["H100-80GB x 8192 (RoCE 400G)"],
+                            Layout(dp=64, tp=8, pp=16, micro_batch=1, zero=1, recompute=True),
+                            "Llama Team, 'The Llama 3 Herd of Models' (arXiv:2407.21783), Table 4: 8192 GPUs, "
+                            "TP 8, CP 1, PP 16, DP 64, sequence 8192, 32 sequences per DP rank"),
+}
+
+
+def ring_allreduce_time(nbytes: float, p: int, alpha: float, bytes_per_s: float) -> float:
+    """Lab 11's ring all-reduce: ``2(p-1) alpha + 2 (p-1)/p n / bandwidth``; 0 for one rank."""
+    return 0.0 if p <= 1 else 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes / bytes_per_s
+
+
+def bubble_fraction(p: int, m: int) -> float:
+    """Lab 13's idle share of a GPipe/1F1B pipeline of ``p`` stages and ``m`` microbatches."""
+    return (p - 1) / (m + p - 1)
+
+
+def group_link(cluster: Cluster, stride: int, size: int) -> tuple[float, float]:
+    """``(alpha, bytes_per_s)`` of a process group of ``size`` ranks ``stride`` apart: inside one node when
+    ``stride * size <= gpus_per_node`` (NVLink), else across nodes (the network)."""
+    if stride * size <= cluster.gpus_per_node:
+        return cluster.intra_alpha, cluster.intra_bytes_per_s
+    return cluster.inter_alpha, cluster.inter_bytes_per_s
+
+
+def kv_bytes_per_token(spec: ModelSpec, dtype_bytes: float) -> float:
+    """Lab 14's cache per token: K and V, per layer, per key/value head: ``2 L n_kv d_head dtype_bytes``."""
+    return 2 * spec.n_layers * spec.n_kv_heads * spec.head_dim * dtype_bytes
+
+
+# --- serving on paper ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Workload:
+    """Online serving traffic: Poisson arrivals at ``rate`` per second, prompt and output lengths uniform
+    in the inclusive ranges, an end-to-end ``p99_s`` target, weight and KV-cache bytes per value."""
+
+    rate: float
+    prompt_len: tuple
+    new_tokens: tuple
+    p99_s: float
+    weight_bytes: float = 1.0
+    kv_bytes: float = 1.0
+
+    @property
+    def max_context(self) -> int:
+        return self.prompt_len[1] + self.new_tokens[1]
+
+
+def replica_step_time(spec: ModelSpec, tp: int, cluster: Cluster, work: Workload, prefill_tokens: int,
+                      decode_seqs: int) -> float:
+    """One step of a replica sharded ``tp`` ways inside a node: the roofline's max(FLOPs at ``mfu`` of peak,
+    bytes at HBM bandwidth) over ``tp`` GPUs, plus 2 all-reduces per layer of the step's activations.
+    FLOPs: 2 per parameter and token; bytes: the weights once, plus the cache of the decoding sequences
+    (each at half the maximum context, on average)."""
+    tokens = prefill_tokens + decode_seqs
+    flops = 2 * spec.n_params * tokens
+    nbytes = spec.n_params * work.weight_bytes + decode_seqs * kv_bytes_per_token(spec, work.kv_bytes) * \
+        work.max_context / 2
+    roof = max(flops / (cluster.peak_flops * cluster.mfu), nbytes / cluster.hbm_bytes_per_s) / tp
+    alpha, bw = group_link(cluster, 1, tp)
+    return roof + 2 * spec.n_layers * ring_allreduce_time(tokens * spec.d_model * 2, tp, alpha, bw)
+
+
+class FCFSBatcher:
+    """Lab 14's continuous-batching policy for :func:`gpulab.serving.simulate`: each step takes the live
+    requests oldest first while the batch has room (``max_batch``) and their KV blocks fit (``num_blocks``
+    of ``block_size`` tokens), stopping at the first that does not fit."""
+
+    def __init__(self, num_blocks: int, block_size: int, max_batch: int):
+        self.num_blocks, self.block_size, self.max_batch = num_blocks, block_size, max_batch
+        self.live, self.done = [], {}  # requests oldest first; rid -> tokens generated
+
+    def add(self, request) -> None:
+        self.live.append(request)
+        self.done[request.rid] = 0
+
+    def step(self) -> list:
+        batch, blocks = [], 0
+        for r in self.live:
+            need = -(-(r.prompt_len + self.done[r.rid]) // self.block_size)
+            if len(batch) == self.max_batch or blocks + need > self.num_blocks:
+                break
+            batch.append(r)
+            blocks += need
+        for r in batch:
+            self.done[r.rid] += 1
+        self.live = [r for r in self.live if self.done[r.rid] < r.max_new_tokens]
+        return [r.rid for r in batch]
+
+
+def simulate_replicas(spec: ModelSpec, cluster: Cluster, work: Workload, tp: int, replicas: int, max_batch: int,
+                      n_requests: int = 300, seed: int = 0, block_size: int = 16) -> dict:
+    """p50/p99 end-to-end latency (s) and time to first token of ``n_requests`` seeded requests, dealt
+    round-robin to ``replicas`` replicas of ``tp`` GPUs, each continuous-batching up to ``max_batch``
+    sequences (KV blocks for ``max_batch`` sequences of the maximum context). ``summarize``'s keys.
+    Runs are remembered: asking twice for the same plan costs one simulation."""
+    work = replace(work, prompt_len=tuple(work.prompt_len), new_tokens=tuple(work.new_tokens))
+    return dict(_simulate(spec, cluster, work, tp, replicas, max_batch, n_requests, seed, block_size))
+
+
+@lru_cache(maxsize=256)
+def _simulate(spec, cluster, work, tp, replicas, max_batch, n_requests, seed, block_size) -> dict:
+    trace = make_trace(seed, n_requests, work.rate, work.prompt_len, work.new_tokens)
+    blocks = max_batch * math.ceil(work.max_context / block_size)
+    step = lambda prefill, decode: replica_step_time(spec, tp, cluster, work, prefill, decode)  # noqa: E731
+    runs = [simulate(FCFSBatcher(blocks, block_size, max_batch), trace[r::replicas], step, blocks, block_size,
+                     max_batch) for r in range(replicas)]
+    merged = runs[0]
+    for run in runs[1:]:
+        merged.requests.update(run.requests)
+        merged.steps += run.steps
+        merged.clock = max(merged.clock, run.clock)
+    return summarize(merged)
+
+# The interview's serving case: 175B at 100 requests/s, p99 under 500 ms end to end, fp8 weights and cache.
+SERVE_175B = Workload(rate=100, prompt_len=(64, 512), new_tokens=(8, 24), p99_s=0.5, weight_bytes=1.0, kv_bytes=1.0)

@@ -1,0 +1,1074 @@
+"""Checks of lab 16, the capstone: a training planner (memory per GPU by ZeRO stage and recomputation, a modelled
+step time with the bubble and the alpha-beta collectives, feasibility, the layout search) checked against the
+published GPT-3 175B and Llama 3 405B layouts; serving capacity (weights and KV cache per GPU, a 175B deployment
+at 100 requests/s judged by a queueing simulation, 7B on 4 GPUs, ResNet-152 batching); reliability (Young/Daly,
+a ZeRO re-shard, stragglers and hangs, a diverging run) and an MLOps checklist with a canary decision. Wrong
+answers are named by the mistake they match. Hidden cases: one per rule (a case's name starts with its rule,
+before ':'), the same rules on every seed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import lru_cache
+
+import torch
+
+from gpulab.planning import (
+    CLUSTERS,
+    GPT3_175B,
+    LLAMA3_405B,
+    PUBLISHED,
+    SERVE_175B,
+    Cluster,
+    Layout,
+    Workload,
+    group_link,
+    replica_step_time,
+    ring_allreduce_time,
+    simulate_replicas,
+)
+from gpulab.reliability import CAUSES, MLOPS_ITEMS, flat_shards, make_divergence_trace, make_step_times
+from gpulab.serving import MODELS, ModelSpec
+from grader.exercise import Case, Exercise, entry
+from grader.kit.cases import choice, randint, uniform
+from grader.kit.close import close
+from grader.kit.variants import diagnose
+
+LAB = "16_capstone_design"
+TITLE = "Capstone: planning, capacity, reliability and MLOps"
+
+HEADROOM = 0.9          # a plan may use 90% of GPU memory: the rest is the allocator's, NCCL's and workspace
+PLAN_RTOL = 0.02        # a plan's modelled step time may be 2% above the best layout's
+KNOWN_GOOD = 1.5        # a published layout's modelled time must be within 1.5x of the planner's own plan
+SERVE_SLACK = 1.25      # a serving plan may use 25% more GPUs than the fewest the reference finds
+_YOURS = "\n  Yours counts {}."
+
+A100 = CLUSTERS["A100-80GB x 1024 (Selene-like, HDR InfiniBand)"]
+H100 = CLUSTERS["H100-80GB x 8192 (RoCE 400G)"]
+
+
+def _spec(x) -> ModelSpec:
+    return ModelSpec(**x)
+
+
+def _cluster(x) -> Cluster:
+    return Cluster(**x)
+
+
+def _layout(x) -> Layout:
+    return Layout(**x)
+
+
+def _plain(obj) -> dict:
+    return dataclasses.asdict(obj)
+
+
+def _numbers(got, keys) -> dict | str:
+    """The learner's dict of numbers as floats, or what is wrong with it."""
+    if not isinstance(got, dict) or not all(k in got for k in keys):
+        return f"must return a dict with the keys {list(keys)}, got {got!r}"
+    try:
+        return {k: float(got[k]) for k in keys}
+    except (TypeError, ValueError):
+        return f"every value must be a number, got {got!r}"
+
+
+def _judge_numbers(name: str, raw, want: dict, variant, hints: dict, case, unit: str = "") -> str | None:
+    """The first of ``want``'s numbers the learner's dict ``raw`` gets wrong, with its hint and the mistake it
+    matches: ``variant(bug)`` is the reference with one bug, for each ``(bug, label)`` in ``hints["_variants"]``."""
+    got = _numbers(raw, tuple(want))
+    if isinstance(got, str):
+        return f"{name} {got}."
+    for key, value in want.items():
+        if not close(got[key], value, 1e-6):
+            message = (f"{name}: {key} = {got[key]:.6g}{unit}, expected {value:.6g}{unit} for {case.name}. "
+                       f"{hints.get(key, '')}")
+            variants = [(label, lambda bug=bug: variant(bug)[key]) for bug, label in hints["_variants"]]
+            return diagnose(message.rstrip(), got[key], variants, lambda g, w: close(g, w, 1e-6), _YOURS)
+    return None
+
+
+# --- 1. memory per GPU ----------------------------------------------------------------------------------
+
+MEM_KEYS = ("weights", "grads", "optimizer", "activations", "total")
+
+
+def ref_training_memory(spec: ModelSpec, seq_len: int, layout: Layout, *, bug: str = "") -> dict:
+    """Bytes per GPU: bf16 weights and grads (2 B each), fp32 master + Adam moments (12 B), sharded over DP by
+    ZeRO stage; activations of the first stage's ceil(L/pp) layers for the pp microbatches 1F1B keeps in
+    flight: 34 s b h / tp per layer (sequence parallel, flash attention), or 2 s b h / tp with recomputation
+    plus one layer's 34 s b h / tp during its recomputed backward. ``bug`` names a variant (diagnoses)."""
+    per_gpu = spec.n_params / (layout.tp * layout.pp)
+    dp, z = layout.dp, layout.zero
+    weights = 2 * per_gpu / (dp if z >= 3 else 1)
+    grads = 2 * per_gpu / (dp if z >= 2 else 1)
+    optimizer = 0.0 if bug == "no optimizer" else 12 * per_gpu / (dp if z >= 1 or bug == "zero shards all" else 1)
+    if bug == "adam without master":
+        optimizer *= 8 / 12
+    sbh = seq_len * layout.micro_batch * spec.d_model
+    layers = math.ceil(spec.n_layers / layout.pp)
+    in_flight = 1 if bug == "one microbatch" else layout.pp
+    per_layer = (2 if layout.recompute else 34) * sbh / layout.tp
+    activations = in_flight * layers * per_layer + (34 * sbh / layout.tp if layout.recompute else 0.0)
+    if bug == "no activations":
+        activations = 0.0
+    return {"weights": weights, "grads": grads, "optimizer": optimizer, "activations": activations,
+            "total": weights + grads + optimizer + activations}
+
+
+_MEM_VARIANTS = (("no optimizer", "no optimizer states: Adam keeps an fp32 master copy and two fp32 moments, "
+                  "12 bytes per parameter, the largest part"),
+                 ("adam without master", "Adam's two moments but no fp32 master copy of the weights (4 + 4, not 12)"),
+                 ("one microbatch", "the activations of one microbatch: under 1F1B the first stage holds pp "
+                  "microbatches in flight"),
+                 ("no activations", "no activations at all"))
+
+
+def _layout_case(rule, spec, seq, batch, cluster, layout):
+    name = (f"{rule}: {spec.name}, sequence {seq}, batch {batch}, {cluster.n_gpus} x {cluster.gpu_bytes / 1e9:.0f} GB "
+            f"GPUs in nodes of {cluster.gpus_per_node}; {layout}")
+    return Case(name, dict(spec=_plain(spec), seq_len=seq, global_batch=batch, cluster=_plain(cluster),
+                           layout=_plain(layout)))
+
+
+def _published_cases(*rows):
+    """The published layouts, then one case per ``(rule, spec, seq_len, batch, cluster, layout)`` row."""
+    return [_layout_case("a published layout", spec, seq, batch, cl, lay) for spec, seq, batch, cl, lay, _
+            in PUBLISHED.values()] + [_layout_case(*row) for row in rows]
+
+
+def _random_layout(gen):
+    tp, pp = choice(gen, (1, 2, 4, 8)), choice(gen, (1, 2, 4, 8, 16))
+    dp = choice(gen, (1, 2, 4, 8, 16, 32))
+    return Layout(dp, tp, pp, choice(gen, (1, 2, 4)), randint(gen, 0, 3), choice(gen, (False, True)))
+
+
+def _training_memory_cases(gen, public):
+    if public:
+        return _published_cases(("ZeRO-1, no recompute", GPT3_175B, 2048, 1536, A100, Layout(32, 8, 4, 1, 1, False)),
+                                ("ZeRO-3, recompute", LLAMA3_405B, 8192, 2048, H100, Layout(1024, 8, 1, 2, 3, True)))
+    cases = []
+    for zero in range(4):
+        lay = dataclasses.replace(_random_layout(gen), zero=zero)
+        spec = choice(gen, (GPT3_175B, LLAMA3_405B, MODELS["Llama-2-70B"], MODELS["Llama-2-7B"]))
+        cl = choice(gen, (A100, H100)).with_gpus(lay.dp * lay.tp * lay.pp)
+        cases.append(_layout_case(f"ZeRO stage {zero}", spec, choice(gen, (2048, 4096, 8192)), 1024, cl, lay))
+    return cases
+
+
+def _training_memory_run(ns, case, device):
+    x = case.inputs
+    got = entry(ns, "training_memory")(_spec(x["spec"]), x["seq_len"], _layout(x["layout"]))
+    return {"mem": got if isinstance(got, dict) else repr(got)}
+
+
+_MEM_HINTS = {
+    "weights": "bf16 weights: 2 bytes per parameter of this GPU's n_params / (tp * pp); divided by dp at ZeRO-3.",
+    "grads": "bf16 gradients: 2 bytes per parameter of this GPU's share; divided by dp from ZeRO-2 on.",
+    "optimizer": "Mixed-precision Adam: 12 bytes per parameter (fp32 master, two fp32 moments); divided by dp "
+                 "from ZeRO-1 on.",
+    "activations": "Per layer and microbatch 34 s b h / tp bytes, or 2 s b h / tp with recomputation (plus one "
+                   "layer's 34 s b h / tp while it recomputes); the first stage holds ceil(L / pp) layers for pp "
+                   "microbatches.",
+    "total": "total is the sum of the other four.",
+    "_variants": _MEM_VARIANTS,
+}
+
+
+def _training_memory_judge(case, obs):
+    x = case.inputs
+    spec, layout = _spec(x["spec"]), _layout(x["layout"])
+    return _judge_numbers("training_memory", obs["mem"], ref_training_memory(spec, x["seq_len"], layout),
+                          lambda bug: ref_training_memory(spec, x["seq_len"], layout, bug=bug), _MEM_HINTS, case,
+                          " bytes per GPU")
+
+
+
+# --- 2. step time -----------------------------------------------------------------------------------------
+
+TIME_KEYS = ("compute", "tp_comm", "pp_comm", "bubble", "dp_comm", "total")
+
+
+def ref_step_time(spec: ModelSpec, seq_len: int, global_batch: int, layout: Layout, cluster: Cluster, *,
+                  bug: str = "") -> dict:
+    """Seconds per step. compute: 6 N tokens FLOPs (8 with recompute) over all GPUs at peak x MFU; TP: 4
+    all-reduces per layer and microbatch (6 with recompute) of s b h bf16 activations; PP: a send forward and
+    one backward per microbatch; bubble: (compute + TP + PP) x (pp - 1) / m; DP: a ring all-reduce of the
+    bf16 gradients (1.5x the volume at ZeRO-3). Each group's link by :func:`gpulab.planning.group_link`."""
+    n_gpus = layout.dp * layout.tp * layout.pp
+    m = global_batch // (layout.dp * layout.micro_batch)
+    flops = (8 if layout.recompute and bug != "no recompute flops" else 6) * spec.n_params * global_batch * seq_len
+    compute = flops / (n_gpus * cluster.peak_flops * cluster.mfu)
+    act = 2 * seq_len * layout.micro_batch * spec.d_model
+    alpha, bw = group_link(cluster, 1, layout.tp) if bug != "tp on nvlink" else (cluster.intra_alpha,
+                                                                                 cluster.intra_bytes_per_s)
+    per_layer = 6 if layout.recompute else 4
+    tp = math.ceil(spec.n_layers / layout.pp) * m * per_layer * ring_allreduce_time(act, layout.tp, alpha, bw)
+    if bug == "tp half":
+        tp /= 2
+    alpha, bw = group_link(cluster, layout.tp * layout.dp, layout.pp)
+    pp = 0.0 if layout.pp == 1 else 2 * m * (alpha + act / bw)
+    bubble = 0.0 if bug == "no bubble" else (compute + tp + pp) * (layout.pp - 1) / m
+    alpha, bw = group_link(cluster, layout.tp, layout.dp)
+    grads = 2 * spec.n_params / (layout.tp * layout.pp)
+    dp = ring_allreduce_time(grads, layout.dp, alpha, bw) * (1.5 if layout.zero == 3 else 1.0)
+    if bug == "dp no factor 2":
+        dp /= 2
+    return {"compute": compute, "tp_comm": tp, "pp_comm": pp, "bubble": bubble, "dp_comm": dp,
+            "total": compute + tp + pp + bubble + dp}
+
+
+_TIME_VARIANTS = (("no bubble", "no pipeline bubble: (p - 1) / m of the pipelined work is idle"),
+                  ("tp on nvlink", "TP on NVLink although its group spans nodes: tp > gpus_per_node puts the "
+                   "per-layer all-reduces on the network"),
+                  ("no recompute flops", "no extra forward for recomputation (8 N, not 6 N, FLOPs per token)"),
+                  ("tp half", "half the TP all-reduces: 2 in the forward and 2 in the backward per layer"),
+                  ("dp no factor 2", "a ring all-reduce without its factor 2 (reduce-scatter + all-gather)"))
+
+
+def _step_time_cases(gen, public):
+    if public:
+        return _published_cases(("TP across nodes", GPT3_175B, 2048, 1536, A100, Layout(8, 16, 8, 1, 1, False)),
+                                ("no pipeline", LLAMA3_405B, 8192, 2048, H100, Layout(1024, 8, 1, 2, 3, True)))
+    cases = []
+    for rule, tp_choices, pp_choices in (("TP inside a node", (2, 4, 8), (2, 4, 8)),
+                                         ("TP across nodes", (16,), (2, 4)),
+                                         ("a deep pipeline", (4, 8), (16, 32))):
+        lay = Layout(choice(gen, (2, 4, 8, 16)), choice(gen, tp_choices), choice(gen, pp_choices),
+                     choice(gen, (1, 2)), randint(gen, 0, 3), choice(gen, (False, True)))
+        cl = choice(gen, (A100, H100)).with_gpus(lay.dp * lay.tp * lay.pp)
+        batch = lay.dp * lay.micro_batch * randint(gen, 8, 64)
+        cases.append(_layout_case(rule, choice(gen, (GPT3_175B, LLAMA3_405B)), choice(gen, (2048, 4096)), batch, cl,
+                                  lay))
+    return cases
+
+
+def _step_time_run(ns, case, device):
+    x = case.inputs
+    got = entry(ns, "step_time")(_spec(x["spec"]), x["seq_len"], x["global_batch"], _layout(x["layout"]),
+                                 _cluster(x["cluster"]))
+    return {"time": got if isinstance(got, dict) else repr(got)}
+
+
+_TIME_HINTS = {
+    "compute": "6 x n_params x tokens FLOPs per step (8 x with recomputation), over dp x tp x pp GPUs at "
+               "peak_flops x mfu.",
+    "tp_comm": "Per layer of a stage (ceil(L / pp)) and microbatch, 4 ring all-reduces (6 with recomputation) of "
+               "2 s b h bytes over tp ranks, on the link group_link(cluster, 1, tp) gives.",
+    "pp_comm": "Per microbatch, one send forward and one backward of 2 s b h bytes: 2 m (alpha + bytes / "
+               "bandwidth) on group_link(cluster, tp * dp, pp); 0 without a pipeline.",
+    "bubble": "The pipeline idles (pp - 1) / m of the pipelined work: (compute + tp_comm + pp_comm) x (pp - 1) / m.",
+    "dp_comm": "A ring all-reduce of the 2-byte gradients of n_params / (tp * pp) parameters over dp ranks on "
+               "group_link(cluster, tp, dp); 1.5 x at ZeRO-3 (the extra parameter all-gather).",
+    "total": "total is the sum of the other five.",
+    "_variants": _TIME_VARIANTS,
+}
+
+
+def _step_time_judge(case, obs):
+    x = case.inputs
+    args = (_spec(x["spec"]), x["seq_len"], x["global_batch"], _layout(x["layout"]), _cluster(x["cluster"]))
+    return _judge_numbers("step_time", obs["time"], ref_step_time(*args), lambda bug: ref_step_time(*args, bug=bug),
+                          _TIME_HINTS, case, " s")
+
+
+
+# --- 3. feasibility ----------------------------------------------------------------------------------------
+
+def ref_layout_problems(spec, seq_len, global_batch, layout, cluster, *, bug: str = "") -> list[str]:
+    """Why ``layout`` cannot run (empty when it can): GPU count, TP across nodes, heads, layers, batch, memory."""
+    problems = []
+    if layout.dp * layout.tp * layout.pp != cluster.n_gpus:
+        problems.append(f"dp x tp x pp = {layout.dp * layout.tp * layout.pp}, not the {cluster.n_gpus} GPUs")
+    if layout.tp > cluster.gpus_per_node and bug != "tp across nodes":
+        problems.append(f"TP={layout.tp} spans nodes of {cluster.gpus_per_node} GPUs")
+    if spec.n_heads % layout.tp:
+        problems.append(f"{spec.n_heads} heads do not split {layout.tp} ways")
+    if layout.pp > spec.n_layers:
+        problems.append(f"{layout.pp} stages for {spec.n_layers} layers")
+    if global_batch % (layout.dp * layout.micro_batch):
+        problems.append(f"batch {global_batch} is not a multiple of dp x micro_batch")
+    mem = ref_training_memory(spec, seq_len, layout, bug=bug)["total"]
+    if mem > HEADROOM * cluster.gpu_bytes:
+        problems.append(f"{mem / 1e9:.1f} GB per GPU > {HEADROOM:.0%} of {cluster.gpu_bytes / 1e9:.0f} GB")
+    return problems
+
+
+def _layout_problems_cases(gen, public):
+    if public:
+        gpt3 = (GPT3_175B, 2048, 1536, A100)
+        return _published_cases(("TP across nodes", *gpt3, Layout(8, 16, 8, 1, 1, True)),
+                                ("no room for Adam", *gpt3, Layout(32, 8, 4, 1, 0, False)),
+                                ("activations of pp microbatches", *gpt3, Layout(16, 8, 8, 8, 1, False)),
+                                ("pure data parallel", *gpt3, Layout(1024, 1, 1, 1, 0, False)),
+                                ("the wrong GPU count", *gpt3, Layout(8, 8, 8, 1, 0, True)))
+    spec, seq, batch, cl, lay, _ = PUBLISHED["GPT-3 175B (Megatron-LM)"]
+    dp = choice(gen, (2, 4, 8))
+    return [
+        _layout_case("a feasible layout", spec, seq, batch, cl.with_gpus(dp * 64), dataclasses.replace(lay, dp=dp)),
+        _layout_case("TP across nodes", spec, seq, batch, cl.with_gpus(dp * 128),
+                     Layout(dp, 16, 8, 1, 1, True)),
+        _layout_case("no room for Adam", spec, seq, batch, cl.with_gpus(dp * 32), Layout(dp, 8, 4, 1, 0, False)),
+        _layout_case("activations of pp microbatches", spec, seq, batch, cl.with_gpus(dp * 64),
+                     Layout(dp, 8, 8, choice(gen, (8, 16)), 1, False))]
+
+
+def _layout_problems_run(ns, case, device):
+    x = case.inputs
+    got = entry(ns, "layout_problems")(_spec(x["spec"]), x["seq_len"], x["global_batch"], _layout(x["layout"]),
+                                       _cluster(x["cluster"]))
+    return {"problems": [str(p) for p in got] if isinstance(got, (list, tuple)) else repr(got)}
+
+
+def _layout_problems_judge(case, obs):
+    x = case.inputs
+    args = (_spec(x["spec"]), x["seq_len"], x["global_batch"], _layout(x["layout"]), _cluster(x["cluster"]))
+    want, got = ref_layout_problems(*args), obs["problems"]
+    if not isinstance(got, list):
+        return f"layout_problems must return a list of strings (empty when the layout can run), got {got}."
+    if bool(got) == bool(want):
+        return None
+    if want:
+        why = "; ".join(want)
+        for bug, label in (("tp across nodes", "TP groups across nodes: tensor parallelism's per-layer all-reduces "
+                                                 "belong on NVLink, inside a node"),) + _MEM_VARIANTS:
+            if not ref_layout_problems(*args, bug=bug):
+                return f"layout_problems returned [] for {case.name}, which cannot run: {why}. Yours accepts {label}."
+        return f"layout_problems returned [] for {case.name}, which cannot run: {why}."
+    return (f"layout_problems rejected {case.name} ({got}), but it fits and can run"
+            f"{' (it is the layout the published run used)' if case.name.startswith('a published') else ''}: "
+            "reject only a wrong GPU count, TP beyond a node, heads or layers that do not split, a batch that "
+            f"does not divide, or more than {HEADROOM:.0%} of GPU memory.")
+
+
+
+# --- 4. the planner ------------------------------------------------------------------------------------------
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def ref_plan_training(spec, seq_len, global_batch, cluster) -> tuple:
+    """The feasible layout with the least modelled step time: TP a divisor of the node, PP a divisor of what is
+    left, microbatches of 1, 2, 4 or 8 sequences, ZeRO 0-3, recomputation on or off."""
+    best = None
+    for tp in _divisors(cluster.gpus_per_node):
+        for pp in _divisors(cluster.n_gpus // tp):
+            for mb in (1, 2, 4, 8):
+                for zero in range(4):
+                    for recompute in (False, True):
+                        lay = Layout(cluster.n_gpus // (tp * pp), tp, pp, mb, zero, recompute)
+                        if ref_layout_problems(spec, seq_len, global_batch, lay, cluster):
+                            continue
+                        t = ref_step_time(spec, seq_len, global_batch, lay, cluster)["total"]
+                        if best is None or t < best[1]:
+                            best = (lay, t)
+    return best
+
+
+def _plan_training_cases(gen, public):
+    def case(rule, name, spec, seq, batch, cluster, published=None):
+        return Case(f"{rule}: {name}, sequence {seq}, batch {batch}, {cluster.n_gpus} GPUs",
+                    dict(spec=_plain(spec), seq_len=seq, global_batch=batch, cluster=_plain(cluster),
+                         published=None if published is None else _plain(published)))
+
+    if public:
+        return [case("a published run", name, spec, seq, batch, cl, lay)
+                for name, (spec, seq, batch, cl, lay, _) in PUBLISHED.items()]
+    spec = choice(gen, (MODELS["Llama-2-70B"], MODELS["Llama-2-13B"]))
+    gpt3 = PUBLISHED["GPT-3 175B (Megatron-LM)"]
+    return [case("a published run", "GPT-3 175B", *gpt3[:4], gpt3[4]),
+            case("a mid-size model", spec.name, spec, 4096, 64 * randint(gen, 4, 16), H100.with_gpus(
+                choice(gen, (64, 128, 256))))]
+
+
+def _plan_training_run(ns, case, device):
+    x = case.inputs
+    spec, cluster = _spec(x["spec"]), _cluster(x["cluster"])
+    out = entry(ns, "plan_training")(spec, x["seq_len"], x["global_batch"], cluster)
+    obs = {"plan": repr(out)}
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], Layout):
+        obs = {"plan": _plain(out[0]), "why": str(out[1])}
+    if x["published"] is not None:  # the learner's own model must call the published layout good
+        pub = _layout(x["published"])
+        obs["published_problems"] = [str(p) for p in entry(ns, "layout_problems")(spec, x["seq_len"],
+                                                                                  x["global_batch"], pub, cluster)]
+        obs["published_time"] = float(entry(ns, "step_time")(spec, x["seq_len"], x["global_batch"], pub,
+                                                             cluster)["total"])
+        if isinstance(obs["plan"], dict):
+            obs["plan_time"] = float(entry(ns, "step_time")(spec, x["seq_len"], x["global_batch"],
+                                                            _layout(obs["plan"]), cluster)["total"])
+    return obs
+
+
+def _plan_training_judge(case, obs):
+    x = case.inputs
+    spec, cluster = _spec(x["spec"]), _cluster(x["cluster"])
+    if not isinstance(obs["plan"], dict):
+        return f"plan_training must return (Layout, explanation), got {obs['plan']}."
+    lay = _layout(obs["plan"])
+    problems = ref_layout_problems(spec, x["seq_len"], x["global_batch"], lay, cluster)
+    if problems:
+        return f"plan_training chose {lay} for {case.name}, which cannot run: {'; '.join(problems)}."
+    best, t_best = ref_plan_training(spec, x["seq_len"], x["global_batch"], cluster)
+    t = ref_step_time(spec, x["seq_len"], x["global_batch"], lay, cluster)["total"]
+    published = None if x["published"] is None else _layout(x["published"])
+    if t > (1 + PLAN_RTOL) * t_best and lay != published:
+        return (f"plan_training chose {lay}: {t:.3f} s per step in the model, but {best} takes {t_best:.3f} s "
+                f"for {case.name}. Search every tp dividing the node, pp dividing the rest, the microbatch size, "
+                "ZeRO stage and recomputation, and keep the fastest feasible layout.")
+    if len(obs["why"].split()) < 5:
+        return "plan_training's explanation is missing: say why this layout (memory per GPU, step time, bubble)."
+    if published is not None:
+        if obs["published_problems"]:
+            return (f"Your layout_problems rejects the published layout {published} ({obs['published_problems']}): "
+                    "it ran, so a model that forbids it is wrong.")
+        ratio = obs["published_time"] / obs["plan_time"]
+        if ratio > KNOWN_GOOD:
+            return (f"Your step_time puts the published layout {published} at {ratio:.2f}x your plan's time; it "
+                    f"reached a high MFU in practice, so a model that calls it more than {KNOWN_GOOD}x slower "
+                    "is missing something (the bubble? TP on the wrong link?).")
+    return None
+
+
+
+# --- 5. serving memory -------------------------------------------------------------------------------------
+
+SERVE_KEYS = ("weights", "kv", "total")
+
+
+def ref_serving_memory(spec, tp, batch, context, weight_bytes, kv_bytes, *, bug: str = "") -> dict:
+    """Bytes per GPU of a replica sharded ``tp`` ways: its share of the weights, and the KV cache of ``batch``
+    sequences of ``context`` tokens for its ceil(n_kv_heads / tp) key/value heads (replicated below one head)."""
+    weights = spec.n_params * weight_bytes / tp
+    heads = {"": math.ceil(spec.n_kv_heads / tp), "no kv": 0, "kv not split": spec.n_kv_heads,
+             "query heads": math.ceil(spec.n_heads / tp), "kv floor": spec.n_kv_heads / tp}[bug]
+    kv = batch * context * 2 * spec.n_layers * heads * spec.head_dim * kv_bytes
+    return {"weights": weights, "kv": kv, "total": weights + kv}
+
+
+_SERVE_HINTS = {"kv": "batch x context x 2 x n_layers x ceil(n_kv_heads / tp) x head_dim x kv_bytes.",
+                "_variants": (("no kv", "no KV cache: every running sequence keeps K and V of all its tokens"),
+                   ("kv not split", "the whole cache on every GPU: TP splits the key/value heads too"),
+                   ("query heads", "the query heads: only the n_kv_heads key/value heads are cached"),
+                   ("kv floor", "a fraction of a head: with fewer KV heads than GPUs each GPU keeps a whole "
+                    "(replicated) head, ceil(n_kv_heads / tp)"))}
+
+
+def _serving_memory_cases(gen, public):
+    def case(rule, spec, tp, batch, context, wb, kvb):
+        return Case(f"{rule}: {spec.name}, TP={tp}, {batch} sequences of {context} tokens, weights {wb} B, KV {kvb} B",
+                    dict(spec=_plain(spec), tp=tp, batch=batch, context=context, weight_bytes=wb, kv_bytes=kvb))
+
+    if public:
+        return [case("MHA", GPT3_175B, 8, 64, 536, 1, 1), case("GQA", MODELS["Llama-2-70B"], 4, 32, 4096, 2, 2),
+                case("fewer KV heads than GPUs", MODELS["Llama-2-70B"], 16, 8, 4096, 2, 2)]
+    spec = choice(gen, [MODELS["Llama-2-7B"], MODELS["Llama-2-13B"], GPT3_175B])
+    return [case("MHA", spec, choice(gen, (1, 2, 4, 8)), randint(gen, 1, 128), randint(gen, 128, 8192), 2, 2),
+            case("GQA", MODELS["Llama-3-8B"], choice(gen, (2, 4, 8)), randint(gen, 1, 128), randint(gen, 128, 8192), 2,
+                 1),
+            case("fewer KV heads than GPUs", MODELS["Mistral-7B"], 16, randint(gen, 1, 64), 4096, 1, 1)]
+
+
+def _serving_memory_run(ns, case, device):
+    x = case.inputs
+    got = entry(ns, "serving_memory")(_spec(x["spec"]), x["tp"], x["batch"], x["context"], x["weight_bytes"],
+                                      x["kv_bytes"])
+    return {"mem": got if isinstance(got, dict) else repr(got)}
+
+
+def _serving_memory_judge(case, obs):
+    x = case.inputs
+    args = (_spec(x["spec"]), x["tp"], x["batch"], x["context"], x["weight_bytes"], x["kv_bytes"])
+    return _judge_numbers("serving_memory", obs["mem"], ref_serving_memory(*args),
+                          lambda bug: ref_serving_memory(*args, bug=bug), _SERVE_HINTS, case, " bytes per GPU")
+
+
+
+# --- 6. the serving plan -----------------------------------------------------------------------------------
+
+MAX_REPLICAS = 32
+
+
+def _fits(spec, work, cluster, tp, max_batch, bug="") -> bool:
+    mem = ref_serving_memory(spec, tp, max_batch, work.max_context, work.weight_bytes, work.kv_bytes, bug=bug)
+    return mem["total"] <= HEADROOM * cluster.gpu_bytes
+
+
+def _p99(spec, cluster, work, tp, replicas, max_batch) -> float:
+    return simulate_replicas(spec, cluster, work, tp, replicas, max_batch)["p99"]
+
+
+@lru_cache(maxsize=16)
+def ref_plan_serving(spec, work, cluster) -> tuple:
+    """(GPUs, tp, replicas, max_batch) of the fewest GPUs meeting the p99: for each tp inside a node, the largest
+    power-of-two batch (<= 256) that fits beside the weights, and the fewest replicas (bisection) meeting p99."""
+    best = None
+    for tp in _divisors(cluster.gpus_per_node):
+        if spec.n_heads % tp or not _fits(spec, work, cluster, tp, 1):
+            continue
+        max_batch = max(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if _fits(spec, work, cluster, tp, b))
+        lo, hi = 1, MAX_REPLICAS
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if _p99(spec, cluster, work, tp, mid, max_batch) <= work.p99_s else (mid + 1, hi)
+        if _p99(spec, cluster, work, tp, lo, max_batch) > work.p99_s:
+            continue  # even MAX_REPLICAS replicas miss the target: each step is too slow at this TP
+        if best is None or tp * lo < best[0]:
+            best = (tp * lo, tp, lo, max_batch)
+    return best
+
+
+def _plan_serving_cases(gen, public):
+    def case(rule, spec, work):
+        return Case(f"{rule}: {spec.name} at {work.rate:g} requests/s, prompts {work.prompt_len}, outputs "
+                    f"{work.new_tokens} tokens, p99 < {work.p99_s:g} s, weights {work.weight_bytes:g} B, KV "
+                    f"{work.kv_bytes:g} B per value", dict(spec=_plain(spec), work=_plain(work),
+                                                            cluster=_plain(H100.with_gpus(512))))
+
+    if public:
+        return [case("the interview's case", GPT3_175B, SERVE_175B)]
+    return [case("175B at another rate", GPT3_175B, dataclasses.replace(SERVE_175B, rate=float(randint(gen, 60, 140)))),
+            case("a 70B model in fp16", MODELS["Llama-2-70B"], Workload(float(randint(gen, 20, 40)), (128, 1024),
+                                                                        (8, 32), 1.0, 2.0, 2.0))]
+
+
+def _plan_serving_run(ns, case, device):
+    x = case.inputs
+    got = entry(ns, "plan_serving")(_spec(x["spec"]), Workload(**x["work"]), _cluster(x["cluster"]))
+    if not isinstance(got, dict):
+        return {"plan": repr(got)}
+    return {"plan": {k: got.get(k) for k in ("tp", "replicas", "max_batch")}}
+
+
+def _plan_serving_judge(case, obs):
+    x = case.inputs
+    spec, cluster = _spec(x["spec"]), _cluster(x["cluster"])
+    work = Workload(**{**x["work"], "prompt_len": tuple(x["work"]["prompt_len"]),
+                       "new_tokens": tuple(x["work"]["new_tokens"])})
+    plan = obs["plan"]
+    if not isinstance(plan, dict) or not all(isinstance(plan[k], int) and plan[k] > 0 for k in plan):
+        return f"plan_serving must return {{'tp': int, 'replicas': int, 'max_batch': int}}, got {plan}."
+    tp, replicas, max_batch = plan["tp"], plan["replicas"], plan["max_batch"]
+    if tp > cluster.gpus_per_node or spec.n_heads % tp:
+        return (f"plan_serving chose TP={tp}: a replica's per-layer all-reduces must stay on NVLink inside a node "
+                f"of {cluster.gpus_per_node} GPUs, and {spec.n_heads} heads must split {tp} ways.")
+    if not _fits(spec, work, cluster, tp, max_batch):
+        mem = ref_serving_memory(spec, tp, max_batch, work.max_context, work.weight_bytes, work.kv_bytes)
+        message = (f"plan_serving: TP={tp} with max_batch={max_batch} needs {mem['total'] / 1e9:.1f} GB per GPU "
+                   f"(weights {mem['weights'] / 1e9:.1f} GB + KV {mem['kv'] / 1e9:.1f} GB for {max_batch} sequences "
+                   f"of {work.max_context} tokens), over {HEADROOM:.0%} of {cluster.gpu_bytes / 1e9:.0f} GB.")
+        if _fits(spec, work, cluster, tp, max_batch, bug="no kv"):
+            message += " Yours forgets the KV cache: size the batch so the cache of every running sequence fits."
+        return message
+    p99 = _p99(spec, cluster, work, tp, replicas, max_batch)
+    best = ref_plan_serving(spec, work, cluster)
+    if p99 > work.p99_s:
+        return (f"plan_serving: {replicas} replicas of TP={tp}, max_batch={max_batch} give p99 = {p99:.3f} s in the "
+                f"simulation, over the {work.p99_s:g} s target for {case.name}. Add replicas (queueing), or use "
+                f"more TP per replica (each step faster). The reference meets it with {best[2]} x TP={best[1]}.")
+    if tp * replicas > SERVE_SLACK * best[0]:
+        return (f"plan_serving uses {tp * replicas} GPUs ({replicas} x TP={tp}); {best[2]} replicas of TP={best[1]} "
+                f"({best[0]} GPUs) also meet p99 < {work.p99_s:g} s. Search for the fewest replicas per TP degree.")
+    return None
+
+
+
+# --- 7. 7B on 4 GPUs -----------------------------------------------------------------------------------------
+
+def ref_four_gpu_options(spec, cluster, work, batch, *, bug: str = "") -> dict:
+    """Decoding work.new_tokens[1] tokens for ``batch`` sequences per group: TP=4 (one replica, faster steps
+    with 2 all-reduces per layer), PP=4 (4 stages of a quarter of the layers, 4 microbatches in flight: a token
+    still crosses every stage and 4 hops), 4 replicas (each GPU its own batch). Latency per request, tokens/s."""
+    n = work.new_tokens[1]
+    t1 = replica_step_time(spec, 1, cluster, work, 0, batch)
+    t4 = replica_step_time(spec, 4, cluster, work, 0, batch)
+    if bug == "tp free":
+        t4 = t1 / 4
+    hop = cluster.intra_alpha + batch * spec.d_model * 2 / cluster.intra_bytes_per_s
+    cycle = 4 * (t1 / 4 + hop) if bug != "pp faster" else t1 / 4 + hop
+    reps = 4 if bug != "replicas one" else 1
+    return {"tp": {"latency_s": n * t4, "tokens_per_s": batch / t4},
+            "pp": {"latency_s": n * cycle, "tokens_per_s": 4 * batch / cycle},
+            "replicas": {"latency_s": n * t1, "tokens_per_s": reps * batch / t1}}
+
+
+def _four_gpu_options_cases(gen, public):
+    def case(rule, spec, batch):
+        return Case(f"{rule}: {spec.name}, batch {batch} per group, {work.new_tokens[1]} new tokens",
+                    dict(spec=_plain(spec), cluster=_plain(H100.with_gpus(4)), work=_plain(work), batch=batch))
+    work = Workload(10.0, (128, 1024), (64, 256), 1.0, 2.0, 2.0)
+    if public:
+        return [case("one sequence", MODELS["Llama-2-7B"], 1), case("a batch", MODELS["Mistral-7B"], 32)]
+    return [case("one sequence", choice(gen, [MODELS["Llama-2-7B"], MODELS["Llama-3-8B"]]), 1),
+            case("a batch", choice(gen, [MODELS["Llama-2-7B"], MODELS["Mistral-7B"]]), randint(gen, 8, 64))]
+
+
+def _four_gpu_options_run(ns, case, device):
+    x = case.inputs
+    work = Workload(**x["work"])
+    got = entry(ns, "four_gpu_options")(_spec(x["spec"]), _cluster(x["cluster"]), work, x["batch"])
+    return {"got": {k: dict(v) for k, v in got.items()} if isinstance(got, dict) else repr(got)}
+
+
+_FOUR_HINTS = {"_variants": (
+    ("tp free", "TP without its all-reduces (2 per layer per step, on NVLink: at batch 1 they cost as much as the "
+                "weight reads)"),
+    ("pp faster", "a pipeline that cuts a token's latency 4x: each token still crosses all 4 stages, so PP does not "
+                  "cut latency, it only keeps 4 microbatches busy"),
+    ("replicas one", "one replica's throughput: 4 replicas serve 4 batches at once"))}
+
+
+def _four_gpu_options_judge(case, obs):
+    x = case.inputs
+    work = Workload(**{**x["work"], "prompt_len": tuple(x["work"]["prompt_len"]),
+                       "new_tokens": tuple(x["work"]["new_tokens"])})
+    args = (_spec(x["spec"]), _cluster(x["cluster"]), work, x["batch"])
+    got = obs["got"]
+    if not isinstance(got, dict):
+        return f"four_gpu_options must return a dict of dicts, got {got}."
+    for option, want in ref_four_gpu_options(*args).items():
+        wrong = _judge_numbers(f"four_gpu_options[{option!r}]", got.get(option), want,
+                               lambda bug: ref_four_gpu_options(*args, bug=bug)[option], _FOUR_HINTS, case)
+        if wrong:
+            return wrong
+    return None
+
+
+
+# --- 8. ResNet-152: batching against a latency target ------------------------------------------------------
+
+def ref_resnet_batch(t_fixed, t_per_item, rate, slo, *, bug: str = "") -> dict:
+    """The largest batch (<= 256) whose worst latency, waiting for the batch to fill ((b - 1) / rate) plus
+    running it (t_fixed + b t_per_item), meets ``slo`` while its throughput keeps up with ``rate``."""
+    best = {"batch": 0, "latency_s": 0.0, "items_per_s": 0.0}
+    for b in range(1, 257):
+        run = t_fixed + b * t_per_item
+        latency = run + (0 if bug == "no wait" else (b - 1) / rate)
+        if latency <= slo and b / run >= rate:
+            best = {"batch": b, "latency_s": latency, "items_per_s": b / run}
+            if bug == "smallest":
+                return best
+    return best
+
+
+def _resnet_batch_cases(gen, public):
+    def case(rule, t_fixed, t_per, rate, slo):
+        return Case(f"{rule}: fixed {t_fixed * 1e3:.3g} ms, {t_per * 1e3:.3g} ms per image, {rate:g} images/s, "
+                    f"target {slo * 1e3:g} ms", dict(t_fixed=t_fixed, t_per_item=t_per, rate=rate, slo=slo))
+    if public:  # fp16 unfused, fused, fused + int8 (lesson 16's numbers)
+        return [case("unfused fp16", 2.0e-3, 0.10e-3, 2000.0, 0.02), case("fused fp16", 0.7e-3, 0.10e-3, 2000.0, 0.02),
+                case("fused int8", 0.7e-3, 0.05e-3, 2000.0, 0.02), case("a target no batch meets", 2e-3, 1e-3,
+                                                                        2000.0, 0.01)]
+    return [case("a feasible target", uniform(gen, 0.5e-3, 3e-3), uniform(gen, 0.03e-3, 0.2e-3),
+                 float(randint(gen, 500, 4000)), uniform(gen, 0.01, 0.05)),
+            case("a target no batch meets", 3e-3, 1e-3, 3000.0, uniform(gen, 0.001, 0.005))]
+
+
+def _resnet_batch_run(ns, case, device):
+    x = case.inputs
+    got = entry(ns, "resnet_batch")(x["t_fixed"], x["t_per_item"], x["rate"], x["slo"])
+    return {"got": dict(got) if isinstance(got, dict) else repr(got)}
+
+
+def _resnet_batch_judge(case, obs):
+    x = case.inputs
+    args = (x["t_fixed"], x["t_per_item"], x["rate"], x["slo"])
+    want, got = ref_resnet_batch(*args), _numbers(obs["got"], ("batch", "latency_s", "items_per_s"))
+    if isinstance(got, str):
+        return f"resnet_batch {got}."
+    if got["batch"] != want["batch"]:
+        message = (f"resnet_batch chose batch {got['batch']:g}, expected {want['batch']} for {case.name} (worst "
+                   f"latency {want['latency_s'] * 1e3:.3g} ms, {want['items_per_s']:.0f} images/s).")
+        return diagnose(message, got["batch"], [
+            ("no wait for the batch to fill: the first image waits (b - 1) / rate for the others",
+             ref_resnet_batch(*args, bug="no wait")["batch"]),
+            ("the smallest batch that works: the largest one that meets the target serves most per GPU",
+             ref_resnet_batch(*args, bug="smallest")["batch"])], lambda g, w: g == w, "\n  Yours is {}.")
+    for key in ("latency_s", "items_per_s"):
+        if not close(got[key], want[key], 1e-6):
+            return f"resnet_batch: {key} = {got[key]:.6g}, expected {want[key]:.6g} for batch {want['batch']}."
+    return None
+
+
+
+# --- 9. checkpoint interval -------------------------------------------------------------------------------
+
+def ref_checkpoint_interval(ckpt_s: float, gpu_mtbf_s: float, n_gpus: int) -> float:
+    """Young/Daly: sqrt(2 C M), with the job's MTBF M = one GPU's MTBF / n_gpus (any GPU failing stops the job)."""
+    return math.sqrt(2 * ckpt_s * gpu_mtbf_s / n_gpus)
+
+
+def _checkpoint_interval_cases(gen, public):
+    def case(rule, c, mtbf_h, n):
+        return Case(f"{rule}: checkpoint {c:g} s, GPU MTBF {mtbf_h:g} h, {n} GPUs",
+                    dict(ckpt_s=c, gpu_mtbf_s=mtbf_h * 3600, n_gpus=n))
+    if public:
+        return [case("a large job", 60.0, 50_000, 16_384), case("one GPU", 30.0, 50_000, 1)]
+    return [case("a large job", float(randint(gen, 10, 600)), float(randint(gen, 10_000, 100_000)),
+                 choice(gen, (1024, 4096, 16_384))),
+            case("one node", float(randint(gen, 5, 60)), float(randint(gen, 10_000, 100_000)), 8)]
+
+
+def _checkpoint_interval_run(ns, case, device):
+    x = case.inputs
+    return {"got": entry(ns, "checkpoint_interval")(x["ckpt_s"], x["gpu_mtbf_s"], x["n_gpus"])}
+
+
+def _checkpoint_interval_judge(case, obs):
+    x = case.inputs
+    c, m, n = x["ckpt_s"], x["gpu_mtbf_s"], x["n_gpus"]
+    want = ref_checkpoint_interval(c, m, n)
+    if close(obs["got"], want, 1e-6):
+        return None
+    message = (f"checkpoint_interval = {obs['got']!r} s, expected sqrt(2 C M) = {want:.6g} s with M = "
+               f"{m:g} / {n} s for {case.name}.")
+    return diagnose(message, obs["got"], [
+        ("sqrt(C M): Young/Daly's factor 2 is missing", math.sqrt(c * m / n)),
+        ("one GPU's MTBF: with n GPUs a failure comes n times as often", math.sqrt(2 * c * m)),
+        ("sqrt(C M) with one GPU's MTBF", math.sqrt(c * m))], lambda g, w: close(g, w, 1e-6), "\n  Yours is {}.")
+
+
+
+# --- 10. elastic restart: re-shard a ZeRO checkpoint ---------------------------------------------------------
+
+def _reshard_zero_cases(gen, public):
+    def case(rule, numel, old, new):
+        flat = torch.randn(numel, generator=gen, dtype=torch.float64).float()
+        return Case(f"{rule}: {numel} elements, {old} -> {new} ranks",
+                    dict(flat=flat, shards=flat_shards(flat, old), numel=numel, new_world=new))
+    if public:
+        return [case("shrink", 1000, 8, 6), case("grow", 10, 3, 4), case("no padding", 24, 4, 8)]
+    return [case("shrink", randint(gen, 100, 5000), 8, choice(gen, (3, 5, 6, 7))),
+            case("grow", randint(gen, 10, 500), choice(gen, (2, 3, 5)), choice(gen, (8, 16))),
+            case("fewer elements than ranks", randint(gen, 1, 6), 2, 8)]
+
+
+def _reshard_zero_run(ns, case, device):
+    x = case.inputs
+    shards = [s.clone() for s in x["shards"]]
+    got = entry(ns, "reshard_zero")(shards, x["numel"], x["new_world"])
+    return {"got": [t.detach().cpu() if isinstance(t, torch.Tensor) else repr(t) for t in got]
+            if isinstance(got, (list, tuple)) else repr(got),
+            "inputs_kept": all(torch.equal(a, b) for a, b in zip(shards, x["shards"]))}
+
+
+def _reshard_zero_judge(case, obs):
+    x = case.inputs
+    flat, numel, new = x["flat"], x["numel"], x["new_world"]
+    want, got = flat_shards(flat, new), obs["got"]
+    if not isinstance(got, list) or not all(isinstance(t, torch.Tensor) for t in got):
+        return f"reshard_zero must return a list of {new} 1-D tensors, got {got!r:.200}."
+    if len(got) != new:
+        return f"reshard_zero returned {len(got)} shards for a world of {new} ranks."
+    size = want[0].numel()
+    sizes = [t.numel() for t in got]
+    if sizes != [size] * new:
+        if sum(sizes) == numel:
+            return (f"reshard_zero returned shards of sizes {sizes}: they drop the padding tail. Every rank "
+                    f"holds ceil({numel} / {new}) = {size} elements (the last zero-padded), so collectives "
+                    "see equal sizes.")
+        return (f"reshard_zero returned shards of sizes {sizes}, expected {new} x ceil({numel} / {new}) = {size}: "
+                "strip the old padding (keep the first numel elements) before cutting.")
+    if any(t.dtype != flat.dtype for t in got):
+        return f"reshard_zero changed the dtype to {got[0].dtype}; keep {flat.dtype}."
+    joined = torch.cat(got)
+    if not torch.equal(joined[:numel], flat):
+        bad = int((joined[:numel] != flat).nonzero()[0])
+        return (f"reshard_zero: the shards joined differ from the unsharded tensor at element {bad} "
+                f"({float(joined[bad])} vs {float(flat[bad])}).")
+    if torch.any(joined[numel:] != 0):
+        return "reshard_zero: the padding tail must be zeros (it enters sums and norms)."
+    if not obs["inputs_kept"]:
+        return "reshard_zero modified the old shards: a checkpoint is read, never written."
+    return None
+
+
+
+# --- 11. stragglers and hangs -------------------------------------------------------------------------------
+
+STRAGGLER_FACTOR, HUNG_STEPS = 1.2, 3
+
+
+def ref_find_stragglers(times: torch.Tensor) -> dict:
+    """hung: ranks whose last HUNG_STEPS steps are all missing (NaN); stragglers: the other ranks whose median
+    step time is over STRAGGLER_FACTOR x the median of the ranks' medians (medians: one hiccup is no straggler)."""
+    hung = [r for r in range(times.shape[1]) if torch.isnan(times[-HUNG_STEPS:, r]).all()]
+    medians = torch.nanmedian(times, dim=0).values  # (ranks,)
+    typical = float(torch.median(medians))
+    slow = [r for r in range(times.shape[1]) if r not in hung and float(medians[r]) > STRAGGLER_FACTOR * typical]
+    return {"stragglers": slow, "hung": hung}
+
+
+def _find_stragglers_cases(gen, public):
+    def case(rule, ranks, stragglers, hung, hiccups):
+        seed = randint(gen, 0, 2**31)
+        times = make_step_times(seed, 40, ranks, stragglers, hung, hiccups=hiccups)
+        return Case(f"{rule}: {ranks} ranks, 40 steps", dict(times=times))
+    if public:
+        return [case("one straggler", 16, [5], [], 0), case("a hang", 8, [], [3], 2),
+                case("hiccups only", 32, [], [], 12)]
+    ranks = choice(gen, (16, 32, 64))
+    return [case("one straggler", ranks, [randint(gen, 0, ranks - 1)], [], 3),
+            case("a hang and a straggler", ranks, [0], [randint(gen, 1, ranks - 1)], 3),
+            case("hiccups only", ranks, [], [], 2 * ranks)]
+
+
+def _find_stragglers_run(ns, case, device):
+    got = entry(ns, "find_stragglers")(case.inputs["times"].clone())
+    if not isinstance(got, dict):
+        return {"got": repr(got)}
+    return {"got": {k: sorted(int(r) for r in got.get(k, [])) for k in ("stragglers", "hung")}}
+
+
+def _find_stragglers_judge(case, obs):
+    times, got = case.inputs["times"], obs["got"]
+    want = ref_find_stragglers(times)
+    if not isinstance(got, dict):
+        return f"find_stragglers must return {{'stragglers': [...], 'hung': [...]}}, got {got}."
+    if got["hung"] != want["hung"]:
+        return (f"find_stragglers: hung = {got['hung']}, expected {want['hung']} for {case.name}: a rank that "
+                f"reported nothing (NaN) for its last {HUNG_STEPS} steps is hung (dump its stack, restart it).")
+    if got["stragglers"] != want["stragglers"]:
+        means = torch.nanmean(times, dim=0)
+        mean_rule = [r for r in range(times.shape[1]) if r not in want["hung"]
+                     and float(means[r]) > STRAGGLER_FACTOR * float(torch.nanmedian(means))]
+        message = (f"find_stragglers: stragglers = {got['stragglers']}, expected {want['stragglers']} for "
+                   f"{case.name}: a straggler's median step time is over {STRAGGLER_FACTOR} x the median rank's.")
+        if got["stragglers"] == mean_rule or set(got["stragglers"]) > set(want["stragglers"]):
+            message += (" Yours flags ranks with a one-off hiccup (a mean or a maximum): use each rank's median, "
+                        "so only a rank slow step after step counts.")
+        return message
+    return None
+
+
+
+# --- 12. a diverging run ------------------------------------------------------------------------------------
+
+WINDOW, SPIKE = 20, 1.5
+
+
+def ref_diagnose_divergence(trace: dict) -> dict:
+    """first_spike: the first step from WINDOW on whose loss is NaN or over SPIKE x the median of the WINDOW steps
+    before; first_nan (-1 if none); layer: at the last step up to the spike whose per-layer norms are finite, the
+    layer whose gradient norm is largest relative to its own median before; batch: that step's batch id; cause:
+    fp16_overflow if the loss scale fell 8x in the 10 steps before the first NaN, bad_batch if the loss is back
+    under SPIKE x the median the step after the spike, else lr_too_high."""
+    loss, norms = trace["loss"], trace["layer_grad_norm"]
+    spike = next(t for t in range(WINDOW, len(loss))
+                 if math.isnan(loss[t]) or loss[t] > SPIKE * float(torch.median(loss[t - WINDOW:t])))
+    nans = torch.isnan(loss).nonzero()
+    first_nan = int(nans[0]) if len(nans) else -1
+    last = max(t for t in range(spike + 1) if torch.isfinite(norms[t]).all())
+    layer = int(torch.argmax(norms[last] / torch.median(norms[:max(last, 1)], dim=0).values))
+    scale = trace["loss_scale"]
+    base = float(torch.median(loss[spike - WINDOW:spike]))
+    if first_nan >= 0 and scale[first_nan] * 8 <= scale[max(0, first_nan - 10)]:
+        cause = "fp16_overflow"
+    elif spike + 1 < len(loss) and loss[spike + 1] <= SPIKE * base:
+        cause = "bad_batch"
+    else:
+        cause = "lr_too_high"
+    return {"first_spike": spike, "first_nan": first_nan, "layer": layer, "batch": int(trace["batch_id"][spike]),
+            "cause": cause}
+
+
+def _diagnose_divergence_cases(gen, public):
+    def case(cause):
+        seed = randint(gen, 0, 2**31)
+        trace = {k: v for k, v in make_divergence_trace(seed, cause).items() if not k.startswith("_")}
+        return Case(f"{cause}: a seeded trace of 200 steps", dict(trace=trace))
+    return [case(cause) for cause in CAUSES]
+
+
+def _diagnose_divergence_run(ns, case, device):
+    got = entry(ns, "diagnose_divergence")({k: v.clone() for k, v in case.inputs["trace"].items()})
+    if not isinstance(got, dict):
+        return {"got": repr(got)}
+    return {"got": {k: (str(v) if k == "cause" else int(v)) for k, v in got.items()
+                    if k in ("first_spike", "first_nan", "layer", "batch", "cause")}}
+
+
+_DIVERGE_HINTS = {
+    "first_spike": f"the first step t >= {WINDOW} whose loss is NaN or > {SPIKE} x median(loss[t-{WINDOW}:t])",
+    "first_nan": "the first step whose loss is NaN, -1 if none",
+    "layer": "at the last step up to the spike with finite per-layer norms, argmax of norm / that layer's median "
+             "norm before (the layer that blew up first, relative to itself: big layers are not suspects)",
+    "batch": "batch_id at the spike: the batch to replay",
+    "cause": "fp16_overflow (loss scale down 8x in the 10 steps before the first NaN), bad_batch (the loss "
+             "recovers the next step), else lr_too_high",
+}
+
+
+def _diagnose_divergence_judge(case, obs):
+    want, got = ref_diagnose_divergence(case.inputs["trace"]), obs["got"]
+    if not isinstance(got, dict):
+        return f"diagnose_divergence must return a dict with {list(want)}, got {got}."
+    for key, value in want.items():
+        if key not in got:
+            return f"diagnose_divergence must return the key {key!r}."
+        if got[key] != value:
+            return (f"diagnose_divergence: {key} = {got[key]!r}, expected {value!r} for {case.name}: "
+                    f"{_DIVERGE_HINTS[key]}.")
+    return None
+
+
+
+# --- 13. MLOps: the checklist and the canary ------------------------------------------------------------------
+
+MLOPS_REQUIRED = {
+    "serving": {"latency_percentiles", "throughput", "gpu_utilization", "error_rate", "input_drift",
+                "output_drift"},
+    "training": {"loss_and_grad_norm", "per_rank_step_time", "checkpoint_health", "gpu_utilization"},
+    "rollout": {"model_registry", "pinned_artifacts", "canary_slice", "compare_to_baseline", "automatic_rollback"},
+}
+MLOPS_HARMFUL = {"full_rollout_at_once", "mean_latency_only", "overwrite_in_place", "retrain_on_every_alert"}
+
+
+def ref_rollout_decision(baseline: dict, canary: dict, slo: dict) -> str:
+    """``"wait"`` below slo['min_requests'] canary requests; ``"rollback"`` if the canary's p99 breaks
+    slo['p99_ms'], its error rate exceeds the baseline's by more than 3 standard errors, or its input drift
+    (PSI) is 0.25 or more; else ``"promote"``."""
+    if canary["requests"] < slo["min_requests"]:
+        return "wait"
+    p = baseline["errors"] / baseline["requests"]
+    stderr = math.sqrt(max(p * (1 - p), 1e-12) / canary["requests"])
+    if canary["p99_ms"] > slo["p99_ms"] or canary["errors"] / canary["requests"] > p + 3 * stderr or \
+            canary["psi"] >= 0.25:
+        return "rollback"
+    return "promote"
+
+
+def _mlops_cases(gen, public):
+    def canary(rule, **changes):
+        base = dict(requests=100_000, errors=randint(gen, 50, 200), p99_ms=uniform(gen, 200, 400), psi=0.02)
+        can = dict(requests=randint(gen, 2000, 5000), errors=0, p99_ms=base["p99_ms"] * uniform(gen, 0.9, 1.1),
+                   psi=uniform(gen, 0.0, 0.1))
+        can["errors"] = round(can["requests"] * base["errors"] / base["requests"])
+        can.update(changes)
+        return Case(f"canary, {rule}", dict(baseline=base, canary=can, slo=dict(p99_ms=500.0, min_requests=1000)))
+    cases = [Case(f"checklist, {s}: what to select", dict(scenario=s)) for s in MLOPS_REQUIRED]
+    cases += [canary("healthy"), canary("too few requests", requests=randint(gen, 50, 900)),
+              canary("latency over the target", p99_ms=uniform(gen, 520, 900)),
+              canary("more errors", errors=randint(gen, 60, 120)), canary("input drift", psi=uniform(gen, 0.3, 0.6))]
+    return cases if public else [dataclasses.replace(c, name=c.name.replace(", ", ": ", 1)) for c in cases]
+
+
+def _mlops_run(ns, case, device):
+    x = case.inputs
+    if "scenario" in x:
+        got = entry(ns, "mlops_checklist")(x["scenario"])
+        return {"got": sorted(str(i) for i in got) if isinstance(got, (list, set, tuple)) else repr(got)}
+    return {"got": str(entry(ns, "rollout_decision")(dict(x["baseline"]), dict(x["canary"]), dict(x["slo"])))}
+
+
+def _mlops_judge(case, obs):
+    x, got = case.inputs, obs["got"]
+    if "scenario" in x:
+        if not isinstance(got, list):
+            return f"mlops_checklist must return a list of item ids from MLOPS_ITEMS, got {got}."
+        unknown = [i for i in got if i not in MLOPS_ITEMS]
+        missing = sorted(MLOPS_REQUIRED[x["scenario"]] - set(got))
+        harmful = sorted(MLOPS_HARMFUL & set(got))
+        if unknown:
+            return f"mlops_checklist({x['scenario']!r}): unknown ids {unknown}; use the keys of MLOPS_ITEMS."
+        if harmful:
+            return (f"mlops_checklist({x['scenario']!r}) selects {harmful}: "
+                    + "; ".join(MLOPS_ITEMS[i] for i in harmful) + " — each is an anti-pattern. Leave it out.")
+        if missing:
+            return (f"mlops_checklist({x['scenario']!r}) misses {len(missing)} item(s) a {x['scenario']} pipeline "
+                    "needs: " + "; ".join(MLOPS_ITEMS[i] for i in missing) + ".")
+        return None
+    want = ref_rollout_decision(x["baseline"], x["canary"], x["slo"])
+    if got == want:
+        return None
+    c, b = x["canary"], x["baseline"]
+    return (f"rollout_decision = {got!r}, expected {want!r} for {case.name}: canary {c['requests']} requests, "
+            f"{c['errors']} errors ({c['errors'] / c['requests']:.3%} vs baseline {b['errors'] / b['requests']:.3%}), "
+            f"p99 {c['p99_ms']:.0f} ms (target {x['slo']['p99_ms']:.0f}), PSI {c['psi']:.2f}. Too few requests: "
+            "wait; an SLO, error-rate (over 3 standard errors) or drift (PSI >= 0.25) breach: rollback; else promote.")
+
+
+
+# --- the exercises: titles and hints, then the declarations ----------------------------------------
+
+_TEXT = {
+    "training_memory": dict(
+        title="Memory per GPU: weights, gradients, optimizer by ZeRO stage, activations",
+        hint=(
+            "(2 + 2 + 12) bytes per parameter of n_params / (tp * pp), the ZeRO stage dividing optimizer "
+            "(1+), gradients (2+), weights (3) by dp; activations pp x ceil(L/pp) layers x 34 s b h / tp (2 s"
+            " b h / tp + one layer's 34 s b h / tp with recompute).")),
+    "step_time": dict(
+        title="Modelled step time: compute, TP/PP/DP communication, the bubble",
+        hint=(
+            "Sum compute, the TP all-reduces, the PP sends, the bubble (pipelined work x (pp-1)/m) and the DP"
+            " gradient all-reduce; each group's alpha and bandwidth from group_link.")),
+    "layout_problems": dict(
+        title="Feasibility: accept the published layouts, reject the impossible",
+        hint=(
+            "A list of reasons: dp*tp*pp != n_gpus, tp > gpus_per_node, heads % tp, pp > layers, batch % (dp "
+            f"* micro_batch), memory total > {HEADROOM} x gpu_bytes.")),
+    "plan_training": dict(
+        title="The planner: the fastest layout that fits, checked against published runs",
+        hint=(
+            "Loop over tp in divisors of gpus_per_node, pp in divisors of n_gpus // tp, micro_batch in (1, 2,"
+            " 4, 8), zero in 0..3, recompute in (False, True); skip layouts with problems; keep the least "
+            "step_time; explain it in a sentence with its numbers.")),
+    "serving_memory": dict(
+        title="Serving memory per GPU: weights and the KV cache",
+        hint=(
+            "weights = n_params x weight_bytes / tp; kv = batch x context x 2 x n_layers x ceil(n_kv_heads / "
+            "tp) x head_dim x kv_bytes.")),
+    "plan_serving": dict(
+        title="Serving capacity: 175B at 100 requests/s with p99 under 500 ms",
+        hint=(
+            "For each tp dividing the node whose weights fit: the largest batch whose KV cache fits beside "
+            "them, then the fewest replicas whose simulate_replicas p99 meets the target; keep the fewest "
+            "GPUs.")),
+    "four_gpu_options": dict(
+        title="A 7B model on 4 GPUs: TP vs PP vs replicas",
+        hint=(
+            "t1, t4 = replica_step_time(spec, 1 or 4, ...); TP: n x t4 and batch / t4; PP: cycle = 4 (t1 / 4 "
+            "+ hop), n x cycle and 4 batch / cycle; replicas: n x t1 and 4 batch / t1.")),
+    "resnet_batch": dict(
+        title="ResNet-152 serving: the batch a latency target allows",
+        hint=(
+            "For b in 1..256: run = t_fixed + b t_per_item; latency = (b - 1) / rate + run; keep the largest "
+            "b with latency <= slo and b / run >= rate (batch 0 if none).")),
+    "checkpoint_interval": dict(
+        title="How often to checkpoint: Young/Daly",
+        hint='The job fails when any GPU does: M = gpu_mtbf_s / n_gpus; interval = sqrt(2 C M).'),
+    "reshard_zero": dict(
+        title="Elastic restart: re-shard a ZeRO checkpoint to a new world size",
+        hint=(
+            "cat the old shards, keep the first numel elements, zero-pad to new_world x ceil(numel / "
+            "new_world), and cut into new_world equal shards.")),
+    "find_stragglers": dict(
+        title="A straggler or a hung rank, from per-rank step times",
+        hint=(
+            f"hung: isnan(times[-{HUNG_STEPS}:, r]).all(); stragglers: nanmedian over steps per rank > "
+            f"{STRAGGLER_FACTOR} x the median of those medians, hung ranks left out.")),
+    "diagnose_divergence": dict(
+        title="Debugging a diverging run: where to look",
+        hint=(
+            "Find the first spike against a rolling median, the first NaN, the layer whose gradient norm grew"
+            " most against its own history, the batch id, then name the cause from the loss scale and whether"
+            " the loss recovers.")),
+    "mlops": dict(
+        title="MLOps: what to monitor, how to roll out, when to roll back",
+        hint=(
+            "Select every item a scenario needs and no anti-pattern; rollout: wait below min_requests, "
+            "rollback on p99 > target, error rate > baseline + 3 standard errors, or PSI >= 0.25.")),
+}
+
+
+_POINTS = dict(training_memory=3, step_time=3, layout_problems=2, plan_training=4, serving_memory=2, plan_serving=4,
+               four_gpu_options=2, resnet_batch=2, checkpoint_interval=1, reshard_zero=2, find_stragglers=2,
+               diagnose_divergence=3, mlops=3)  # in notebook order; each section defines _<id>_cases/_run/_judge
+_ENTRIES = {"mlops": ("mlops_checklist", "rollout_decision")}  # names other than the exercise id
+
+EXERCISES = [Exercise(eid, points, _ENTRIES.get(eid, (eid,)), globals()[f"_{eid}_cases"], globals()[f"_{eid}_run"],
+                      globals()[f"_{eid}_judge"], **_TEXT[eid]) for eid, points in _POINTS.items()]
+BENCHMARKS: list = []
