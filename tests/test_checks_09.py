@@ -1,0 +1,301 @@
+"""Lab 09's checks: the solution passes; the mistakes pruning and distillation code really has are rejected
+with a message that names them: a sparsity off by one (int() truncation, `<=` or `<` against the k-th
+magnitude when magnitudes tie), per-layer and global confused, signed values ranked; rows zeroed instead of
+removed, the next layer not shrunk or shrunk with the wrong columns; N:M groups along the wrong dim or per
+row; pruned weights resurrected by the optimizer's state; a distillation loss without T^2, with the KL
+swapped, the temperature on one side, the wrong reduction or a teacher that receives gradients."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from grader.checks import exercises, load_lab
+from grader.exercise import evaluate
+from tests import graderkit as kit
+from tests.conftest import grade, solution_namespace, with_answer
+
+STEM = "09_pruning_distillation"
+CHECKS = load_lab(STEM)
+EX = exercises(STEM)
+
+
+@pytest.fixture(scope="module")
+def sol09():
+    return solution_namespace(STEM)
+
+
+def _public(eid, ns, n=None):
+    """The public cases only (the first ``n``): enough to see a wrong answer's message, quickly."""
+    ex = EX[eid]
+    return evaluate(ex, ns, "cpu", ex.cases()[:n])
+
+
+@pytest.mark.parametrize("eid", list(EX))
+def test_solution_passes_public_and_hidden_cases(sol09, eid):
+    result = grade(STEM, eid, sol09)
+    assert result.status == "passed", result.message
+
+
+def test_the_solution_earns_full_marks_and_the_untouched_lab_zero(sol09):
+    import nbformat
+
+    from grader.notebooks import answer_cells, exec_source, export_source
+    from grader.release import release_notebook, render
+    from tests.conftest import ROOT
+
+    lab = nbformat.reads(render(release_notebook(ROOT / "solutions" / f"{STEM}.ipynb")), 4)
+    ns = exec_source(export_source(lab, answer_cells(lab)), f"<labs/{STEM}.ipynb>")
+    for eid, ex in EX.items():
+        assert evaluate(ex, ns, "cpu").score == 0
+        assert _public(eid, sol09).score == ex.points
+
+
+def test_the_distillation_reference_is_pytorchs_kl_div_times_t_squared():
+    s, t, y = torch.randn(6, 5), torch.randn(6, 5), torch.randint(0, 5, (6,))
+    kl = F.kl_div(F.log_softmax(s / 3, -1), F.softmax(t / 3, -1), reduction="batchmean")
+    want = 0.6 * 9 * kl + 0.4 * F.cross_entropy(s, y)
+    assert torch.allclose(CHECKS.ref_distillation(s, t, y, 3.0, 0.6).float(), want, atol=1e-6)
+
+
+# --- magnitude masks --------------------------------------------------------------------------------
+
+def _masks(bug: str = ""):
+    """The solution's magnitude_masks with one plausible bug."""
+    def ranked_together(weights, sparsity):
+        mags = torch.cat([(w if bug == "signed" else w.abs()).flatten() for w in weights])
+        k = {"int": int(sparsity * mags.numel()), "plus one": round(sparsity * mags.numel()) + 1}.get(
+            bug, round(sparsity * mags.numel()))
+        if bug in ("<=", "<") and k:
+            kth = mags.kthvalue(k).values
+            keep = mags > kth if bug == "<=" else mags >= kth   # BUG: a threshold, ties all on one side
+        else:
+            keep = torch.ones_like(mags, dtype=torch.bool)
+            keep[mags.argsort()[:k]] = False
+        return [p.view(w.shape) for p, w in zip(keep.split([w.numel() for w in weights]), weights)]
+
+    def magnitude_masks(weights, sparsity, scope="global"):
+        if bug == "in place":
+            for w in weights:
+                w.add_(1e-3)  # BUG: writes to the weights
+        per_layer = {"layer for global": True, "global for layer": False}.get(bug, scope == "layer")
+        if per_layer:
+            masks = [ranked_together([w], sparsity)[0] for w in weights]
+        else:
+            masks = ranked_together(weights, sparsity)
+        return [m.float() for m in masks] if bug == "float" else masks
+    return magnitude_masks
+
+
+@pytest.mark.parametrize("bug, says", [
+    ("layer for global", "you ranked each layer separately (per-layer"),
+    ("global for layer", "that is global pruning"),
+    ("<=", "you pruned all of them (|w| <= threshold)"),
+    ("<", "You kept every weight tied with the k-th smallest magnitude"),
+    ("int", ") truncates to "),
+    ("plus one", "Off by one"),
+    ("signed", "rank by w.abs(), not w"),
+    ("float", "return torch.bool masks"),
+    ("in place", "the weights were modified"),
+])
+def test_a_wrong_magnitude_mask_is_named(sol09, bug, says):
+    r = _public("magnitude_prune", with_answer(sol09, magnitude_masks=_masks(bug)))
+    assert r.status == "failed" and any(says in c.message for c in r.cases), r.message
+
+
+def test_the_test_masks_without_a_bug_pass(sol09):
+    assert _public("magnitude_prune", with_answer(sol09, magnitude_masks=_masks())).status == "passed"
+
+
+# --- structured pruning ------------------------------------------------------------------------------
+
+def _prune_units(bug: str = ""):
+    """The solution's prune_hidden_units with one plausible bug."""
+    def prune_hidden_units(fc1, fc2, keep):
+        norms = (fc2.weight.norm(dim=0) if bug == "fc2 norms" else fc1.weight.norm(dim=1)).detach()
+        idx = (-norms if bug == "smallest" else norms).topk(keep).indices
+        if bug == "zeroed":
+            new1, new2 = nn.Linear(fc1.in_features, fc1.out_features), nn.Linear(fc2.in_features, fc2.out_features)
+            mask = torch.zeros(fc1.out_features, 1)
+            mask[idx] = 1
+            with torch.no_grad():
+                new1.weight.copy_(fc1.weight * mask)
+                new2.weight.copy_(fc2.weight)
+                if fc1.bias is not None:
+                    new1.bias.copy_(fc1.bias * mask[:, 0])
+                    new2.bias.copy_(fc2.bias)
+            return new1, new2
+        new1 = nn.Linear(fc1.in_features, keep, bias=fc1.bias is not None)
+        with torch.no_grad():
+            new1.weight.copy_(fc1.weight[idx])
+            if fc1.bias is not None and bug != "bias":
+                new1.bias.copy_(fc1.bias[idx])
+        if bug == "fc2 kept":
+            return new1, fc2
+        cols = torch.arange(keep) if bug == "first columns" else idx
+        new2 = nn.Linear(keep, fc2.out_features, bias=fc2.bias is not None)
+        with torch.no_grad():
+            new2.weight.copy_(fc2.weight[:, cols])
+            if fc2.bias is not None:
+                new2.bias.copy_(fc2.bias)
+        if bug == "in place":
+            with torch.no_grad():
+                fc1.weight.zero_()
+        return new1, new2
+    return prune_hidden_units
+
+
+@pytest.mark.parametrize("bug, says", [
+    ("zeroed", "zeroing rows keeps the dense shape"),
+    ("fc2 kept", "the next layer loses the input columns of the removed units"),
+    ("first columns", "matches the right fc1 rows with fc2's first `keep` columns"),
+    ("smallest", "matches the units of the smallest fc1 row norms"),
+    ("fc2 norms", "matches units ranked by fc2's column norms"),
+    ("bias", "new_fc2(relu(new_fc1(x)))"),
+    ("in place", "fc1 or fc2 was modified"),
+])
+def test_a_wrong_structured_pruning_is_named(sol09, bug, says):
+    r = _public("structured_prune", with_answer(sol09, prune_hidden_units=_prune_units(bug)))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def test_the_test_pruning_without_a_bug_passes(sol09):
+    assert _public("structured_prune", with_answer(sol09, prune_hidden_units=_prune_units())).status == "passed"
+
+
+# --- N:M masks -----------------------------------------------------------------------------------------
+
+def _nm(bug: str = ""):
+    """The solution's nm_mask with one plausible bug."""
+    def nm_mask(w, n=2, m=4):
+        if w.shape[1] % m and bug != "no check":
+            raise ValueError("in_features must be a multiple of m")
+        if bug == "output dim":  # BUG: groups of m rows of a column
+            return _nm("")(w.T.contiguous(), n, m).T
+        if bug == "per row":     # BUG: the n * in / m largest of each row
+            k = n * w.shape[1] // m
+            return torch.zeros_like(w, dtype=torch.bool).scatter_(1, w.abs().topk(k, dim=1).indices, True)
+        groups = w.abs().reshape(w.shape[0], -1, m)           # (out, in // m, m); raises when in % m != 0
+        if bug == "ties":        # BUG: a threshold at the n-th largest keeps every tie
+            return (groups >= groups.topk(n, dim=-1).values[..., -1:]).reshape(w.shape)
+        top = (-groups if bug == "smallest" else groups).topk(n, dim=-1).indices
+        return torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, top, True).reshape(w.shape)
+    return nm_mask
+
+
+@pytest.mark.parametrize("bug, says", [
+    ("output dim", "Your mask is 2:4 along the output dim"),
+    ("per row", "not 2 per group: rank inside each group"),
+    ("no check", "Check it first and raise a ValueError"),
+    ("smallest", "keep the 2 largest magnitudes of the group"),
+    ("ties", "keeps exactly 2"),
+])
+def test_a_wrong_nm_mask_is_named(sol09, bug, says):
+    r = _public("nm_sparsity", with_answer(sol09, nm_mask=_nm(bug)))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+# --- masked optimizer steps ---------------------------------------------------------------------------
+
+def _step(bug: str = ""):
+    """The solution's masked_train_step with one plausible bug."""
+    def masked_train_step(model, masks, optimizer, x, y):
+        if bug != "no zero_grad":
+            optimizer.zero_grad()
+        if bug == "mask before step":
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    if name in masks:
+                        p.mul_(masks[name])
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        if bug == "mask grads":
+            for name, p in model.named_parameters():
+                if name in masks:
+                    p.grad.mul_(masks[name])
+        optimizer.step()
+        if bug in ("", "no zero_grad", "inverted", "loss after"):
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    if name in masks:
+                        p.mul_(~masks[name] if bug == "inverted" else masks[name])
+        if bug == "loss after":
+            return float(F.cross_entropy(model(x), y))
+        return float(loss)
+    return masked_train_step
+
+
+@pytest.mark.parametrize("bug, says", [
+    ("masked once", "are nonzero again"),
+    ("mask grads", "moves them even when their gradient is zero"),
+    ("mask before step", "re-apply the masks to the weights after optimizer.step()"),
+    ("inverted", "True in a mask means keep"),
+    ("no zero_grad", "Gradients accumulated across steps"),
+    ("loss after", "the cross-entropy before the step"),
+])
+def test_a_wrong_masked_step_is_named(sol09, bug, says):
+    r = _public("masked_step", with_answer(sol09, masked_train_step=_step(bug)), 1)   # Adam with old state
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def test_masking_only_gradients_fails_with_momentum_and_weight_decay_too(sol09):
+    r = _public("masked_step", with_answer(sol09, masked_train_step=_step("mask grads")))
+    assert [c.status for c in r.cases] == ["failed"] * 3, r.message
+
+
+def test_the_test_step_without_a_bug_passes(sol09):
+    assert _public("masked_step", with_answer(sol09, masked_train_step=_step())).status == "passed"
+
+
+# --- the distillation loss -----------------------------------------------------------------------------
+
+def _distill(bug: str = ""):
+    """The solution's distillation_loss with one plausible bug."""
+    def distillation_loss(s, t, y, T=4.0, alpha=0.9):
+        t_ = t if bug == "no detach" else t.detach()
+        if bug == "log softmax":
+            log_s, log_t = torch.log(torch.softmax(s / T, -1)), torch.log(torch.softmax(t_ / T, -1))
+        else:
+            log_s = F.log_softmax(s / (1.0 if bug == "teacher only" else T), -1)
+            log_t = F.log_softmax(t_ / (1.0 if bug == "student only" else T), -1)
+        if bug == "swapped":
+            log_s, log_t = log_t, log_s
+        soft = F.kl_div(log_s, log_t, reduction="mean" if bug == "mean" else "batchmean", log_target=True)
+        scale = 1.0 if bug == "no T2" else T * T
+        hard = F.cross_entropy(s / T if bug == "soft ce" else s, y)
+        a, b = (1 - alpha, alpha) if bug == "alpha" else (alpha, 1 - alpha)
+        loss = a * scale * soft + b * hard
+        return loss.item() if bug == "item" else loss
+    return distillation_loss
+
+
+@pytest.mark.parametrize("bug, says", [
+    ("no T2", "matches the soft term without the T^2 factor"),
+    ("swapped", "matches KL(student || teacher)"),
+    ("student only", "matches the temperature on the student's logits only"),
+    ("teacher only", "matches the temperature on the teacher's logits only"),
+    ("mean", "reduction='mean'"),
+    ("alpha", "matches alpha weighting the hard-label loss"),
+    ("soft ce", "matches the cross-entropy on the softened logits"),
+    ("no detach", "the teacher's logits received a gradient"),
+    ("log softmax", "use F.log_softmax"),
+    ("item", "return the loss as a scalar tensor"),
+])
+def test_a_wrong_distillation_loss_is_named(sol09, bug, says):
+    r = _public("distillation_loss", with_answer(sol09, distillation_loss=_distill(bug)))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def test_the_test_loss_without_a_bug_passes(sol09):
+    assert _public("distillation_loss", with_answer(sol09, distillation_loss=_distill())).status == "passed"
+
+
+# --- answers that compute nothing earn nothing; every rule in every hidden set -------------------------
+
+@pytest.mark.parametrize("eid", list(EX))
+def test_answers_that_compute_nothing_score_zero(eid):
+    kit.assert_do_nothing_scores_zero(EX[eid])
+
+
+@pytest.mark.parametrize("eid", list(EX))
+def test_every_hidden_set_covers_the_same_rules(eid):
+    kit.assert_same_rules_every_seed(EX[eid])
