@@ -1,0 +1,100 @@
+"""Floating-point formats and loss scaling on a toy model (lesson 07 introduces them).
+
+- :data:`FORMATS`: the bit layout of the formats mixed-precision training uses, ``name -> Format``
+  (exponent bits, mantissa bits, whether the all-ones exponent still holds numbers, the torch dtype
+  if there is one; TF32 is a tensor-core mode with no dtype of its own).
+- :func:`toy_scaled_loss` and :func:`replay_scaler`: a one-tensor "model" whose forward and backward
+  run in float16 while its parameter (the master copy) stays float32, driven through any loss scaler
+  with the ``torch.amp.GradScaler`` interface (``scale``, ``step``, ``update``, ``get_scale``). The
+  lesson replays ``GradScaler`` on a stream of gradients; lab 07's check replays the learner's
+  scaler and ``GradScaler`` on the same stream and compares them step by step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Format:
+    """A binary floating-point layout: 1 sign bit, ``exp_bits`` exponent bits, ``mantissa_bits``
+    stored fraction bits. ``finite_only``: no infinities, the all-ones exponent holds numbers and
+    only its all-ones mantissa is NaN (OCP FP8 E4M3, torch's ``float8_e4m3fn``)."""
+
+    exp_bits: int
+    mantissa_bits: int
+    finite_only: bool = False
+    dtype: torch.dtype | None = None
+
+    @property
+    def bits(self) -> int:
+        return 1 + self.exp_bits + self.mantissa_bits
+
+
+FORMATS = {
+    "fp32": Format(8, 23, dtype=torch.float32),
+    "tf32": Format(8, 10),  # tensor-core matmul inputs: fp32 range, fp16 precision, no storage dtype
+    "bf16": Format(8, 7, dtype=torch.bfloat16),
+    "fp16": Format(5, 10, dtype=torch.float16),
+    "fp8 e5m2": Format(5, 2, dtype=torch.float8_e5m2),
+    "fp8 e4m3fn": Format(4, 3, finite_only=True, dtype=torch.float8_e4m3fn),
+}
+
+
+def float_bits(x: float, dtype: torch.dtype) -> str:
+    """The bits of ``x`` stored as ``dtype`` (float32, float16 or bfloat16), as 'sign exponent mantissa'."""
+    fmt = next(f for f in FORMATS.values() if f.dtype == dtype)
+    as_int = {4: torch.int32, 2: torch.int16}[fmt.bits // 8]
+    raw = int(torch.tensor([x], dtype=dtype).view(as_int)) & ((1 << fmt.bits) - 1)
+    s = format(raw, f"0{fmt.bits}b")
+    return f"{s[0]} {s[1:1 + fmt.exp_bits]} {s[1 + fmt.exp_bits:]}"
+
+
+def toy_scaled_loss(param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """A float32 loss whose gradient with respect to ``param`` (n,) float32 is ``grad`` (n,) / n, computed
+    the way autocast computes it: the forward and the backward of the product run in float16, so a
+    scaled gradient overflows to inf exactly where fp16 would (``|scale / n x grad| > 65504``)."""
+    return (param.half() * grad.half()).float().mean()
+
+
+def replay_scaler(scaler, grads: list[torch.Tensor], lr: float = 0.1, device: str = "cpu",
+                  unscale_first: bool = False) -> dict:
+    """Train the toy parameter (n,) float32 (all ones) with SGD over ``grads``, one (n,) float32 per step,
+    through ``scaler``. Per step: scale the loss, backward, (``scaler.unscale_(opt)`` first if
+    ``unscale_first``, as a step that clips does), ``scaler.step(opt)``, ``scaler.update()``.
+
+    Returns plain lists: ``scale`` (the scale each step's loss was multiplied by), ``stepped`` (whether
+    ``optimizer.step`` ran inside ``scaler.step``), ``after`` (the scale after ``update``) and ``param``
+    (the parameter after each step, CPU float32)."""
+    param = torch.nn.Parameter(torch.ones(grads[0].numel(), device=device))
+    opt = torch.optim.SGD([param], lr=lr)
+    calls = [0]
+    real_step = opt.step
+
+    def counted_step(*args, **kwargs):
+        calls[0] += 1
+        return real_step(*args, **kwargs)
+
+    opt.step = counted_step
+    out = {"scale": [], "stepped": [], "after": [], "param": []}
+    for g in grads:
+        opt.zero_grad(set_to_none=True)
+        out["scale"].append(float(scaler.get_scale()))
+        scaler.scale(toy_scaled_loss(param, g.to(device))).backward()
+        if unscale_first:
+            scaler.unscale_(opt)
+        before = calls[0]
+        scaler.step(opt)
+        scaler.update()
+        out["stepped"].append(calls[0] > before)
+        out["after"].append(float(scaler.get_scale()))
+        out["param"].append(param.detach().float().cpu().clone())
+    return out
+
+
+def overflows(grad: torch.Tensor, scale: float) -> bool:
+    """Whether the toy's fp16 backward of ``grad`` (n,) at loss scale ``scale`` holds an inf or a NaN."""
+    param = torch.ones(grad.numel(), requires_grad=True)
+    (toy_scaled_loss(param, grad) * scale).backward()
+    return not bool(torch.isfinite(param.grad).all())

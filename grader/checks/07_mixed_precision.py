@@ -1,0 +1,596 @@
+"""Checks of lab 07, mixed precision: format limits from the bit layout (bias, IEEE vs finite-only fp8),
+what a cast loses (underflow, subnormals, overflow, with and without a loss scale), a dynamic loss scaler
+replayed step by step against ``torch.amp.GradScaler`` on the same fp16 gradients (it skips exactly the
+overflowing steps, grows after exactly ``growth_interval`` clean steps, resets its counter on an overflow),
+an autocast training step (fp32 master weights, low-precision forward, unscale before clipping, overflowing
+steps skipped) and a Kahan sum that stays in the low precision. Wrong answers are named by the mistake they
+match. Hidden cases: one per rule (a case's name starts with its rule, before ':'), the same rules on every seed.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gpulab.launches import record_torch_ops, watch_launches
+from gpulab.precision import FORMATS, overflows, replay_scaler
+from gpulab.toy import ToyMLP, toy_batch
+from grader.exercise import Case, Exercise, entry, to_cpu
+from grader.kit.cases import choice, randint, uniform
+from grader.kit.close import close
+from grader.kit.variants import diagnose
+
+LAB = "07_mixed_precision"
+TITLE = "Mixed precision: formats, loss scaling, autocast"
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float8_e5m2": torch.float8_e5m2}
+
+
+def _number(x):
+    """A plain float for the judge (0-dim tensors and numpy scalars included), else None."""
+    if isinstance(x, torch.Tensor) and x.numel() == 1:
+        x = x.item()
+    if isinstance(x, bool):
+        return None
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+# --- exercise 1: format limits from the bit layout ---------------------------------------------------
+
+LIMITS = ("max", "min_normal", "min_subnormal", "eps")
+
+
+def ref_format_limits(exp_bits: int, mantissa_bits: int, finite_only: bool = False, *, variant: str = "") -> dict:
+    """Largest finite value, smallest normal and subnormal, machine epsilon; ``variant``: a classic mistake."""
+    e, m = exp_bits, mantissa_bits
+    bias = 2 ** (e - 1) - (0 if variant == "bias" else 1)
+    top = 2 ** e - 1 - bias  # the all-ones exponent field, unbiased
+    if finite_only and variant != "ieee":  # the all-ones exponent holds numbers; its all-ones mantissa is NaN
+        emax, largest = top, 2 - 2.0 ** (1 - m) if variant != "nan as number" else 2 - 2.0 ** -m
+    else:                                  # IEEE: the all-ones exponent is inf/NaN
+        emax, largest = top - 1, 2 - 2.0 ** -m
+    if variant == "no mantissa":
+        largest = 1.0
+    return {"max": largest * 2.0 ** emax,
+            "min_normal": 2.0 ** ((0 if variant == "min_normal" else 1) - bias),
+            "min_subnormal": 2.0 ** ((1 - bias) if variant == "no subnormals" else (1 - bias - m)),
+            "eps": 2.0 ** (-m - (1 if variant == "unit roundoff" else 0))}
+
+
+_LIMIT_VARIANTS = [
+    ("ieee", "the all-ones exponent reserved for inf/NaN as in IEEE formats; a finite-only format (e4m3fn) "
+             "has no inf: its all-ones exponent holds numbers and only the all-ones mantissa there is NaN, so "
+             "e4m3fn's max is 448, not 240"),
+    ("nan as number", "the all-ones mantissa of the all-ones exponent counted as a number; in e4m3fn it is "
+                      "the NaN, so the largest significand is 1.110 (max 448, not 480)"),
+    ("min_normal", "min_normal = 2^-bias; the smallest normal exponent field is 1, so 2^(1 - bias)"),
+    ("bias", "an exponent bias of 2^(e-1); the bias is 2^(e-1) - 1 (127 for fp32, 15 for fp16)"),
+    ("no mantissa", "max = 2^emax: the largest value has every mantissa bit set, (2 - 2^-m) x 2^emax"),
+    ("no subnormals", "no subnormals: below min_normal the exponent field 0 gives 0.mantissa x 2^(1 - bias), "
+                      "down to 2^(1 - bias - m)"),
+    ("unit roundoff", "eps = 2^-(m+1), the unit roundoff (half of epsilon); eps is the gap from 1 to the next "
+                      "number, 2^-m"),
+]
+
+
+def _limits_cases(gen, public):
+    def case(rule, e, m, finite_only=False, name=""):
+        label = name or f"{e} exponent bits, {m} mantissa bits{', finite only' if finite_only else ''}"
+        return Case(f"{rule}{': ' if rule else ''}{label}", dict(e=e, m=m, finite_only=finite_only))
+
+    def named(rule, name):
+        f = FORMATS[name]
+        return case(rule, f.exp_bits, f.mantissa_bits, f.finite_only, f"{name} (e{f.exp_bits}m{f.mantissa_bits})")
+
+    if public:
+        return [named("", n) for n in ("fp32", "fp16", "bf16", "tf32", "fp8 e5m2", "fp8 e4m3fn")]
+    return [named("fp16", "fp16"), named("bf16", "bf16"), named("fp8 e4m3fn (finite only)", "fp8 e4m3fn"),
+            case("an IEEE-style format", randint(gen, 3, 8), randint(gen, 1, 12)),
+            case("a finite-only format", randint(gen, 3, 6), randint(gen, 2, 5), True)]
+
+
+def _fields(got, keys) -> dict:
+    """The run side of an answer that returns a dict of numbers: those numbers, or the type that came back."""
+    if not isinstance(got, dict):
+        return {"bad": type(got).__name__}
+    return {k: _number(got.get(k)) for k in keys}
+
+
+def _judge_fields(fn_name: str, obs: dict, want: dict, variants: list, whole: bool, note: str = "") -> str | None:
+    """The first field of ``obs`` that differs from ``want``, named by the first variant (a callable returning
+    the mistake's dict) that matches it: on that field, or on every field if ``whole``."""
+    if "bad" in obs:
+        return f"{fn_name} returned a {obs['bad']}; return a dict with the keys {', '.join(want)}."
+    same = lambda got, ref, keys: all(got[k] is not None and close(got[k], ref[k]) for k in keys)  # noqa: E731
+    for key in want:
+        if not same(obs, want, [key]):
+            return diagnose(f"{key} = {obs[key]!r}, expected {want[key]!r}{note}.", obs, variants,
+                            lambda got, ref: same(got, ref, list(want) if whole else [key]), "\n  Yours matches {}.")
+    return None
+
+
+def _limits_run(ns, case, device):
+    x = case.inputs
+    return _fields(entry(ns, "format_limits")(x["e"], x["m"], x["finite_only"]), LIMITS)
+
+
+def _limits_judge(case, obs):
+    e, m, finite_only = case.inputs["e"], case.inputs["m"], case.inputs["finite_only"]
+    variants = [(why, lambda v=v: ref_format_limits(e, m, finite_only, variant=v)) for v, why in _LIMIT_VARIANTS]
+    return _judge_fields("format_limits", obs, ref_format_limits(e, m, finite_only), variants, whole=False,
+                         note=f" (bias {2 ** (e - 1) - 1})")
+
+
+FORMAT_LIMITS = Exercise("format_limits", 2, ("format_limits",), _limits_cases, _limits_run, _limits_judge,
+                         title="Format limits from the bit layout",
+                         hint="bias = 2^(e-1) - 1; IEEE: emax = 2^e - 2 - bias, max = (2 - 2^-m) 2^emax; finite "
+                              "only: emax = 2^e - 1 - bias, max = (2 - 2^(1-m)) 2^emax; min_normal = 2^(1-bias), "
+                              "min_subnormal = 2^(1-bias-m), eps = 2^-m.")
+
+
+# --- exercise 2: what a cast loses --------------------------------------------------------------------
+
+REPORT = ("underflow", "subnormal", "overflow")
+
+
+def ref_cast_report(x: torch.Tensor, dtype: torch.dtype, scale: float = 1.0, *, variant: str = "") -> dict:
+    """Fractions of the nonzero entries of ``x`` that ``(x * scale).to(dtype)`` flushes to 0, leaves subnormal,
+    or turns into inf/NaN; ``variant``: a classic mistake."""
+    x = x.float()
+    if variant == "cast first":
+        y = (x.to(dtype).float() * scale).to(dtype).float()
+    else:
+        y = (x * (1.0 if variant == "no scale" else scale)).to(dtype).float()
+    scaled = x * scale
+    nonzero = x != 0
+    n = x.numel() if variant == "all elements" else int(nonzero.sum())
+    tiny = torch.finfo(dtype).tiny
+    zero = (scaled.abs() < tiny) if variant == "below min normal" else (y == 0)
+    if not n:
+        return dict.fromkeys(REPORT, 0.0)
+    return {"underflow": int((zero & nonzero).sum()) / n,
+            "subnormal": int(((y != 0) & (y.abs() < tiny) & torch.isfinite(y)).sum()) / n,
+            "overflow": int((~torch.isfinite(y) & nonzero).sum()) / n}
+
+
+_REPORT_VARIANTS = [
+    ("no scale", "the scale ignored: multiply by scale before the cast"),
+    ("cast first", "casting before scaling: what underflowed in the cast stays 0 whatever the scale; scale in "
+                   "float32, then cast"),
+    ("all elements", "fractions of all the elements; count over the nonzero ones (a zero cannot underflow)"),
+    ("below min normal", "everything below min normal counted as underflow; subnormals are not 0, count only "
+                         "values the cast turns into 0"),
+]
+
+
+def _gradients(gen, n, lo, hi, zeros=0.0):
+    """n values with log10 |x| uniform in [lo, hi], random signs, a fraction ``zeros`` exactly 0."""
+    mag = 10 ** (lo + (hi - lo) * torch.rand(n, generator=gen, dtype=torch.float64))
+    x = (mag * torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0)).float()
+    return torch.where(torch.rand(n, generator=gen) < zeros, 0.0, x)
+
+
+def _report_cases(gen, public):
+    def case(rule, x, dtype, scale):
+        return Case(f"{rule}{': ' if rule else ''}{x.numel()} values, |x| from {x[x != 0].abs().min():.1e} to "
+                    f"{x.abs().max():.1e}, {dtype}, scale {scale:g}", dict(x=x, dtype=dtype, scale=scale))
+
+    if public:
+        return [case("", _gradients(gen, 2000, -10, -2), "float16", 1.0),
+                case("", _gradients(gen, 2000, -10, -2), "bfloat16", 1.0),
+                case("", _gradients(gen, 2000, -10, -2, 0.2), "float16", 1024.0),
+                case("", _gradients(gen, 2000, -3, 2), "float16", 2.0 ** 16)]
+    n = randint(gen, 1000, 3000)
+    return [case("small gradients in fp16", _gradients(gen, n, uniform(gen, -11, -9), -3), "float16", 1.0),
+            case("the same range in bf16", _gradients(gen, n, uniform(gen, -11, -9), -3), "bfloat16", 1.0),
+            case("a loss scale", _gradients(gen, n, -10, -3, 0.1), "float16", 2.0 ** randint(gen, 8, 16)),
+            case("a scale that overflows", _gradients(gen, n, -4, 1), "float16", 2.0 ** randint(gen, 14, 18)),
+            case("exact zeros in the input (ReLU gradients)", _gradients(gen, n, -9, -4, uniform(gen, .2, .5)),
+                 "float16", 1.0),
+            case("fp8 e5m2", _gradients(gen, n, -8, 2), "float8_e5m2", 2.0 ** randint(gen, 0, 6))]
+
+
+def _report_run(ns, case, device):
+    x = case.inputs
+    return _fields(entry(ns, "cast_report")(x["x"].to(device), _DTYPES[x["dtype"]], x["scale"]), REPORT)
+
+
+def _report_judge(case, obs):
+    x, dtype = case.inputs["x"], _DTYPES[case.inputs["dtype"]]
+    variants = [(why, lambda v=v: ref_cast_report(x, dtype, case.inputs["scale"], variant=v))
+                for v, why in _REPORT_VARIANTS]
+    return _judge_fields("cast_report", obs, ref_cast_report(x, dtype, case.inputs["scale"]), variants, whole=True,
+                         note=f" (a fraction of the {int((x != 0).sum())} nonzero values)")
+
+
+CAST_REPORT = Exercise("cast_report", 2, ("cast_report",), _report_cases, _report_run, _report_judge,
+                       title="What a cast loses: underflow, subnormals, overflow",
+                       hint="y = (x.float() * scale).to(dtype); over the nonzero x: underflow y == 0, subnormal "
+                            "0 < |y| < torch.finfo(dtype).tiny, overflow not torch.isfinite(y).")
+
+
+# --- exercise 3: a dynamic loss scaler ------------------------------------------------------------------
+
+TOY_N = 64  # the toy parameter's size: a gradient g overflows at scale s when |s / 64 x g| > 65504 in fp16
+
+
+def _stream(gen, steps, spikes=None):
+    """``steps`` gradients (TOY_N,) float32 in [-1, 1], each with one entry of |1| (its max), so the toy overflows
+    exactly when scale >= 2^22; ``spikes``: {step: "inf" (one entry x 1e6) or "nan"}."""
+    grads = []
+    for t in range(steps):
+        g = 2 * torch.rand(TOY_N, generator=gen) - 1
+        g[randint(gen, 0, TOY_N - 1)] = choice(gen, [-1.0, 1.0])
+        kind = (spikes or {}).get(t)
+        if kind == "inf":
+            g[randint(gen, 0, TOY_N - 1)] = 1e6
+        elif kind == "nan":
+            g[randint(gen, 0, TOY_N - 1)] = float("nan")
+        grads.append(g)
+    return grads
+
+
+def _scaler_cases(gen, public):
+    def case(rule, grads, init_scale, interval, growth=2.0, backoff=0.5, unscale_first=False):
+        name = (f"{rule}{': ' if rule else ''}{len(grads)} steps, init_scale 2^{int(math.log2(init_scale))}, "
+                f"growth_interval {interval}, growth x{growth:g}, backoff x{backoff:g}"
+                f"{', unscale_() called before step()' if unscale_first else ''}")
+        return Case(name, dict(grads=torch.stack(grads), init_scale=init_scale, interval=interval, growth=growth,
+                               backoff=backoff, unscale_first=unscale_first))
+
+    if public:
+        return [case("", _stream(gen, 8), 2.0 ** 8, 3),
+                case("", _stream(gen, 10, {4: "inf"}), 2.0 ** 10, 3),
+                case("", _stream(gen, 12), 2.0 ** 25, 2),
+                case("", _stream(gen, 8, {2: "nan", 5: "inf"}), 2.0 ** 12, 2, unscale_first=True)]
+    k = randint(gen, 3, 5)
+    t = randint(gen, 3, 6)
+    return [case("growth after exactly growth_interval clean steps", _stream(gen, 3 * k + 1),
+                 2.0 ** randint(gen, 4, 12), k),
+            case("an overflow resets the growth counter", _stream(gen, 3 * k, {k - 1: "inf"}), 2.0 ** 10, k),
+            case("a scale too large at the start", _stream(gen, 12), 2.0 ** randint(gen, 24, 27), randint(gen, 2, 3)),
+            case("a NaN gradient", _stream(gen, 9, {t: "nan"}), 2.0 ** 12, 2),
+            case("consecutive overflows", _stream(gen, 10, {t - 1: "inf", t: "inf", t + 1: "nan"}), 2.0 ** 14, 2),
+            case("growth interval 1", _stream(gen, 9, {t: "inf"}), 2.0 ** 6, 1),
+            case("other growth and backoff factors", _stream(gen, 10, {t: "inf"}), 2.0 ** 12, 2, 4.0, 0.25),
+            case("unscale_() before step()", _stream(gen, 8, {t: "inf"}), 2.0 ** 12, 2, unscale_first=True)]
+
+
+def _scaler_run(ns, case, device):
+    x = case.inputs
+    scaler = entry(ns, "LossScaler")(init_scale=x["init_scale"], growth_factor=x["growth"],
+                                     backoff_factor=x["backoff"], growth_interval=x["interval"])
+    return replay_scaler(scaler, list(x["grads"]), device=device, unscale_first=x["unscale_first"])
+
+
+def ref_scales(grads, init_scale, interval, growth=2.0, backoff=0.5, *, variant: str = "") -> list:
+    """The scale of every step and the one after the last, by the update rule (``variant``: a classic mistake)."""
+    scale, clean, out = init_scale, 0, []
+    for g in grads:
+        out.append(scale)
+        if overflows(g, scale):
+            scale *= 1.0 if variant == "no backoff" else backoff
+            clean = clean + 1 if variant == "overflow counted" else clean if variant == "no reset" else 0
+        else:
+            clean += 1
+            if clean >= interval + (1 if variant == "late" else -1 if variant == "early" else 0) and variant != "never":
+                scale, clean = scale * growth, 0
+    return out + [scale]
+
+
+_SCALE_VARIANTS = [
+    ("late", "growth after growth_interval + 1 clean steps (off by one): grow when the count of clean steps "
+             "reaches growth_interval, then reset the count"),
+    ("early", "growth after growth_interval - 1 clean steps (off by one)"),
+    ("no reset", "the clean-step counter not reset on an overflow: an overflow starts the count again at 0"),
+    ("overflow counted", "an overflowing step counted as clean: reset the counter to 0 on an overflow"),
+    ("no backoff", "no backoff: multiply the scale by backoff_factor on every overflow"),
+    ("never", "a scale that never grows: multiply it by growth_factor after growth_interval clean steps"),
+]
+
+
+def _scaler_judge(case, obs):
+    x = case.inputs
+    grads = list(x["grads"])
+    ref = replay_scaler(torch.amp.GradScaler("cpu", init_scale=x["init_scale"], growth_factor=x["growth"],
+                                             backoff_factor=x["backoff"], growth_interval=x["interval"]),
+                        grads, unscale_first=x["unscale_first"])
+    got_scales, want_scales = obs["scale"] + obs["after"][-1:], ref["scale"] + ref["after"][-1:]
+    skipped = [t for t, s in enumerate(ref["stepped"]) if not s]
+    table = f"\n  GradScaler's scales: {[f'{s:g}' for s in want_scales]}, skipped steps {skipped}."
+    for t in range(len(grads)):
+        if not close(got_scales[t], want_scales[t]):
+            msg = (f"the scale of step {t} is {got_scales[t]:g}, GradScaler's is {want_scales[t]:g}.\n  Your scales: "
+                   f"{[f'{s:g}' for s in got_scales]}." + table)
+            variants = [(why, ref_scales(grads, x["init_scale"], x["interval"], x["growth"], x["backoff"],
+                                         variant=v)) for v, why in _SCALE_VARIANTS]
+            return diagnose(msg, got_scales, variants, lambda g, w: all(map(close, g, w)) and len(g) == len(w),
+                            "\n  Yours match {}.")
+        if obs["stepped"][t] != ref["stepped"][t]:
+            if ref["stepped"][t]:
+                after = " (the step after an overflow: clear the found-inf flag in update())" * (t - 1 in skipped)
+                return (f"step {t} skipped{after}, but its gradients are finite at scale {want_scales[t]:g}: skip "
+                        f"only the steps whose scaled gradients hold inf or NaN." + table)
+            return (f"step {t} ran optimizer.step, but its scaled gradients hold inf or NaN at scale "
+                    f"{want_scales[t]:g}: skip the step (leave the weights alone) and back off." + table)
+        got_p, want_p = obs["param"][t], ref["param"][t]
+        if not torch.allclose(got_p, want_p, rtol=1e-5, atol=1e-7, equal_nan=True):
+            step = (1 - want_p) if t == 0 else ref["param"][t - 1] - want_p  # the update SGD made with true grads
+            done = (1 - got_p) if t == 0 else ref["param"][t - 1] - got_p
+            ratio = float(done.norm() / step.norm()) if float(step.norm()) > 0 else float("nan")
+            # float32 weights near 1 resolve a tiny update coarsely: a factor within 1.5 of the scale names it
+            near = lambda r, target: r > 0 and abs(math.log(r / target)) < math.log(1.5)  # noqa: E731
+            why = ""
+            if near(ratio, want_scales[t]):
+                why = "\n  Your update is the scale times too big: unscale the gradients (divide by the scale) first."
+            elif near(ratio, 1 / want_scales[t]):
+                why = ("\n  Your update is the scale times too small: the gradients were unscaled twice (step() after "
+                       "unscale_() must not divide again).")
+            return f"after step {t} the weights differ from GradScaler's (update ratio {ratio:.3g}).{why}"
+    if not close(got_scales[-1], want_scales[-1]):
+        return f"the scale after the last update is {got_scales[-1]:g}, GradScaler's is {want_scales[-1]:g}." + table
+    return None
+
+
+LOSS_SCALER = Exercise("loss_scaler", 4, ("LossScaler",), _scaler_cases, _scaler_run, _scaler_judge,
+                       title="A dynamic loss scaler, step by step against GradScaler",
+                       hint="scale(loss) = loss * scale. unscale_: multiply every grad by 1/scale in place, "
+                            "found_inf = any grad not finite. step: unscale_ unless done, optimizer.step() only if "
+                            "not found_inf. update: on found_inf scale *= backoff, clean = 0; else clean += 1 and "
+                            "when clean == growth_interval: scale *= growth, clean = 0. Then forget found_inf.")
+
+
+# --- exercise 4: an autocast training step ---------------------------------------------------------------
+
+D_IN, HIDDEN, D_OUT, BATCH = 16, (32, 32), 4, 32
+
+
+def ref_amp_step(model, optimizer, scaler, x, y, dtype, max_norm, *, variant: str = ""):
+    """The reference step; ``variant`` "clip scaled": clipping before unscale_ (the classic mistake)."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=x.device.type, dtype=dtype):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+    scaler.scale(loss).backward()
+    if variant != "clip scaled":
+        scaler.unscale_(optimizer)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return float(loss.detach()), float(norm)
+
+
+def _train_cases(gen, public):
+    def case(rule, dtype, init_scale, max_norm, opt="sgd", steps=3):
+        name = (f"{rule}{': ' if rule else ''}{dtype}, {opt}, max_norm {max_norm:g}, " +
+                (f"GradScaler init_scale 2^{int(math.log2(init_scale))}" if dtype == "float16" else "no scaler") +
+                f", {steps} steps")
+        return Case(name, dict(dtype=dtype, init_scale=init_scale, max_norm=max_norm, opt=opt, steps=steps,
+                               seed=randint(gen, 0, 2 ** 30)))
+
+    if public:
+        return [case("", "float16", 2.0 ** 12, 0.1), case("", "bfloat16", 1.0, 0.1),
+                case("", "float16", 2.0 ** 40, 0.1, steps=2), case("", "float16", 2.0 ** 10, 100.0, "adamw")]
+    return [case("fp16 with loss scaling, clipping active", "float16", 2.0 ** randint(gen, 8, 14),
+                 uniform(gen, .02, .2)),
+            case("bf16, no loss scaling", "bfloat16", 1.0, uniform(gen, .02, .2)),
+            case("an overflowing first step", "float16", 2.0 ** randint(gen, 36, 44), 0.1, steps=2),
+            case("clipping inactive on the true gradients", "float16", 2.0 ** randint(gen, 10, 14), 1e3),
+            case("AdamW", "float16", 2.0 ** randint(gen, 8, 12), uniform(gen, .05, .2), "adamw")]
+
+
+def _train_setup(case, device):
+    """The model, optimizer, scaler and batches of a case: the same in the learner's process and the judge's."""
+    x = case.inputs
+    model = ToyMLP(D_IN, HIDDEN, D_OUT, seed=x["seed"]).to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = (torch.optim.SGD(params, lr=0.1, momentum=0.9) if x["opt"] == "sgd"
+           else torch.optim.AdamW(params, lr=1e-2))
+    dtype = _DTYPES[x["dtype"]]
+    scaler = torch.amp.GradScaler(device, init_scale=x["init_scale"], enabled=dtype == torch.float16)
+    batches = [tuple(t.to(device) for t in toy_batch(x["seed"] + s, BATCH, D_IN, D_OUT)) for s in range(x["steps"])]
+    return model, opt, scaler, batches, dtype
+
+
+def _record_steps(step_fn, case, device) -> dict:
+    """Run ``step_fn`` over the case's batches; observe returns, weights, dtypes and the optimizer's steps."""
+    model, opt, scaler, batches, dtype = _train_setup(case, device)
+    seen, calls = {}, [0]
+    model.layers[0].register_forward_hook(lambda mod, inp, out: seen.setdefault("forward", str(out.dtype)) and None)
+    real_step = opt.step
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real_step(*args, **kwargs)
+
+    opt.step = counted
+    out = {"returned": [], "params": [], "dtypes": [], "stepped": [], "scale": [],
+           "init": {n: to_cpu(p).float().clone() for n, p in model.named_parameters()}}
+    for xb, yb in batches:
+        before = calls[0]
+        try:
+            ret = step_fn(model, opt, scaler, xb, yb, dtype, case.inputs["max_norm"])
+        except ValueError as exc:  # GradScaler's own refusal: gradients of fp16 weights
+            if "unscale FP16 gradients" not in str(exc):
+                raise
+            return {"fp16_grads": True}
+        if not isinstance(ret, (tuple, list)) or len(ret) != 2:
+            return {"bad": type(ret).__name__}
+        out["returned"].append([_number(v) for v in ret])
+        out["params"].append({n: to_cpu(p).float() for n, p in model.named_parameters()})
+        out["dtypes"].append({n: str(p.dtype) for n, p in model.named_parameters()})
+        out["stepped"].append(calls[0] > before)
+        out["scale"].append(float(scaler.get_scale()))
+    out["forward"] = seen.get("forward")
+    return out
+
+
+def _train_run(ns, case, device):
+    return _record_steps(entry(ns, "amp_train_step"), case, device)
+
+
+def _train_judge(case, obs):
+    x = case.inputs
+    if "bad" in obs:
+        return f"amp_train_step returned a {obs['bad']}; return the pair (loss, grad_norm) as floats."
+    if "fp16_grads" in obs:
+        return ("GradScaler refused to unscale float16 gradients: your weights are float16, and the master weights "
+                "must stay float32. Do not convert the model (model.half()); run the forward under torch.autocast "
+                "and let the optimizer update the fp32 weights.")
+    for t, dtypes in enumerate(obs["dtypes"]):
+        low = {n: d for n, d in dtypes.items() if d != "torch.float32"}
+        if low:
+            name, d = next(iter(low.items()))
+            return (f"after step {t} the weight {name} is {d}: the master weights must stay float32. Do not convert "
+                    f"the model (model.half()); torch.autocast runs the forward in {x['dtype']} on fp32 weights, and "
+                    "the optimizer updates the fp32 copy, so updates smaller than a fp16 ulp are not lost.")
+    if obs["forward"] != f"torch.{x['dtype']}":
+        return (f"the first Linear layer's output is {obs['forward']}, not torch.{x['dtype']}: run the forward and "
+                f"the loss under torch.autocast(device_type=x.device.type, dtype=dtype).")
+    ref = _record_steps(ref_amp_step, case, "cpu")
+    for t in range(x["steps"]):
+        if obs["stepped"][t] != ref["stepped"][t]:
+            if not ref["stepped"][t]:
+                scale = ref["scale"][t - 1] if t else x["init_scale"]
+                return (f"step {t} overflowed (inf/NaN in the fp16 gradients at scale {scale:g}) but optimizer.step "
+                        "ran: call scaler.step(optimizer), which skips such steps.")
+            return f"step {t} has finite gradients but optimizer.step did not run: call scaler.step(optimizer)."
+        (loss, norm), (want_loss, want_norm) = obs["returned"][t], ref["returned"][t]
+        if loss is None or not close(loss, want_loss, rel=1e-2):
+            return f"step {t}: loss {loss!r}, expected {want_loss:.6g}: return the unscaled loss of this batch."
+        if norm is None or not (close(norm, want_norm, rel=1e-2) or (math.isinf(want_norm) and norm == want_norm)
+                                or (math.isnan(want_norm) and math.isnan(norm))):
+            scale = ref["scale"][t - 1] if t else x["init_scale"]
+            why = ""
+            if norm is not None and close(norm, want_norm * scale, rel=1e-2):
+                why = ("\n  Yours is the norm of the scaled gradients: call scaler.unscale_(optimizer) before "
+                       "clip_grad_norm_, or the clip threshold is compared with gradients `scale` times too big.")
+            elif norm is not None and close(norm, min(want_norm, x["max_norm"]), rel=1e-2):
+                why = "\n  Yours is the norm after clipping: return what clip_grad_norm_ returns (the norm before)."
+            return f"step {t}: grad_norm {norm!r}, expected {want_norm:.6g} (unscaled, before clipping).{why}"
+        prev = ref["params"][t - 1] if t else ref["init"]
+        bad = _params_differ(obs["params"][t], ref["params"][t], prev)
+        if bad:
+            scaled = _record_steps(lambda *a: ref_amp_step(*a, variant="clip scaled"), case, "cpu")
+            why = ""
+            if not _params_differ(obs["params"][t], scaled["params"][t], prev):
+                why = ("\n  Yours match clipping the scaled gradients: call scaler.unscale_(optimizer) before "
+                       "clip_grad_norm_.")
+            elif all(bool((p == p.half().float()).all()) for p in obs["params"][t].values()):
+                why = ("\n  Every weight of yours is a float16 value: the master weights were rounded to fp16. Keep "
+                       "them float32 and let autocast cast copies for the forward.")
+            return f"after step {t} {bad}{why}"
+    return None
+
+
+def _params_differ(got: dict, want: dict, prev: dict) -> str | None:
+    """How the weights after a step differ from the reference's, if they do: by more than 2% of the reference's
+    update since ``prev`` (the low-precision forward rounds differently on another device, by far less)."""
+    for name, w in want.items():
+        g = got.get(name)
+        if g is None or g.shape != w.shape:
+            return f"the weight {name} is missing or has another shape."
+        err, update = float((g - w).abs().max()), float((w - prev[name]).abs().max())
+        if not err <= 2e-2 * update + 1e-7:  # NaN fails too
+            return (f"the weight {name} differs from the reference step by up to {err:.2e} (the reference moved it "
+                    f"by up to {update:.2e}).")
+    return None
+
+
+AMP_STEP = Exercise("amp_train_step", 3, ("amp_train_step",), _train_cases, _train_run, _train_judge,
+                    title="An autocast training step: fp32 master weights, unscale before clip",
+                    hint="zero_grad; with torch.autocast(x.device.type, dtype): loss = mse_loss(model(x), y); "
+                         "scaler.scale(loss).backward(); scaler.unscale_(optimizer); norm = clip_grad_norm_(...); "
+                         "scaler.step(optimizer); scaler.update(); return float(loss), float(norm).")
+
+
+# --- exercise 5: Kahan summation in the low precision ------------------------------------------------
+
+# Reductions and casts would leave the low precision: the exercise is compensation in float16/bfloat16 itself.
+_FORBIDDEN = {"aten.sum": "torch.sum", "aten.cumsum": "torch.cumsum", "aten.nansum": "torch.nansum",
+              "aten.mean": "torch.mean", "aten._to_copy": "a cast (.float(), .double(), .to(...))",
+              "aten._local_scalar_dense": "Python floats (.item(), float()): float64 arithmetic",
+              "aten.lift_fresh": "a tensor built from Python numbers (torch.tensor(...)): float64 arithmetic"}
+
+
+def ref_ulp(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The gap between ``dtype`` numbers at |v| (float64), normal range."""
+    m = {torch.float16: 10, torch.bfloat16: 7}[dtype]
+    return 2.0 ** (torch.floor(torch.log2(v.abs().clamp_min(1e-30))) - m)
+
+
+def kahan_tolerance(x: torch.Tensor) -> torch.Tensor:
+    """Kahan's bound per row: one ulp of the result plus 2 u sum |x_i| (u = ulp(1) / 2), float64 (R,)."""
+    u = torch.finfo(x.dtype).eps / 2
+    return ref_ulp(x.double().sum(1), x.dtype) + 2 * u * x.double().abs().sum(1)
+
+
+def ref_naive_sum(x: torch.Tensor) -> torch.Tensor:
+    """Left to right in x.dtype, no compensation (the mistake)."""
+    s = torch.zeros(x.shape[0], dtype=x.dtype)
+    for j in range(x.shape[1]):
+        s = s + x[:, j]
+    return s
+
+
+def _kahan_cases(gen, public):
+    def case(rule, x):
+        return Case(f"{rule}{': ' if rule else ''}{tuple(x.shape)} {str(x.dtype)[6:]}, values in "
+                    f"[{float(x.min()):.3g}, {float(x.max()):.3g}]", dict(x=x))
+
+    def rand(r, n, lo, hi, dtype=torch.float16):
+        return (lo + (hi - lo) * torch.rand(r, n, generator=gen)).to(dtype)
+
+    if public:
+        return [case("", rand(4, 2048, 0, 1)), case("", rand(3, 1024, -0.25, 1)),
+                case("", rand(4, 512, 0, 1, torch.bfloat16))]
+    big_first = rand(3, randint(gen, 600, 1000), 0, 0.1)
+    big_first[:, 0] = 1000.0
+    return [case("positive values, sum past 1024", rand(3, randint(gen, 1500, 2500), 0, 1)),
+            case("mixed signs, positive mean", rand(3, randint(gen, 800, 1500), -0.25, 1)),
+            case("bfloat16", rand(3, randint(gen, 300, 700), 0, 1, torch.bfloat16)),
+            case("a large value first", big_first),
+            case("one column", rand(4, 1, -1, 1))]
+
+
+def _kahan_run(ns, case, device):
+    x = case.inputs["x"].to(device)
+    fn = entry(ns, "kahan_sum")
+    with watch_launches(check_bounds=False) as watch, record_torch_ops(watch) as ops:
+        got = fn(x)
+    forbidden = sorted({op for op in ops if op in _FORBIDDEN})
+    return {"out": to_cpu(got) if isinstance(got, torch.Tensor) else repr(got)[:80], "forbidden": forbidden}
+
+
+def _kahan_judge(case, obs):
+    x = case.inputs["x"]
+    if obs["forbidden"]:
+        used = ", ".join(_FORBIDDEN.get(op, op) for op in obs["forbidden"])
+        return (f"kahan_sum used {used}: keep every operation in {x.dtype} (elementwise +, - on columns). The "
+                "point is that the compensation recovers the accuracy without a wider accumulator.")
+    got = obs["out"]
+    if not isinstance(got, torch.Tensor) or got.shape != (x.shape[0],) or got.dtype != x.dtype:
+        what = f"{tuple(got.shape)} {got.dtype}" if isinstance(got, torch.Tensor) else got
+        return f"kahan_sum returned {what}; expected ({x.shape[0]},) {x.dtype}: one sum per row, in the input's dtype."
+    exact, tol = x.double().sum(1), kahan_tolerance(x)
+    err = (got.double() - exact).abs()
+    if bool((err <= tol).all()):
+        return None
+    row = int((err / tol).argmax())
+    msg = (f"row {row}: your sum {float(got[row]):.6g}, the exact sum {float(exact[row]):.6g}: an error of "
+           f"{float(err[row] / ref_ulp(exact[row:row + 1], x.dtype)[0]):.1f} ulps, over Kahan's bound "
+           f"({float(tol[row]):.3g}: one ulp plus 2u sum|x|).")
+    naive = ("naive left-to-right summation: carry the compensation c (the low-order bits each addition lost, "
+             "c = (t - s) - y) and subtract it from the next term", lambda: ref_naive_sum(x))
+    return diagnose(msg, got, [naive], torch.equal, "\n  Yours matches {}.")
+
+
+KAHAN = Exercise("kahan_sum", 2, ("kahan_sum",), _kahan_cases, _kahan_run, _kahan_judge,
+                 title="Stretch: Kahan summation in fp16",
+                 hint="s = c = zeros(R, dtype); for each column xj: y = xj - c; t = s + y; c = (t - s) - y; s = t. "
+                      "No casts, no torch.sum.")
+
+EXERCISES = [FORMAT_LIMITS, CAST_REPORT, LOSS_SCALER, AMP_STEP, KAHAN]
+BENCHMARKS: list = []

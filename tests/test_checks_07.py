@@ -1,0 +1,293 @@
+"""Lab 07's checks: the solution passes; the mistakes mixed-precision code really has are rejected with a message
+that names them: an exponent bias off by one, e4m3fn's maximum taken from the IEEE rule, epsilon confused with
+the unit roundoff, subnormals forgotten; a cast report that ignores the scale or casts first; a loss scaler that
+grows one step late or early, keeps its counter through an overflow, never backs off, steps on inf, skips one
+step too many, or unscales twice; a training step with fp16 master weights, without autocast, clipping the
+scaled gradients or stepping past the scaler; naive fp16 summation, a cast to fp32 or torch.sum passed as Kahan."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpulab.precision import FORMATS
+from grader.checks import exercises, load_lab
+from grader.exercise import evaluate
+from tests import graderkit as kit
+from tests.conftest import grade, solution_namespace, with_answer
+
+STEM = "07_mixed_precision"
+CHECKS = load_lab(STEM)
+EX = exercises(STEM)
+
+
+def _public(eid, ns, n=None):
+    return evaluate(EX[eid], ns, "cpu", EX[eid].cases()[:n])  # public cases only: the message, quickly
+
+
+def _failed_rules(result) -> list:
+    return [c.name.split(":")[0] for c in result.cases if c.status != "passed"]
+
+
+@pytest.fixture(scope="module")
+def sol07():
+    ns = solution_namespace(STEM)
+    for eid in EX:  # the solution passes the public and hidden cases of every exercise
+        result = grade(STEM, eid, ns)
+        assert result.status == "passed", (eid, result.message)
+    return ns
+
+
+def test_the_reference_limits_are_torch_finfo():
+    for name, fmt in FORMATS.items():
+        lim = CHECKS.ref_format_limits(fmt.exp_bits, fmt.mantissa_bits, fmt.finite_only)
+        if fmt.dtype is None:
+            assert name == "tf32" and lim["eps"] == 2.0 ** -10 and lim["min_normal"] == 2.0 ** -126
+            continue
+        fi = torch.finfo(fmt.dtype)
+        assert (lim["max"], lim["min_normal"], lim["eps"]) == (fi.max, fi.tiny, fi.eps), name
+        smallest = torch.tensor([lim["min_subnormal"], lim["min_subnormal"] / 2]).to(fmt.dtype).float()
+        assert smallest.tolist() == [lim["min_subnormal"], 0.0], name  # half of it rounds to 0 (ties to even)
+    assert CHECKS.ref_format_limits(4, 3, True)["max"] == 448.0 and CHECKS.ref_format_limits(5, 2)["max"] == 57344.0
+
+
+# --- 1. format limits -----------------------------------------------------------------------------------
+
+def _limits(bug):
+    def format_limits(exp_bits, mantissa_bits, finite_only=False):
+        bias = 2 ** (exp_bits - 1) - (0 if bug == "bias" else 1)
+        if finite_only and bug != "ieee":
+            emax = 2 ** exp_bits - 1 - bias
+            largest = 2 - 2.0 ** (-mantissa_bits if bug == "nan as number" else 1 - mantissa_bits)
+        else:
+            emax, largest = 2 ** exp_bits - 2 - bias, 2 - 2.0 ** -mantissa_bits
+        return {"max": largest * 2.0 ** emax, "min_normal": 2.0 ** ((0 if bug == "min_normal" else 1) - bias),
+                "min_subnormal": 2.0 ** (1 - bias - (0 if bug == "no subnormals" else mantissa_bits)),
+                "eps": 2.0 ** -(mantissa_bits + (1 if bug == "unit roundoff" else 0))}
+    return format_limits
+
+
+def test_forgetting_e4m3fns_special_max_fails_on_the_fp8_rules(sol07):
+    r = grade(STEM, "format_limits", with_answer(sol07, format_limits=_limits("ieee")))
+    assert set(_failed_rules(r)) == {"fp8 e4m3fn (finite only)", "a finite-only format", "fp8 e4m3fn (e4m3)"}
+
+
+# --- 2. cast report ---------------------------------------------------------------------------------------
+
+def _report(bug):
+    def cast_report(x, dtype, scale=1.0):
+        if bug == "cast first":
+            y = (x.to(dtype).float() * scale).to(dtype).float()
+        else:
+            y = (x.float() * (1.0 if bug == "no scale" else scale)).to(dtype).float()
+        nonzero = x != 0
+        n = x.numel() if bug == "all elements" else int(nonzero.sum())
+        tiny = torch.finfo(dtype).tiny
+        zero = (x.float() * scale).abs() < tiny if bug == "below min normal" else y == 0
+        return {"underflow": int((zero & nonzero).sum()) / n,
+                "subnormal": int(((y != 0) & (y.abs() < tiny)).sum()) / n,
+                "overflow": int((~torch.isfinite(y) & nonzero).sum()) / n}
+    return cast_report
+
+
+# --- 3. the loss scaler -----------------------------------------------------------------------------------
+
+def _scaler(sol, bug):
+    base = sol["LossScaler"]
+
+    class LossScaler(base):
+        def unscale_(self, optimizer):
+            if bug == "twice":  # BUG: divides again on every call
+                self.found_inf = None
+            if bug == "sticky" and self.found_inf:  # BUG: the flag survives update(): every later step skipped
+                return
+            super().unscale_(optimizer)
+
+        def step(self, optimizer):
+            if bug == "no unscale":  # BUG: steps on the scaled gradients
+                found = any(not bool(torch.isfinite(p.grad).all()) for g in optimizer.param_groups
+                            for p in g["params"])
+                self.found_inf = found
+                if not found:
+                    optimizer.step()
+                return
+            if bug == "always steps":  # BUG: no skip
+                self.unscale_(optimizer)
+                optimizer.step()
+                return
+            super().step(optimizer)
+
+        def update(self):
+            if bug == "sticky":
+                sticky = self.found_inf
+            if self.found_inf:
+                self.scale_value *= 1.0 if bug == "no backoff" else self.backoff_factor
+                if bug != "no reset":
+                    self.clean_steps = 0
+            else:
+                self.clean_steps += 1
+                if bug == "late" and self.clean_steps > self.growth_interval or \
+                        bug == "early" and self.clean_steps >= self.growth_interval - 1 or \
+                        bug not in ("late", "early") and self.clean_steps == self.growth_interval:
+                    self.scale_value *= self.growth_factor
+                    self.clean_steps = 0
+            self.found_inf = sticky if bug == "sticky" and sticky else None
+
+    return LossScaler
+
+
+@pytest.mark.parametrize("bug, rule", [
+    ("late", "growth after exactly growth_interval clean steps"),
+    ("no reset", "an overflow resets the growth counter"),
+    ("always steps", "a NaN gradient"),
+    ("sticky", "consecutive overflows"),
+])
+def test_the_hidden_rule_for_each_scaler_mistake_catches_it(sol07, bug, rule):
+    ex = EX["loss_scaler"]
+    r = evaluate(ex, with_answer(sol07, LossScaler=_scaler(sol07, bug)), "cpu", ex.cases(5, public=False))
+    assert rule in _failed_rules(r), r.message
+
+
+def test_skipping_is_exact_not_one_step_more_or_less(sol07):
+    """The scaler's skipped steps are the overflowing ones: compare with the reference's on a hidden stream."""
+    ex = EX["loss_scaler"]
+    case = next(c for c in ex.cases(9, public=False) if c.name.startswith("consecutive overflows"))
+    from gpulab.precision import replay_scaler
+    x = case.inputs
+    ref = replay_scaler(torch.amp.GradScaler("cpu", init_scale=x["init_scale"], growth_interval=x["interval"]),
+                        list(x["grads"]))
+    assert ref["stepped"].count(False) >= 3  # the three spikes, at least
+    ok = evaluate(ex, sol07, "cpu", [case])
+    assert ok.status == "passed", ok.message
+
+
+# --- 4. the autocast training step ------------------------------------------------------------------------
+
+def _step(bug):
+    def amp_train_step(model, optimizer, scaler, x, y, dtype, max_norm):
+        optimizer.zero_grad(set_to_none=True)
+        if bug == "half model":  # BUG: fp16 master weights
+            model.to(dtype)
+            loss = F.mse_loss(model(x.to(dtype)).float(), y)
+        elif bug == "no autocast":
+            loss = F.mse_loss(model(x), y)
+        else:
+            with torch.autocast(device_type=x.device.type, dtype=dtype):
+                loss = F.mse_loss(model(x), y)
+        scaler.scale(loss).backward()
+        if bug != "clip scaled":
+            scaler.unscale_(optimizer)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        if bug == "steps directly":  # BUG: bypasses the scaler's skip
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+        scaler.update()
+        if bug == "fp16-rounded weights":  # BUG: the master copy kept at fp16 precision
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.copy_(p.half().float())
+        if bug == "norm after clip":
+            norm = min(float(norm), max_norm)
+        return float(loss.detach()), float(norm)
+    return amp_train_step
+
+
+def test_clipping_scaled_gradients_is_caught_on_the_weights_too(sol07):
+    """A step that clips before unscaling, but reports the true norm, still moves the weights wrongly."""
+    wrong = _step("clip scaled")
+
+    def amp_train_step(model, optimizer, scaler, x, y, dtype, max_norm):  # BUG: clips the scaled gradients
+        scale = scaler.get_scale()
+        loss, norm = wrong(model, optimizer, scaler, x, y, dtype, max_norm)
+        return loss, norm / scale  # ... and hides it in the norm it returns
+    r = _public("amp_train_step", with_answer(sol07, amp_train_step=amp_train_step), 1)
+    assert r.status == "failed" and "Yours match clipping the scaled gradients" in r.message, r.message
+
+
+# --- 5. Kahan summation ------------------------------------------------------------------------------------
+
+def test_naive_fp16_summation_passed_as_kahan_fails(sol07):
+    r = grade(STEM, "kahan_sum", with_answer(sol07, kahan_sum=CHECKS.ref_naive_sum))
+    assert r.status == "failed" and "Yours matches naive left-to-right summation" in r.message, r.message
+    assert "positive values, sum past 1024" in _failed_rules(r)
+
+
+def test_a_float32_result_is_rejected(sol07):
+    def kahan_sum(x):  # BUG: an fp32 accumulator by type promotion
+        s = torch.zeros(x.shape[0])
+        for j in range(x.shape[1]):
+            s = s + x[:, j]
+        return s
+    r = _public("kahan_sum", with_answer(sol07, kahan_sum=kahan_sum), 1)
+    assert r.status == "failed" and "expected (4,) torch.float16" in r.message, r.message
+
+
+# --- every wrong answer, named by its mistake (public cases: the message, quickly) --------------------------------
+
+def _max_without_mantissa(e, m, finite_only=False):  # BUG: max = 2^emax
+    out = _limits("")(e, m, finite_only)
+    return {**out, "max": 2.0 ** (2 ** e - (1 if finite_only else 2) - (2 ** (e - 1) - 1))}
+
+
+WRONG = [  # (exercise, the answer's name, wrong answer from the solution's namespace, what the message says)
+    ("format_limits", "format_limits", lambda sol: _limits("bias"), "an exponent bias of 2^(e-1)"),
+    ("format_limits", "format_limits", lambda sol: _limits("ieee"), "e4m3fn's max is 448, not 240"),
+    ("format_limits", "format_limits", lambda sol: _limits("nan as number"), "the all-ones mantissa of the all-ones"),
+    ("format_limits", "format_limits", lambda sol: _limits("min_normal"), "min_normal = 2^-bias"),
+    ("format_limits", "format_limits", lambda sol: _limits("no subnormals"), "no subnormals"),
+    ("format_limits", "format_limits", lambda sol: _limits("unit roundoff"), "the unit roundoff (half of epsilon)"),
+    ("format_limits", "format_limits", lambda sol: _max_without_mantissa, "max = 2^emax"),
+    ("cast_report", "cast_report", lambda sol: _report("no scale"), "the scale ignored"),
+    ("cast_report", "cast_report", lambda sol: _report("cast first"), "casting before scaling"),
+    ("cast_report", "cast_report", lambda sol: _report("all elements"), "fractions of all the elements"),
+    ("cast_report", "cast_report", lambda sol: _report("below min normal"), "everything below min normal counted"),
+    ("loss_scaler", "LossScaler", lambda sol: _scaler(sol, "late"), "growth after growth_interval + 1 clean steps"),
+    ("loss_scaler", "LossScaler", lambda sol: _scaler(sol, "early"), "growth after growth_interval - 1 clean steps"),
+    ("loss_scaler", "LossScaler", lambda sol: _scaler(sol, "no reset"), "the clean-step counter not reset"),
+    ("loss_scaler", "LossScaler", lambda sol: _scaler(sol, "no backoff"), "no backoff"),
+    ("loss_scaler", "LossScaler", lambda sol: _scaler(sol, "always steps"), "ran optimizer.step, but its scaled"),
+    ("loss_scaler", "LossScaler", lambda sol: _scaler(sol, "sticky"), "clear the found-inf flag in update()"),
+    ("loss_scaler", "LossScaler", lambda sol: _scaler(sol, "no unscale"), "the scale times too big: unscale"),
+    ("loss_scaler", "LossScaler", lambda sol: _scaler(sol, "twice"), "the gradients were unscaled twice"),
+    ("amp_train_step", "amp_train_step", lambda sol: _step("half model"), "refused to unscale float16 gradients"),
+    ("amp_train_step", "amp_train_step", lambda sol: _step("no autocast"), "under torch.autocast"),
+    ("amp_train_step", "amp_train_step", lambda sol: _step("clip scaled"), "Yours is the norm of the scaled gradients"),
+    ("amp_train_step", "amp_train_step", lambda sol: _step("steps directly"), "call scaler.step(optimizer)"),
+    ("amp_train_step", "amp_train_step", lambda sol: _step("fp16-rounded weights"), "rounded to fp16"),
+    ("amp_train_step", "amp_train_step", lambda sol: _step("norm after clip"), "Yours is the norm after clipping"),
+    ("kahan_sum", "kahan_sum", lambda sol: CHECKS.ref_naive_sum, "Yours matches naive left-to-right summation"),
+    ("kahan_sum", "kahan_sum", lambda sol: lambda x: x.float().sum(1).to(x.dtype), "a cast (.float(), .double()"),
+    ("kahan_sum", "kahan_sum", lambda sol: lambda x: x.sum(1), "torch.sum"),
+    ("kahan_sum", "kahan_sum", lambda sol: lambda x: torch.tensor([sum(r) for r in x.tolist()], dtype=x.dtype),
+     "a tensor built from Python numbers"),
+]
+
+
+@pytest.mark.parametrize("eid, name, make, says", WRONG, ids=[f"{w[0]}: {w[3][:40]}" for w in WRONG])
+def test_a_wrong_answer_fails_with_a_message_naming_it(sol07, eid, name, make, says):
+    r = _public(eid, with_answer(sol07, **{name: make(sol07)}))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+# --- answers that compute nothing earn nothing; every rule in every hidden set; the whole notebook -----------
+
+def test_answers_that_compute_nothing_score_zero_and_every_seed_covers_the_same_rules():
+    for ex in EX.values():
+        kit.assert_do_nothing_scores_zero(ex)
+        kit.assert_same_rules_every_seed(ex)
+
+
+def test_the_solution_earns_full_marks_and_the_untouched_lab_zero(sol07):
+    """In process, as the grader scores: every exercise of the solution passes (above); the generated lab's stubs
+    are all "not attempted", worth 0."""
+    import nbformat
+
+    from grader.notebooks import answer_cells, exec_source, export_source
+
+    lab = nbformat.reads(json.dumps(kit.load("labs", STEM)), 4)
+    ns = exec_source(export_source(lab, answer_cells(lab)), f"<labs/{STEM}.ipynb>")
+    results = [evaluate(ex, ns, "cpu", ex.cases()[:1]) for ex in EX.values()]
+    assert [r.status for r in results] == ["not_attempted"] * len(EX) and sum(r.score for r in results) == 0
+    full = [grade(STEM, eid, sol07, hidden=False) for eid in EX]  # (the fixture graded the hidden cases too)
+    assert sum(r.score for r in full) == sum(ex.points for ex in EX.values()) == 13
