@@ -54,7 +54,8 @@ def make_divergence_trace(seed: int, cause: str, steps: int = 200, layers: int =
     noise = lambda *shape: 1 + 0.03 * torch.randn(*shape, generator=gen, dtype=torch.float64)  # noqa: E731
     step = torch.arange(steps, dtype=torch.float64)
     loss = (2.0 + 8.0 * torch.exp(-step / 40)) * noise(steps)                # a healthy, falling loss
-    layer_norm = 0.5 * noise(steps, layers)
+    sizes = torch.logspace(-1, 1, layers, dtype=torch.float64)[torch.randperm(layers, generator=gen)]
+    layer_norm = sizes * noise(steps, layers)  # layers differ in size: a big layer is not a suspect
     lr = torch.clamp(step / 50, max=1.0) * 3e-4
     scale = torch.full((steps,), 2.0**16, dtype=torch.float64)
     if cause == "bad_batch":

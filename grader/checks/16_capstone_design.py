@@ -295,36 +295,51 @@ def ref_layout_problems(spec, seq_len, global_batch, layout, cluster, *, bug: st
     return problems
 
 
+def _with_control(case: Case, layout: Layout, cluster: Cluster) -> Case:
+    """``case`` plus a control layout of the other verdict (same model and batch), so an answer that accepts or
+    rejects everything fails every case."""
+    return dataclasses.replace(case, inputs=dict(case.inputs, control=dict(layout=_plain(layout),
+                                                                           cluster=_plain(cluster))))
+
+
 def _layout_problems_cases(gen, public):
+    gpt3_spec, seq, batch, a100, gpt3_layout, _ = PUBLISHED["GPT-3 175B (Megatron-LM)"]
+    across = Layout(8, 16, 8, 1, 1, True)  # TP=16 over nodes of 8: never feasible
     if public:
         gpt3 = (GPT3_175B, 2048, 1536, A100)
-        return _published_cases(("TP across nodes", *gpt3, Layout(8, 16, 8, 1, 1, True)),
-                                ("no room for Adam", *gpt3, Layout(32, 8, 4, 1, 0, False)),
-                                ("activations of pp microbatches", *gpt3, Layout(16, 8, 8, 8, 1, False)),
-                                ("pure data parallel", *gpt3, Layout(1024, 1, 1, 1, 0, False)),
-                                ("the wrong GPU count", *gpt3, Layout(8, 8, 8, 1, 0, True)))
-    spec, seq, batch, cl, lay, _ = PUBLISHED["GPT-3 175B (Megatron-LM)"]
+        published, *wrong = _published_cases(("TP across nodes", *gpt3, across),
+                                             ("no room for Adam", *gpt3, Layout(32, 8, 4, 1, 0, False)),
+                                             ("activations of pp microbatches", *gpt3, Layout(16, 8, 8, 8, 1, False)),
+                                             ("pure data parallel", *gpt3, Layout(1024, 1, 1, 1, 0, False)),
+                                             ("the wrong GPU count", *gpt3, Layout(8, 8, 8, 1, 0, True)))
+        llama = wrong.pop(0)
+        return [_with_control(published, across, a100), _with_control(llama, Layout(32, 16, 16, 1, 1, True), H100)] + \
+            [_with_control(c, gpt3_layout, a100) for c in wrong]
     dp = choice(gen, (2, 4, 8))
-    return [
-        _layout_case("a feasible layout", spec, seq, batch, cl.with_gpus(dp * 64), dataclasses.replace(lay, dp=dp)),
-        _layout_case("TP across nodes", spec, seq, batch, cl.with_gpus(dp * 128),
-                     Layout(dp, 16, 8, 1, 1, True)),
-        _layout_case("no room for Adam", spec, seq, batch, cl.with_gpus(dp * 32), Layout(dp, 8, 4, 1, 0, False)),
-        _layout_case("activations of pp microbatches", spec, seq, batch, cl.with_gpus(dp * 64),
+    cases = [
+        _layout_case("a feasible layout", gpt3_spec, seq, batch, a100.with_gpus(dp * 64),
+                     dataclasses.replace(gpt3_layout, dp=dp)),
+        _layout_case("TP across nodes", gpt3_spec, seq, batch, a100.with_gpus(dp * 128), Layout(dp, 16, 8, 1, 1, True)),
+        _layout_case("no room for Adam", gpt3_spec, seq, batch, a100.with_gpus(dp * 32), Layout(dp, 8, 4, 1, 0, False)),
+        _layout_case("activations of pp microbatches", gpt3_spec, seq, batch, a100.with_gpus(dp * 64),
                      Layout(dp, 8, 8, choice(gen, (8, 16)), 1, False))]
+    return [_with_control(cases[0], across, a100)] + [_with_control(c, gpt3_layout, a100) for c in cases[1:]]
 
 
 def _layout_problems_run(ns, case, device):
     x = case.inputs
-    got = entry(ns, "layout_problems")(_spec(x["spec"]), x["seq_len"], x["global_batch"], _layout(x["layout"]),
-                                       _cluster(x["cluster"]))
-    return {"problems": [str(p) for p in got] if isinstance(got, (list, tuple)) else repr(got)}
+    fn = entry(ns, "layout_problems")
+
+    def ask(layout, cluster):
+        got = fn(_spec(x["spec"]), x["seq_len"], x["global_batch"], _layout(layout), _cluster(cluster))
+        return [str(p) for p in got] if isinstance(got, (list, tuple)) else repr(got)
+    return {"problems": ask(x["layout"], x["cluster"]),
+            "control": ask(x["control"]["layout"], x["control"]["cluster"])}
 
 
-def _layout_problems_judge(case, obs):
-    x = case.inputs
-    args = (_spec(x["spec"]), x["seq_len"], x["global_batch"], _layout(x["layout"]), _cluster(x["cluster"]))
-    want, got = ref_layout_problems(*args), obs["problems"]
+def _judge_problems(x, layout, cluster, got, name) -> str | None:
+    args = (_spec(x["spec"]), x["seq_len"], x["global_batch"], layout, cluster)
+    want = ref_layout_problems(*args)
     if not isinstance(got, list):
         return f"layout_problems must return a list of strings (empty when the layout can run), got {got}."
     if bool(got) == bool(want):
@@ -334,13 +349,20 @@ def _layout_problems_judge(case, obs):
         for bug, label in (("tp across nodes", "TP groups across nodes: tensor parallelism's per-layer all-reduces "
                                                  "belong on NVLink, inside a node"),) + _MEM_VARIANTS:
             if not ref_layout_problems(*args, bug=bug):
-                return f"layout_problems returned [] for {case.name}, which cannot run: {why}. Yours accepts {label}."
-        return f"layout_problems returned [] for {case.name}, which cannot run: {why}."
-    return (f"layout_problems rejected {case.name} ({got}), but it fits and can run"
-            f"{' (it is the layout the published run used)' if case.name.startswith('a published') else ''}: "
+                return f"layout_problems returned [] for {name}, which cannot run: {why}. Yours accepts {label}."
+        return f"layout_problems returned [] for {name}, which cannot run: {why}."
+    published = any(layout == lay and cluster == cl for _, _, _, cl, lay, _ in PUBLISHED.values())
+    return (f"layout_problems rejected {name} ({got}), but it fits and can run"
+            f"{' (it is the layout the published run used)' if published else ''}: "
             "reject only a wrong GPU count, TP beyond a node, heads or layers that do not split, a batch that "
             f"does not divide, or more than {HEADROOM:.0%} of GPU memory.")
 
+
+def _layout_problems_judge(case, obs):
+    x, control = case.inputs, case.inputs["control"]
+    lay, cl = _layout(control["layout"]), _cluster(control["cluster"])
+    return _judge_problems(x, _layout(x["layout"]), _cluster(x["cluster"]), obs["problems"], case.name) or \
+        _judge_problems(x, lay, cl, obs["control"], f"{lay} on {cl.n_gpus} GPUs (the same model and batch)")
 
 
 # --- 4. the planner ------------------------------------------------------------------------------------------
@@ -506,8 +528,8 @@ def ref_plan_serving(spec, work, cluster) -> tuple:
     power-of-two batch (<= 256) that fits beside the weights, and the fewest replicas (bisection) meeting p99."""
     best = None
     for tp in _divisors(cluster.gpus_per_node):
-        if spec.n_heads % tp or not _fits(spec, work, cluster, tp, 1):
-            continue
+        if spec.n_heads % tp or not _fits(spec, work, cluster, tp, 1) or (best and tp >= best[0]):
+            continue  # (a replica of tp GPUs cannot beat a plan of best[0] <= tp GPUs)
         max_batch = max(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if _fits(spec, work, cluster, tp, b))
         lo, hi = 1, MAX_REPLICAS
         while lo < hi:
@@ -528,7 +550,8 @@ def _plan_serving_cases(gen, public):
                                                             cluster=_plain(H100.with_gpus(512))))
 
     if public:
-        return [case("the interview's case", GPT3_175B, SERVE_175B)]
+        return [case("the interview's case", GPT3_175B, SERVE_175B),
+                case("a long context", MODELS["Llama-2-13B"], Workload(2.0, (1024, 4096), (8, 32), 4.0, 2.0, 2.0))]
     return [case("175B at another rate", GPT3_175B, dataclasses.replace(SERVE_175B, rate=float(randint(gen, 60, 140)))),
             case("a 70B model in fp16", MODELS["Llama-2-70B"], Workload(float(randint(gen, 20, 40)), (128, 1024),
                                                                         (8, 32), 1.0, 2.0, 2.0))]
@@ -739,7 +762,8 @@ def _reshard_zero_cases(gen, public):
         return Case(f"{rule}: {numel} elements, {old} -> {new} ranks",
                     dict(flat=flat, shards=flat_shards(flat, old), numel=numel, new_world=new))
     if public:
-        return [case("shrink", 1000, 8, 6), case("grow", 10, 3, 4), case("no padding", 24, 4, 8)]
+        return [case("shrink", 1000, 8, 6), case("grow", 10, 3, 4), case("no padding", 24, 4, 8),
+                case("old padding longer than a new shard", 10, 8, 3)]
     return [case("shrink", randint(gen, 100, 5000), 8, choice(gen, (3, 5, 6, 7))),
             case("grow", randint(gen, 10, 500), choice(gen, (2, 3, 5)), choice(gen, (8, 16))),
             case("fewer elements than ranks", randint(gen, 1, 6), 2, 8)]
@@ -808,18 +832,18 @@ def _find_stragglers_cases(gen, public):
         return Case(f"{rule}: {ranks} ranks, 40 steps", dict(times=times))
     if public:
         return [case("one straggler", 16, [5], [], 0), case("a hang", 8, [], [3], 2),
-                case("hiccups only", 32, [], [], 12)]
+                case("hiccups and a straggler", 32, [30], [], 12)]
     ranks = choice(gen, (16, 32, 64))
     return [case("one straggler", ranks, [randint(gen, 0, ranks - 1)], [], 3),
             case("a hang and a straggler", ranks, [0], [randint(gen, 1, ranks - 1)], 3),
-            case("hiccups only", ranks, [], [], 2 * ranks)]
+            case("hiccups and a straggler", ranks, [randint(gen, 0, ranks - 1)], [], 2 * ranks)]
 
 
 def _find_stragglers_run(ns, case, device):
     got = entry(ns, "find_stragglers")(case.inputs["times"].clone())
-    if not isinstance(got, dict):
+    if not isinstance(got, dict) or not {"stragglers", "hung"} <= set(got):
         return {"got": repr(got)}
-    return {"got": {k: sorted(int(r) for r in got.get(k, [])) for k in ("stragglers", "hung")}}
+    return {"got": {k: sorted(int(r) for r in got[k]) for k in ("stragglers", "hung")}}
 
 
 def _find_stragglers_judge(case, obs):
@@ -947,12 +971,13 @@ def _mlops_cases(gen, public):
                    psi=uniform(gen, 0.0, 0.1))
         can["errors"] = round(can["requests"] * base["errors"] / base["requests"])
         can.update(changes)
-        return Case(f"canary, {rule}", dict(baseline=base, canary=can, slo=dict(p99_ms=500.0, min_requests=1000)))
-    cases = [Case(f"checklist, {s}: what to select", dict(scenario=s)) for s in MLOPS_REQUIRED]
+        slo = dict(p99_ms=500.0, min_requests=1000)
+        return Case(f"canary {rule}: a canary against its baseline", dict(baseline=base, canary=can, slo=slo))
+    cases = [Case(f"checklist for {s}: what to select", dict(scenario=s)) for s in MLOPS_REQUIRED]
     cases += [canary("healthy"), canary("too few requests", requests=randint(gen, 50, 900)),
               canary("latency over the target", p99_ms=uniform(gen, 520, 900)),
               canary("more errors", errors=randint(gen, 60, 120)), canary("input drift", psi=uniform(gen, 0.3, 0.6))]
-    return cases if public else [dataclasses.replace(c, name=c.name.replace(", ", ": ", 1)) for c in cases]
+    return cases
 
 
 def _mlops_run(ns, case, device):

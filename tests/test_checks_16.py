@@ -1,0 +1,368 @@
+"""Lab 16's checks: the solution passes; the mistakes system-design answers really make are rejected with a
+message that names them: optimizer states, activations in flight or the bubble forgotten, TP priced on NVLink
+across nodes, a ring all-reduce without its factor 2, a feasibility test that accepts TP across nodes or rejects a
+published layout, a planner that is not the fastest, a serving plan that forgets the KV cache or misses the p99,
+PP credited with lower latency, batching that ignores the wait to fill a batch, Young/Daly without the factor 2 or
+with one GPU's MTBF, a re-shard that drops the padding tail, a straggler test fooled by one hiccup, a divergence
+diagnosis that blames the biggest layer, MLOps anti-patterns and a canary promoted on too few requests."""
+import math
+import types
+
+import pytest
+import torch
+
+from gpulab.planning import PUBLISHED, Layout, group_link, ring_allreduce_time
+from gpulab.reliability import make_divergence_trace, make_step_times
+from grader.checks import exercises, load_lab
+from grader.exercise import evaluate
+from grader.notebooks import answer_cells, exec_source, export_source, read_notebook
+from tests import graderkit as kit
+from tests.conftest import ROOT, grade, solution_namespace
+
+STEM = "16_capstone_design"
+CHECKS, EX = load_lab(STEM), exercises(STEM)
+
+
+@pytest.fixture(scope="module")
+def sol16():
+    return solution_namespace(STEM)
+
+
+def with_answer(ns: dict, **replacements) -> dict:
+    """The solution's namespace with some answers replaced, its other functions re-bound to it: a planner
+    calling a replaced layout_problems calls the wrong one, as it would in a learner's notebook."""
+    out = dict(ns, **replacements)
+    for name, value in out.items():
+        if isinstance(value, types.FunctionType) and value.__globals__ is ns and name not in replacements:
+            out[name] = types.FunctionType(value.__code__, out, value.__name__, value.__defaults__,
+                                           value.__closure__)
+    return out
+
+
+def _public(eid, ns, n=None):
+    return evaluate(EX[eid], ns, "cpu", EX[eid].cases()[:n])  # the first n public cases: quick, and named
+
+
+@pytest.mark.parametrize("eid", list(EX))
+def test_the_solution_passes_every_public_and_hidden_case(sol16, eid):
+    assert (result := grade(STEM, eid, sol16)).status == "passed", result.message
+
+
+def test_solution_scores_full_marks_and_the_generated_lab_zero(sol16):
+    lab = read_notebook(ROOT / "labs" / f"{STEM}.ipynb")
+    lab_ns = exec_source(export_source(lab, answer_cells(lab)), f"<labs/{STEM}.ipynb>")
+    for eid, ex in EX.items():
+        assert evaluate(ex, lab_ns, "cpu").score == 0, eid
+    assert sum(evaluate(ex, sol16, "cpu").score for ex in EX.values()) == sum(ex.points for ex in EX.values())
+
+
+def test_the_published_layouts_are_feasible_and_close_to_the_models_best():
+    for spec, seq, batch, cluster, layout, _ in PUBLISHED.values():
+        assert CHECKS.ref_layout_problems(spec, seq, batch, layout, cluster) == []
+        _, best = CHECKS.ref_plan_training(spec, seq, batch, cluster)
+        assert CHECKS.ref_step_time(spec, seq, batch, layout, cluster)["total"] <= CHECKS.KNOWN_GOOD * best
+
+
+# --- memory, step time, feasibility, the planner -------------------------------------------------------
+
+def _memory(bug):
+    def training_memory(spec, seq_len, layout):
+        share = spec.n_params / (layout.tp * layout.pp)
+        weights = 2 * share / (layout.dp if layout.zero >= 3 else 1)
+        grads = 2 * share / (layout.dp if layout.zero >= 2 else 1)
+        optimizer = 0.0 if bug == "no optimizer" else 12 * share / (layout.dp if layout.zero >= 1 else 1)
+        sbh = seq_len * layout.micro_batch * spec.d_model
+        in_flight = 1 if bug == "one microbatch" else layout.pp
+        kept = (2 if layout.recompute else 34) * sbh / layout.tp
+        activations = in_flight * math.ceil(spec.n_layers / layout.pp) * kept + (
+            34 * sbh / layout.tp if layout.recompute else 0.0)
+        return {"weights": weights, "grads": grads, "optimizer": optimizer, "activations": activations,
+                "total": weights + grads + optimizer + activations}
+    return training_memory
+
+
+@pytest.mark.parametrize("bug, says", [("no optimizer", "no optimizer states"),
+                                       ("one microbatch", "pp microbatches in flight")])
+def test_a_wrong_memory_model_is_named(sol16, bug, says):
+    r = _public("training_memory", with_answer(sol16, training_memory=_memory(bug)))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def _step_time(sol, bug):
+    def step_time(spec, seq_len, global_batch, layout, cluster):
+        out = dict(sol["step_time"](spec, seq_len, global_batch, layout, cluster))
+        m = global_batch // (layout.dp * layout.micro_batch)
+        if bug == "no bubble":
+            out["bubble"] = 0.0
+        if bug == "tp on nvlink":  # BUG: the TP group priced on NVLink whatever its size
+            act = 2 * seq_len * layout.micro_batch * spec.d_model
+            out["tp_comm"] = math.ceil(spec.n_layers / layout.pp) * m * (6 if layout.recompute else 4) * \
+                ring_allreduce_time(act, layout.tp, cluster.intra_alpha, cluster.intra_bytes_per_s)
+            out["bubble"] = (out["compute"] + out["tp_comm"] + out["pp_comm"]) * (layout.pp - 1) / m
+        if bug == "dp no factor 2":
+            alpha, bw = group_link(cluster, layout.tp, layout.dp)
+            out["dp_comm"] = (layout.dp - 1) * alpha + (layout.dp - 1) / layout.dp * 2 * spec.n_params / (
+                layout.tp * layout.pp) / bw if layout.dp > 1 else 0.0
+        out["total"] = sum(v for k, v in out.items() if k != "total")
+        return out
+    return step_time
+
+
+@pytest.mark.parametrize("bug, says", [("no bubble", "no pipeline bubble"),
+                                       ("tp on nvlink", "TP on NVLink although its group spans nodes"),
+                                       ("dp no factor 2", "without its factor 2")])
+def test_a_wrong_step_time_is_named(sol16, bug, says):
+    r = _public("step_time", with_answer(sol16, step_time=_step_time(sol16, bug)))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def _problems(sol, bug):
+    def layout_problems(spec, seq_len, global_batch, layout, cluster):
+        if bug == "layers must divide" and spec.n_layers % layout.pp:
+            return ["layers do not split evenly"]  # BUG: Llama 3 405B ran 126 layers on 16 stages
+        found = sol["layout_problems"](spec, seq_len, global_batch, layout, cluster)
+        if bug == "tp across nodes":
+            found = [p for p in found if "crosses nodes" not in p]
+        return found
+    return layout_problems
+
+
+def test_feasibility_that_allows_tp_across_nodes_is_named(sol16):
+    r = _public("layout_problems", with_answer(sol16, layout_problems=_problems(sol16, "tp across nodes")))
+    assert r.status == "failed" and "Yours accepts TP groups across nodes" in r.message, r.message
+
+
+def test_feasibility_that_forgets_optimizer_states_is_named(sol16):
+    r = _public("layout_problems", with_answer(sol16, training_memory=_memory("no optimizer")))
+    assert r.status == "failed" and "Yours accepts no optimizer states" in r.message, r.message
+
+
+def test_feasibility_that_rejects_a_published_layout_is_named(sol16):
+    r = _public("layout_problems", with_answer(sol16, layout_problems=_problems(sol16, "layers must divide")))
+    assert r.status == "failed" and "the layout the published run used" in r.message, r.message
+
+
+def test_a_planner_that_is_not_the_fastest_fails(sol16):
+    def plan_training(spec, seq_len, global_batch, cluster):  # BUG: always the deepest pipeline that fits
+        for pp in (64, 32, 16, 8):
+            layout = Layout(cluster.n_gpus // (8 * pp), 8, pp, 1, 1, True)
+            if not sol16["layout_problems"](spec, seq_len, global_batch, layout, cluster):
+                return layout, "the deepest pipeline that fits, to save memory"
+        raise AssertionError
+    r = _public("plan_training", with_answer(sol16, plan_training=plan_training))
+    assert r.status == "failed" and "Search every tp" in r.message, r.message
+
+
+def test_a_planner_without_the_bubble_is_caught(sol16):
+    r = _public("plan_training", with_answer(sol16, step_time=_step_time(sol16, "no bubble")))
+    assert r.status == "failed" and ("Search every tp" in r.message or "missing something" in r.message), r.message
+
+
+def test_a_planner_whose_model_rejects_the_published_layout_fails(sol16):
+    r = _public("plan_training", with_answer(sol16, layout_problems=_problems(sol16, "layers must divide")))
+    assert r.status == "failed" and "rejects the published layout" in r.message, r.message
+
+
+def test_a_plan_without_an_explanation_fails(sol16):
+    def plan_training(spec, seq_len, global_batch, cluster):
+        return sol16["plan_training"](spec, seq_len, global_batch, cluster)[0], ""
+    r = _public("plan_training", with_answer(sol16, plan_training=plan_training), 1)
+    assert r.status == "failed" and "explanation is missing" in r.message, r.message
+
+
+# --- serving ------------------------------------------------------------------------------------------------
+
+def _serving_memory(bug):
+    def serving_memory(spec, tp, batch, context, weight_bytes, kv_bytes):
+        weights = spec.n_params * weight_bytes / tp
+        heads = {"no kv": 0, "kv not split": spec.n_kv_heads, "query heads": math.ceil(spec.n_heads / tp)}[bug]
+        kv = batch * context * 2 * spec.n_layers * heads * spec.head_dim * kv_bytes
+        return {"weights": weights, "kv": kv, "total": weights + kv}
+    return serving_memory
+
+
+@pytest.mark.parametrize("bug, says", [("no kv", "no KV cache"), ("kv not split", "TP splits the key/value heads"),
+                                       ("query heads", "only the n_kv_heads key/value heads are cached")])
+def test_wrong_serving_memory_is_named(sol16, bug, says):
+    r = _public("serving_memory", with_answer(sol16, serving_memory=_serving_memory(bug)))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def test_a_serving_plan_that_forgets_the_kv_cache_is_named(sol16):
+    r = _public("plan_serving", with_answer(sol16, serving_memory=_serving_memory("no kv")))
+    assert r.status == "failed" and "Yours forgets the KV cache" in r.message, r.message
+
+
+def test_a_serving_plan_that_misses_the_p99_fails(sol16):
+    def plan_serving(spec, work, cluster):  # BUG: replicas from throughput alone, no queueing headroom
+        plan = dict(sol16["plan_serving"](spec, work, cluster))
+        plan["replicas"] = max(1, plan["replicas"] // 2)
+        return plan
+    r = _public("plan_serving", with_answer(sol16, plan_serving=plan_serving), 1)
+    assert r.status == "failed" and "over the 0.5 s target" in r.message, r.message
+
+
+def test_a_serving_plan_with_tp_across_nodes_fails(sol16):
+    def plan_serving(spec, work, cluster):
+        return {"tp": 16, "replicas": 8, "max_batch": 64}
+    r = _public("plan_serving", with_answer(sol16, plan_serving=plan_serving), 1)
+    assert r.status == "failed" and "inside a node" in r.message, r.message
+
+
+def test_a_serving_plan_with_too_many_gpus_fails(sol16):
+    def plan_serving(spec, work, cluster):
+        plan = dict(sol16["plan_serving"](spec, work, cluster))
+        plan["replicas"] *= 2
+        return plan
+    r = _public("plan_serving", with_answer(sol16, plan_serving=plan_serving), 1)
+    assert r.status == "failed" and "Search for the fewest replicas" in r.message, r.message
+
+
+def _four(sol, bug):
+    def four_gpu_options(spec, cluster, work, batch):
+        out = {k: dict(v) for k, v in sol["four_gpu_options"](spec, cluster, work, batch).items()}
+        if bug == "pp faster":  # BUG: a pipeline of 4 stages credited with a 4x shorter token latency
+            out["pp"]["latency_s"] /= 4
+        if bug == "tp free":
+            out["tp"] = {"latency_s": out["replicas"]["latency_s"] / 4,
+                         "tokens_per_s": out["replicas"]["tokens_per_s"]}
+        return out
+    return four_gpu_options
+
+
+@pytest.mark.parametrize("bug, says", [("pp faster", "PP does not cut latency"),
+                                       ("tp free", "TP without its all-reduces")])
+def test_a_wrong_four_gpu_comparison_is_named(sol16, bug, says):
+    r = _public("four_gpu_options", with_answer(sol16, four_gpu_options=_four(sol16, bug)))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def test_batching_without_the_fill_wait_is_named(sol16):
+    def resnet_batch(t_fixed, t_per_item, rate, slo):
+        best = {"batch": 0, "latency_s": 0.0, "items_per_s": 0.0}
+        for b in range(1, 257):
+            run = t_fixed + b * t_per_item
+            if run <= slo and b / run >= rate:  # BUG: the first image's wait for the others is forgotten
+                best = {"batch": b, "latency_s": run, "items_per_s": b / run}
+        return best
+    r = _public("resnet_batch", with_answer(sol16, resnet_batch=resnet_batch))
+    assert r.status == "failed" and "no wait for the batch to fill" in r.message, r.message
+
+
+# --- reliability ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fn, says", [
+    (lambda c, m, n: math.sqrt(c * m / n), "factor 2 is missing"),
+    (lambda c, m, n: math.sqrt(2 * c * m), "one GPU's MTBF")])
+def test_a_wrong_young_daly_is_named(sol16, fn, says):
+    r = _public("checkpoint_interval", with_answer(sol16, checkpoint_interval=fn))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def _reshard(bug):
+    def reshard_zero(shards, numel, new_world):
+        flat = torch.cat(shards) if bug == "old padding kept" else torch.cat(shards)[:numel]
+        if bug == "tail dropped":  # BUG: the last rank gets only the elements left, no padding
+            return list(torch.tensor_split(flat, new_world))
+        size = math.ceil(flat.numel() / new_world)
+        padded = torch.full((size * new_world,), 7.0) if bug == "garbage padding" else torch.zeros(size * new_world)
+        padded[:flat.numel()] = flat
+        return list(padded.view(new_world, size).unbind(0))
+    return reshard_zero
+
+
+@pytest.mark.parametrize("bug, says", [("tail dropped", "drop the padding tail"),
+                                       ("old padding kept", "strip the old padding"),
+                                       ("garbage padding", "must be zeros")])
+def test_a_wrong_reshard_is_named(sol16, bug, says):
+    r = _public("reshard_zero", with_answer(sol16, reshard_zero=_reshard(bug)))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def test_the_reshard_round_trip_equals_the_unsharded_state(sol16):
+    flat = torch.randn(1001)
+    shards = CHECKS.flat_shards(flat, 8)
+    back = sol16["reshard_zero"](sol16["reshard_zero"](shards, 1001, 3), 1001, 8)
+    assert all(torch.equal(a, b) for a, b in zip(back, shards))
+
+
+def test_a_straggler_test_by_the_mean_is_fooled_by_hiccups(sol16):
+    def find_stragglers(times):
+        means = torch.nanmean(times, dim=0)
+        hung = [r for r in range(times.shape[1]) if torch.isnan(times[-3:, r]).all()]
+        return {"stragglers": [r for r in range(times.shape[1]) if r not in hung and means[r] > 1.05 * means.median()],
+                "hung": hung}
+    r = _public("find_stragglers", with_answer(sol16, find_stragglers=find_stragglers))
+    assert r.status == "failed" and "one-off hiccup" in r.message, r.message
+
+
+def test_a_hang_counted_as_a_straggler_is_named(sol16):
+    def find_stragglers(times):
+        med = torch.nanmedian(times, dim=0).values
+        slow = [r for r in range(times.shape[1]) if med[r] > 1.2 * med.median() or torch.isnan(times[-1, r])]
+        return {"stragglers": slow, "hung": []}
+    r = _public("find_stragglers", with_answer(sol16, find_stragglers=find_stragglers))
+    assert r.status == "failed" and "is hung" in r.message, r.message
+
+
+def test_the_supplied_traces_hold_what_they_promise():
+    times = make_step_times(0, 40, 8, stragglers=[2], hung=[5])
+    assert CHECKS.ref_find_stragglers(times) == {"stragglers": [2], "hung": [5]}
+    for cause in ("bad_batch", "fp16_overflow", "lr_too_high"):
+        trace = make_divergence_trace(3, cause)
+        got = CHECKS.ref_diagnose_divergence(trace)
+        assert got["cause"] == cause and got["layer"] == trace["_truth"][1], (cause, got, trace["_truth"])
+
+
+def test_blaming_the_layer_with_the_largest_gradient_is_named(sol16):
+    def diagnose_divergence(trace):  # BUG: the largest gradient norm, not the largest growth against itself
+        found = dict(sol16["diagnose_divergence"](trace))
+        found["layer"] = int(torch.nan_to_num(trace["layer_grad_norm"][found["first_spike"] - 1]).argmax())
+        return found
+    r = _public("diagnose_divergence", with_answer(sol16, diagnose_divergence=diagnose_divergence))
+    assert r.status == "failed" and "big layers are not suspects" in r.message, r.message
+
+
+def test_one_cause_for_every_divergence_is_named(sol16):
+    r = _public("diagnose_divergence", with_answer(sol16, diagnose_divergence=lambda trace: dict(
+        sol16["diagnose_divergence"](trace), cause="lr_too_high")))
+    assert r.status == "failed" and "cause = 'lr_too_high'" in r.message, r.message
+
+
+# --- MLOps ------------------------------------------------------------------------------------------------------
+
+def test_an_anti_pattern_in_the_checklist_is_named(sol16):
+    def mlops_checklist(scenario):
+        return list(sol16["mlops_checklist"](scenario)) + ["full_rollout_at_once"]
+    r = _public("mlops", with_answer(sol16, mlops_checklist=mlops_checklist))
+    assert r.status == "failed" and "anti-pattern" in r.message, r.message
+
+
+def test_a_serving_checklist_without_drift_is_named(sol16):
+    def mlops_checklist(scenario):
+        return [i for i in sol16["mlops_checklist"](scenario) if "drift" not in i]
+    r = _public("mlops", with_answer(sol16, mlops_checklist=mlops_checklist))
+    assert r.status == "failed" and "input distribution" in r.message, r.message
+
+
+def test_a_canary_promoted_on_too_few_requests_fails(sol16):
+    def rollout_decision(baseline, canary, slo):
+        decision = sol16["rollout_decision"](baseline, canary, slo)
+        return "promote" if decision == "wait" else decision
+    r = _public("mlops", with_answer(sol16, rollout_decision=rollout_decision))
+    assert r.status == "failed" and "too few requests" in r.message and "Too few requests: wait" in r.message
+
+
+def test_a_canary_that_ignores_drift_fails(sol16):
+    def rollout_decision(baseline, canary, slo):
+        return sol16["rollout_decision"](baseline, dict(canary, psi=0.0), slo)
+    r = _public("mlops", with_answer(sol16, rollout_decision=rollout_decision))
+    assert r.status == "failed" and "input drift" in r.message, r.message
+
+
+# --- answers that compute nothing earn nothing; every rule in every hidden set --------------------------------
+
+@pytest.mark.parametrize("eid", list(EX))
+def test_do_nothing_answers_earn_nothing_and_hidden_rules_are_stable(eid):
+    kit.assert_do_nothing_scores_zero(EX[eid])
+    kit.assert_same_rules_every_seed(EX[eid])
