@@ -608,14 +608,12 @@ def _distill_judge(case, obs):
             return report + "\n  log(softmax(x)) overflows for large logits: use F.log_softmax."
         return diagnose(report, loss.float(), variants, tensor_match(torch.float32, atol=1e-5, rtol=1e-4),
                         template="\n  Your loss matches {} instead.")
-    report = compare(obs["grad_s"].float(), s.grad.float(), atol=1e-6, rtol=1e-4, name="d loss / d student_logits")
-    if report:
-        return report + "\n  The value is right but the gradient is not: is part of the loss detached?"
     g = obs["grad_t"]
     if g is not None and bool((g != 0).any()):
         return ("the teacher's logits received a gradient: the teacher is frozen, so detach teacher_logits "
                 "(the student learns from the teacher, not the other way round).")
-    return None
+    report = compare(obs["grad_s"].float(), s.grad.float(), atol=1e-6, rtol=1e-4, name="d loss / d student_logits")
+    return report and report + "\n  The value is right but the gradient is not: is part of the loss detached?"
 
 
 DISTILL = Exercise("distillation_loss", 3, ("distillation_loss",), _distill_cases, _distill_run, _distill_judge,
