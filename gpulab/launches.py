@@ -25,6 +25,8 @@ Every Triton kernel object (compiled ``JITFunction``, the CPU ``InterpretedFunct
 - Next to a watch: :func:`record_torch_ops` (PyTorch arithmetic outside the kernels),
   :func:`record_allocations` (floating-point tensors created) and :func:`record_stores` (the
   order in which programs store into an output, in the interpreter).
+- :func:`record_saved`: the tensors autograd saves for backward, and :func:`count_matmul_flops`: the
+  FLOPs of the matrix products run (lesson 05: a backward that recomputes P).
 - :func:`count_flops`: a ``FlopCounterMode`` that counts totals only (lesson 10's checkpoints).
 
 How the interpreter touches memory (Triton 3.9, ``triton/runtime/interpreter.py``): a tensor
@@ -409,10 +411,12 @@ def record_torch_ops(watch: LaunchWatch, allowed: frozenset | set = frozenset())
 
 @dataclass
 class Allocations:
-    """What :func:`record_allocations` saw: elements of floating-point tensors created, and the biggest."""
+    """What :func:`record_allocations` saw: elements of floating-point tensors created, the biggest,
+    and the distinct shapes created (lesson 05: no ``(seq_q, seq_k)`` score matrix in a tiled loop)."""
 
     float_elements: int = 0
     biggest: tuple = (0, "", ())    # (numel, op, shape)
+    shapes: set = field(default_factory=set)
 
 
 @contextlib.contextmanager
@@ -434,6 +438,7 @@ def record_allocations():
                     if isinstance(o, torch.Tensor) and o.dtype.is_floating_point and o.numel():
                         seen.float_elements += o.numel()
                         seen.biggest = max(seen.biggest, (o.numel(), str(func), tuple(o.shape)))
+                        seen.shapes.add(tuple(o.shape))
             return out
 
     with _Mode():
@@ -476,6 +481,64 @@ def record_stores(out):
             del builder.create_masked_store
         except AttributeError:
             pass
+
+
+@dataclass
+class Saved:
+    """One tensor autograd saved for backward, seen by :func:`record_saved`."""
+
+    shape: tuple
+    dtype: str
+    nbytes: int
+
+
+@contextlib.contextmanager
+def record_saved():
+    """Yield a list of :class:`Saved`, one per tensor autograd saves for backward inside the block
+    (``torch.autograd.graph.saved_tensors_hooks``; ``ctx.save_for_backward`` of a custom Function
+    included). Lesson 05: a FlashAttention forward saves q, k, v, out and the log-sum-exp, never P."""
+    import torch
+
+    saved: list = []
+
+    def pack(t):
+        saved.append(Saved(tuple(t.shape), str(t.dtype).replace("torch.", ""), t.numel() * t.element_size()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield saved
+
+
+@dataclass
+class MatmulFlops:
+    """What :func:`count_matmul_flops` counted: FLOPs of the matrix products, 2 per multiply-add."""
+
+    total: int = 0
+
+
+@contextlib.contextmanager
+def count_matmul_flops():
+    """Yield a :class:`MatmulFlops` adding up the matrix products run inside the block (``mm``,
+    ``bmm``, ``addmm``, ``baddbmm``: what ``@`` on 2-D to 4-D tensors becomes), 2·m·n·k each.
+    Lesson 05: a FlashAttention backward that recomputes P runs five tile products, not four.
+    Lighter than :func:`count_flops`, whose first use costs seconds of imports."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten = torch.ops.aten
+    inner_dim = {aten.mm: 0, aten.bmm: 0, aten.addmm: 1, aten.baddbmm: 1}  # the argument whose last dim is k
+    seen = MatmulFlops()
+
+    class _Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            arg = inner_dim.get(func.overloadpacket)
+            if arg is not None:
+                seen.total += 2 * out.numel() * args[arg].shape[-1]
+            return out
+
+    with _Mode():
+        yield seen
 
 
 # --- FLOPs (lesson 10) -----------------------------------------------------------------------------

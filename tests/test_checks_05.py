@@ -1,7 +1,10 @@
 """Lab 05's checks: the solution passes; the classic FlashAttention bugs are rejected with a message
 that names them: a causal mask off by one, a forgotten online-softmax rescale, no max subtraction,
 lse in log2 or without the max, padded keys attended, no early exit, unwritten or overflowing
-outputs, fp16 score accumulation, PyTorch's SDPA instead of a kernel, mutated inputs."""
+outputs, fp16 score accumulation, PyTorch's SDPA instead of a kernel, mutated inputs. The PyTorch
+FlashAttention-2: no max subtraction, a wrong default scale, a strict mask, L saved with a head dimension,
+P saved, kept on ctx or cached out of sight, a whole score matrix, no D term, no causal mask in backward,
+4-D only; the Triton Function requiring scale or seeing (B, S, D) inputs through a head added outside."""
 import math
 
 import pytest
@@ -24,8 +27,8 @@ def sol05():
     return solution_namespace(STEM)
 
 
-@pytest.mark.parametrize("eid", ["attention_reference", "attention_memory", "flash_forward", "flash_causal",
-                                 "flash_backward"])
+@pytest.mark.parametrize("eid", ["attention_reference", "attention_memory", "flash_pytorch", "flash_forward",
+                                 "flash_causal", "flash_backward"])
 def test_solution_passes_public_and_hidden_cases(sol05, eid):
     result = grade(STEM, eid, sol05)
     assert result.status == "passed", result.message
@@ -367,8 +370,11 @@ def test_naive_autograd_instead_of_backward_kernels_fails(sol05):
         if causal:
             s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
         return (torch.softmax(s, -1) @ v.float()).to(q.dtype)
-    r = grade(STEM, "flash_backward", with_answer(sol05, flash_attention_autograd=flash_attention_autograd),
-              hidden=False)
+
+    class FlashAttentionFunction:  # its apply, as CS336's tests call it
+        apply = staticmethod(flash_attention_autograd)
+    r = grade(STEM, "flash_backward", with_answer(sol05, flash_attention_autograd=flash_attention_autograd,
+                                                  FlashAttentionFunction=FlashAttentionFunction), hidden=False)
     assert r.status == "failed" and r.score == 0 and "during backward" in r.message
 
 
@@ -515,7 +521,11 @@ def _rules(eid, case) -> set:
         return {f"{x['dtype_bytes']} bytes", "sk<sq" if sk < sq else "sk>sq" if sk > sq else "sk=sq"}
     layout = x["layout"]
     q, k = x["q"], x["k"]
-    sq, sk = (q.shape[1], k.shape[1]) if layout == "bshd" else (q.shape[2], k.shape[2])
+    sq, sk = (q.shape[1], k.shape[1]) if layout == "bshd" else (q.shape[-2], k.shape[-2])
+    if eid == "flash_pytorch":  # lengths are random: their relation is no rule here, a partial tile always is
+        return {f"{q.ndim}-D {'causal' if x['causal'] else 'full'}", "large scores" if x["magnitude"] > 1 else "normal",
+                "explicit scale" if x["scale"] else "default scale"} | (
+            {"past one tile, ragged"} if min(sq, sk) > 64 and sq % 16 and sk % 16 else set())
     causal = x.get("causal", eid == "flash_causal")
     rules = {f"{'causal' if causal else 'full'} {'sk<sq' if sk < sq else 'sk>sq' if sk > sq else 'sk=sq'}",
              str(q.dtype).replace("torch.", ""), f"layout {layout}"}
@@ -532,8 +542,8 @@ def _rules(eid, case) -> set:
     return rules
 
 
-@pytest.mark.parametrize("eid", ["attention_reference", "attention_memory", "flash_forward", "flash_causal",
-                                 "flash_backward"])
+@pytest.mark.parametrize("eid", ["attention_reference", "attention_memory", "flash_pytorch", "flash_forward",
+                                 "flash_causal", "flash_backward"])
 def test_every_seed_hides_cases_of_every_rule(eid):
     ex = exercises(STEM)[eid]
     seen = [set().union(*(_rules(eid, c) for c in ex.cases(seed=seed, public=False)))
@@ -542,10 +552,203 @@ def test_every_seed_hides_cases_of_every_rule(eid):
     shapes = {f"{c} {s}" for c in ("causal", "full") for s in ("sk<sq", "sk>sq", "sk=sq")}
     must = {"attention_reference": shapes | {"large scores", "layout bshd", "float16"},
             "attention_memory": {"1 bytes", "2 bytes", "4 bytes", "sk<sq", "sk>sq", "sk=sq"},
+            "flash_pytorch": {"3-D full", "3-D causal", "4-D full", "4-D causal", "large scores", "explicit scale",
+                              "default scale", "past one tile, ragged"},
             "flash_forward": {"full sk<sq", "full sk>sq", "full sk=sq", "layout rows", "layout bshd", "large scores",
                               "BLOCK_M > BLOCK_N", "BLOCK_M < BLOCK_N", "partial key block", "whole key blocks",
                               "out and lse left to the kernel, float16"},
             "flash_causal": {"causal sk<sq", "causal sk>sq", "causal sk=sq", "layout rows", "layout bshd",
                              "large scores", "BLOCK_M > BLOCK_N", "BLOCK_M < BLOCK_N", "unseen keys hold NaN"},
-            "flash_backward": {"causal sk<sq", "causal sk>sq", "full sk<sq", "full sk>sq", "float16", "float32"}}[eid]
+            "flash_backward": {"causal sk<sq", "causal sk>sq", "full sk<sq", "full sk>sq", "float16", "float32",
+                               "layout bsd"}}[eid]
     assert must <= seen[0], must - seen[0]
+
+
+# --- exercise 3: FlashAttention-2 in plain PyTorch -------------------------------------------------
+
+_CACHE: dict = {}  # where a "clever" forward leaves its P tiles for backward, out of the checks' sight
+
+
+def _pt_scores(qi, kj, scale, i, j, causal, strict=False):
+    """One tile of scaled scores, -inf right of the diagonal (strict: the diagonal too)."""
+    s = scale * qi @ kj.transpose(-1, -2)
+    if causal:
+        rows, cols = torch.arange(i, i + s.shape[-2])[:, None], torch.arange(j, j + s.shape[-1])[None, :]
+        s = s.masked_fill(cols >= rows if strict else cols > rows, float("-inf"))
+    return s
+
+
+def _pytorch_fn(tile=32, max_sub=True, default_scale=lambda d: d ** -0.5, keep_p="", lse_4d=False, zero_delta=False,
+                causal_in_backward=True, strict=False):
+    """FlashAttention-2 in PyTorch with one mistake switched on. keep_p: "" (P recomputed in backward),
+    "saved" (its tiles saved for backward), "ctx" (tiles kept on ctx), "cache" (tiles in a module dict).
+    tile=10**6: one tile, the whole (Sq, Sk) score matrix at once."""
+
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal=False, scale=None):
+            scale = default_scale(q.shape[-1]) if scale is None else scale
+            sq, sk = q.shape[-2], k.shape[-2]
+            out, lse, tiles = torch.empty_like(q), torch.empty(q.shape[:-1]), {}
+            for i in range(0, sq, tile):
+                qi = q[..., i:i + tile, :]
+                m = torch.full(qi.shape[:-1], float("-inf")) if max_sub else torch.zeros(qi.shape[:-1])
+                l, acc = torch.zeros(qi.shape[:-1]), torch.zeros_like(qi)
+                for j in range(0, sk, tile):
+                    s = _pt_scores(qi, k[..., j:j + tile, :], scale, i, j, causal, strict)
+                    m_new = torch.maximum(m, s.amax(-1)) if max_sub else m
+                    p, alpha = torch.exp(s - m_new[..., None]), torch.exp(m - m_new)
+                    l, acc, m = alpha * l + p.sum(-1), alpha[..., None] * acc + p @ v[..., j:j + tile, :], m_new
+                out[..., i:i + tile, :] = acc / l[..., None]
+                lse[..., i:i + tile] = m + torch.log(l)
+                for j in range(0, sk, tile) if keep_p else ():  # the final P tiles, kept for backward
+                    s = _pt_scores(qi, k[..., j:j + tile, :], scale, i, j, causal, strict)
+                    tiles[i, j] = torch.exp(s - lse[..., i:i + tile, None])
+            ctx.keys = list(tiles)
+            if keep_p == "ctx":
+                ctx.p_tiles = tiles
+            _CACHE.update(tiles if keep_p == "cache" else {})
+            kept = list(tiles.values()) if keep_p == "saved" else []
+            ctx.save_for_backward(q, k, v, out, lse.unsqueeze(-2) if lse_4d and q.ndim == 3 else lse, *kept)
+            ctx.causal, ctx.scale = causal, scale
+            return out
+
+        @staticmethod
+        def backward(ctx, dout):
+            q, k, v, out, lse = ctx.saved_tensors[:5]
+            lse = lse.reshape(q.shape[:-1])
+            kept = {"saved": lambda: dict(zip(ctx.keys, ctx.saved_tensors[5:])), "ctx": lambda: ctx.p_tiles,
+                    "cache": lambda: _CACHE}.get(keep_p, dict)()
+            delta = torch.zeros(q.shape[:-1]) if zero_delta else (dout * out).sum(-1)
+            dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+            for i in range(0, q.shape[-2], tile):
+                qi, doi, li, di = q[..., i:i + tile, :], dout[..., i:i + tile, :], lse[..., i:i + tile, None], \
+                    delta[..., i:i + tile, None]
+                for j in range(0, k.shape[-2], tile):
+                    kj, vj = k[..., j:j + tile, :], v[..., j:j + tile, :]
+                    p = kept.get((i, j))
+                    if p is None:
+                        causal = ctx.causal and causal_in_backward
+                        p = torch.exp(_pt_scores(qi, kj, ctx.scale, i, j, causal, strict) - li)
+                    dv[..., j:j + tile, :] += p.transpose(-1, -2) @ doi
+                    ds = p * (doi @ vj.transpose(-1, -2) - di)
+                    dq[..., i:i + tile, :] += ctx.scale * ds @ kj
+                    dk[..., j:j + tile, :] += ctx.scale * ds.transpose(-1, -2) @ qi
+            _CACHE.clear()
+            return dq, dk, dv, None, None
+
+    return Fn
+
+
+def _pytorch(sol05, pick=None, **mistake):
+    return _public("flash_pytorch", with_answer(sol05, FlashAttentionPyTorch=_pytorch_fn(**mistake)), pick)
+
+
+def test_the_test_pytorch_function_without_mistakes_passes(sol05):
+    assert _pytorch(sol05).status == "passed"
+
+
+def test_pytorch_without_max_subtraction_fails_on_large_scores(sol05):
+    r = _pytorch(sol05, lambda name, i: name.startswith("large"), max_sub=False)
+    assert r.status == "failed" and "subtract the running max" in r.message, r.message
+
+
+@pytest.mark.parametrize("default, name", [(lambda d: 1.0 / d, "1/d"), (lambda d: 1.0, "1")])
+def test_pytorch_wrong_default_scale_fails(sol05, default, name):
+    r = _pytorch(sol05, FIRST, default_scale=default)
+    assert r.status == "failed" and f"matches scale = {name}: the default is 1/sqrt(d)" in r.message, r.message
+
+
+def test_pytorch_strict_causal_mask_fails(sol05):
+    r = _pytorch(sol05, lambda name, i: name.startswith("4-D causal"), strict=True)
+    assert r.status == "failed" and "strict causal mask" in r.message, r.message
+
+
+def test_pytorch_lse_saved_with_a_head_dimension_fails_for_3d_inputs(sol05):
+    r = _pytorch(sol05, FIRST, lse_4d=True)
+    assert r.status == "failed" and "save exactly one: L" in r.message and "(2, 77)" in r.message, r.message
+
+
+def test_pytorch_saving_p_fails(sol05):
+    r = _pytorch(sol05, FIRST, keep_p="saved")
+    assert r.status == "failed" and "recompute P = exp(S - L)" in r.message and "saved" in r.message, r.message
+
+
+def test_pytorch_p_kept_on_ctx_fails(sol05):
+    r = _pytorch(sol05, FIRST, keep_p="ctx")
+    assert r.status == "failed" and "kept tensors on ctx outside save_for_backward" in r.message, r.message
+
+
+def test_pytorch_p_kept_out_of_sight_fails_by_its_backward_flops(sol05):
+    r = _pytorch(sol05, FIRST, keep_p="cache")
+    assert r.status == "failed" and "matmul FLOPs" in r.message and "Keep no P" in r.message, r.message
+
+
+def test_pytorch_whole_score_matrix_fails(sol05):
+    r = _pytorch(sol05, FIRST, tile=10**6)
+    assert r.status == "failed" and "whole (seq_q, seq_k) score matrix" in r.message, r.message
+
+
+def test_pytorch_forgetting_delta_fails(sol05):
+    r = _pytorch(sol05, FIRST, zero_delta=True)
+    assert r.status == "failed" and "rowsum(dO ∘ O)" in r.message, r.message
+
+
+def test_pytorch_backward_without_the_causal_mask_fails_on_causal_cases(sol05):
+    r = _pytorch(sol05, lambda name, i: i < 2, causal_in_backward=False)
+    assert r.status == "failed" and [c.status for c in r.cases] == ["passed", "failed"], r.message
+
+
+def test_pytorch_4d_only_fails_on_3d_inputs(sol05):
+    real = sol05["FlashAttentionPyTorch"]
+
+    class Only4D(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal=False, scale=None):
+            b, h, s, d = q.shape  # (B, H, S, D) only
+            return real.forward(ctx, q, k, v, causal, scale)
+
+        backward = real.backward
+    r = _public("flash_pytorch", with_answer(sol05, FlashAttentionPyTorch=Only4D), lambda name, i: i < 2)
+    assert r.status != "passed" and [c.status for c in r.cases][1] == "passed" and "unpack" in r.message, r.message
+
+
+# --- the Triton path takes (B, S, D) too, and scale is optional (CS336's interface) ----------------
+
+def test_flash_attention_takes_one_head_as_3d(sol05):
+    q, k = torch.randn(2, 50, 16), torch.randn(2, 40, 16)
+    out, lse = sol05["flash_attention"](q, k, k, causal=True)
+    ref_out, ref_lse = sol05["attention_reference"](q.unsqueeze(1), k.unsqueeze(1), k.unsqueeze(1), causal=True)
+    assert out.shape == (2, 50, 16) and lse.shape == (2, 50)
+    torch.testing.assert_close(out, ref_out.squeeze(1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, ref_lse.squeeze(1), atol=1e-5, rtol=1e-5)
+
+
+def _cs336_call(name, i):
+    return "FlashAttentionFunction.apply" in name
+
+
+def test_triton_function_requiring_scale_fails_the_cs336_call(sol05):
+    real = sol05["FlashAttentionFunction"]
+
+    class NeedsScale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale):
+            return real.forward(ctx, q, k, v, causal, scale)
+
+        backward = real.backward
+    r = _public("flash_backward", with_answer(sol05, FlashAttentionFunction=NeedsScale), _cs336_call)
+    assert r.status != "passed" and "scale" in r.message, r.message
+
+
+def test_triton_function_seeing_3d_inputs_as_one_head_outside_fails(sol05):
+    real = sol05["FlashAttentionFunction"]
+
+    class Outside:  # the head dimension added around the Function: it saves a (B, 1, Sq) lse
+        @staticmethod
+        def apply(q, k, v, causal=False, scale=None):
+            if q.ndim == 3:
+                return real.apply(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), causal, scale).squeeze(1)
+            return real.apply(q, k, v, causal, scale)
+    r = _public("flash_backward", with_answer(sol05, FlashAttentionFunction=Outside), _cs336_call)
+    assert r.status == "failed" and "save exactly one lse" in r.message and "(2, 77)" in r.message, r.message

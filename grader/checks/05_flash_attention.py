@@ -1,5 +1,6 @@
-"""Checks of lab 05, FlashAttention: reference attention, its memory, a tiled forward kernel with
-online softmax and log-sum-exp, causal masking with early exit, and (stretch) the backward pass.
+"""Checks of lab 05, FlashAttention: reference attention, its memory, FlashAttention-2 in plain PyTorch
+(a tiled autograd.Function), a tiled forward kernel with online softmax and log-sum-exp, causal masking
+with early exit, and (stretch) the backward pass.
 
 Conventions (stated in the lab's docstrings): q (batch, heads, seq_q, head_dim), k and v (batch, heads,
 seq_k, head_dim), out like q; lse float32 (batch, heads, seq_q), the natural log of sum_j exp(scale *
@@ -14,6 +15,15 @@ an early exit's count, and one case fills the keys no query can see with NaN, so
 them anyway fails whatever it reports. The backward is compared with float64 autograd, what its
 forward saved is measured (at most q, k, v, out and the lse), and a Triton kernel must launch in backward.
 
+The PyTorch FlashAttention-2 (``FlashAttentionPyTorch``, called as CS336's tests call it: ``apply(q, k, v,
+causal)``, scale left to its 1/sqrt(d) default unless the case sets one) takes (B, S, D) and (B, H, S, D)
+float32 tensors; its out, the log-sum-exp read back from its saved tensors (exactly one of shape q.shape[:-1])
+and dq, dk, dv are compared with float64 autograd. What it keeps is measured (``gpulab.launches``): saved
+tensors at most q, k, v, out and a float32 L, nothing of P's size on ctx, no whole (seq_q, seq_k) tensor
+created in forward or backward (tiles of at most 64), and, without a causal mask, at least the five
+(Sq x Sk x D) matmuls of a backward that recomputes P. The Triton backward's check also calls
+``FlashAttentionFunction.apply(q, k, v, causal)`` on (B, S, D) tensors and wants a (B, Sq) lse saved.
+
 Hidden cases are random sizes inside fixed rules: every seed's hidden set has seq_k = seq_q, seq_k <
 seq_q and seq_k > seq_q (causal and not), both tile orientations, fp16 and fp32, large scores, the
 transposed and row-padded layouts (tests/test_checks_05.py checks it).
@@ -27,7 +37,7 @@ import torch
 
 from gpulab.compare import compare, padded
 from gpulab.device import synchronize
-from gpulab.launches import watch_launches
+from gpulab.launches import count_matmul_flops, record_allocations, record_saved, watch_launches
 from grader.exercise import Benchmark, Case, Exercise, changed_inputs, entry, to_cpu
 from grader.kit.cases import choice, randint, randn, uniform
 from grader.kit.kernels import (
@@ -39,7 +49,7 @@ from grader.kit.kernels import (
     outside_verdict,
     run_ablated,
 )
-from grader.kit.variants import matching_variant
+from grader.kit.variants import matching_variant, tensor_match
 
 LAB = "05_flash_attention"
 TITLE = "FlashAttention: IO-aware attention"
@@ -100,11 +110,12 @@ def _qkv(gen, b, h, sq, sk, d, dtype="float32", magnitude=1.0, layout="bhsd", sc
     """Inputs for one case. ``layout="bshd"`` stores q, k, v as (B, S, H, D): the learner's side
     sees the (B, H, S, D) transposed view, the layout a fused QKV projection produces.
     ``layout="rows"`` stores them as (B, H, S, D + ROW_PAD), the extra columns NaN: the learner's side
-    sees the (B, H, S, D) view whose rows are D + ROW_PAD apart. ``tiles``: the (BLOCK_M, BLOCK_N)
+    sees the (B, H, S, D) view whose rows are D + ROW_PAD apart. ``layout="bsd"`` makes one head of
+    (B, S, D) tensors (``h`` is ignored), the layout of CS336's tests. ``tiles``: the (BLOCK_M, BLOCK_N)
     a kernel check passes. ``causal`` (the reference and backward exercises, whose entries take it)
     and ``dout`` (the backward's incoming gradient) are added to the inputs when given."""
     dt = getattr(torch, dtype)
-    shape = (lambda s: (b, s, h, d)) if layout == "bshd" else (lambda s: (b, h, s, d))
+    shape = {"bshd": lambda s: (b, s, h, d), "bsd": lambda s: (b, s, d)}.get(layout, lambda s: (b, h, s, d))
     q, k, v = (randn(gen, *shape(s), scale=m).to(dt) for s, m in ((sq, magnitude), (sk, magnitude), (sk, 1.0)))
     if hide_unseen:  # keys past the last query tile: no query sees them, an early exit never loads them
         first = -(-sq // 128) * 128
@@ -116,7 +127,7 @@ def _qkv(gen, b, h, sq, sk, d, dtype="float32", magnitude=1.0, layout="bhsd", sc
     if causal is not None:
         inp["causal"] = causal
     if dout:
-        inp["dout"] = randn(gen, b, h, sq, d).to(dt)
+        inp["dout"] = randn(gen, *(shape(sq) if layout == "bsd" else (b, h, sq, d))).to(dt)
     return inp
 
 
@@ -126,15 +137,17 @@ def _view(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t.transpose(1, 2) if layout == "bshd" else t
 
 
-_LAYOUT_NAMES = {"bhsd": "", "bshd": ", q/k/v are (B, S, H, D) tensors seen transposed (non-contiguous)",
+_LAYOUT_NAMES = {"bhsd": "", "bsd": ", q/k/v are (B, S, D): one head, CS336's layout",
+                 "bshd": ", q/k/v are (B, S, H, D) tensors seen transposed (non-contiguous)",
                  "rows": f", q/k/v row-padded (rows D + {ROW_PAD} apart: stride(2) > D)"}
 
 
 def _name(inp: dict, extra: str = "") -> str:
     """The case's name: sizes, layout, scale, and the tiles (kernel checks) or ``causal`` (the others)."""
     q, k = _view(inp["q"], inp["layout"]), _view(inp["k"], inp["layout"])
-    b, h, sq, d = q.shape
-    text = f"B={b} H={h} seq_q={sq} seq_k={k.shape[2]} D={d} {str(q.dtype).replace('torch.', '')}"
+    heads = "" if q.ndim == 3 else f" H={q.shape[1]}"
+    text = f"B={q.shape[0]}{heads} seq_q={q.shape[-2]} seq_k={k.shape[-2]} D={q.shape[-1]} "
+    text += str(q.dtype).replace("torch.", "")
     text += _LAYOUT_NAMES[inp["layout"]]
     if inp["scale"] is not None:
         text += f", scale={inp['scale']:.3g}"
@@ -346,7 +359,173 @@ MEMORY = Exercise("attention_memory", 1, ("attention_memory_bytes",), _memory_ca
                   "seq_k) tensors of dtype_bytes; flash: one (batch, heads, seq_q) float32 tensor.")
 
 
-# --- the kernels (exercises 3 and 4) -------------------------------------------------------------
+# --- exercise 3: FlashAttention-2 in plain PyTorch ------------------------------------------------
+
+PT_TILE = 64  # the largest tile the docstring allows: longer sequences than this need several tiles
+
+
+def _pytorch_case(gen, rule, b, h, sq, sk, d, causal, scale=None, magnitude=1.0) -> Case:
+    """One case of ``FlashAttentionPyTorch``: float32 (B, S, D) tensors when ``h`` is None, else (B, H, S, D)."""
+    inp = _qkv(gen, b, h or 1, sq, sk, d, layout="bsd" if h is None else "bhsd", scale=scale,
+               magnitude=magnitude, causal=causal, dout=True)
+    call = "apply(q, k, v, causal)" if scale is None else "apply(q, k, v, causal, scale)"
+    return Case(f"{rule}: {_name(inp)}, called as FlashAttentionPyTorch.{call}", inp)
+
+
+def _pytorch_cases(gen, public):
+    if public:
+        return [_pytorch_case(gen, "3-D", 2, None, 77, 77, 32, False),
+                _pytorch_case(gen, "4-D causal", 1, 2, 70, 100, 16, True),
+                _pytorch_case(gen, "4-D causal", 1, 1, 100, 45, 32, True),
+                _pytorch_case(gen, "large scores", 1, None, 80, 80, 64, False, magnitude=6.0),
+                _pytorch_case(gen, "explicit scale", 1, 1, 65, 65, 16, True, scale=0.3)]
+    cases = []  # 3-D and 4-D, causal and not, every length past one tile and ragged
+    for rule, h, causal in [("3-D", None, False), ("3-D causal", None, True), ("4-D", 2, False),
+                            ("4-D causal", 2, True)]:
+        sq, sk = _ragged(gen, PT_TILE + 1, 150), _ragged(gen, PT_TILE + 1, 150)
+        cases.append(_pytorch_case(gen, rule, randint(gen, 1, 2), h, sq, sk, choice(gen, [16, 32, 64]), causal))
+    sq = _ragged(gen, PT_TILE + 1, 130)
+    cases.append(_pytorch_case(gen, "large scores", 1, None, sq, sq, 64, False, magnitude=6.0))
+    cases.append(_pytorch_case(gen, "explicit scale", 1, 2, _ragged(gen, PT_TILE + 1, 130), _ragged(gen, 1, 130),
+                               32, True, scale=round(uniform(gen, 0.05, 1.05), 3)))
+    return cases
+
+
+def _ctx_tensors(grad_fn) -> list[tuple[str, tuple]]:
+    """(attribute, shape) of every tensor kept on the Function's ctx outside save_for_backward (the
+    backward node of a custom Function is its ctx), in lists, tuples and dicts too."""
+    found = []
+    for name, value in vars(grad_fn).items():
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+        found += [(name, tuple(t.shape)) for t in items if isinstance(t, torch.Tensor)]
+    return found
+
+
+def _pytorch_run(ns, case, device):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiles are tiny: on a busy CPU, OpenMP's thread sync would cost more than the work
+    try:
+        return _pytorch_observe(ns, case, device)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _pytorch_observe(ns, case, device):
+    """Forward (saved tensors, ctx attributes, shapes created) and backward (gradients, matmul FLOPs)."""
+    x = case.inputs
+    fn = entry(ns, "FlashAttentionPyTorch")
+    q, k, v = (x[n].to(device).requires_grad_() for n in ("q", "k", "v"))
+    args = (q, k, v, x["causal"]) if x["scale"] is None else (q, k, v, x["causal"], x["scale"])
+    with record_saved() as saved, record_allocations() as fwd_alloc:
+        out = fn.apply(*args)
+    if not isinstance(out, torch.Tensor) or out.grad_fn is None:
+        return {"bad_return": "a tensor that requires grad" if isinstance(out, torch.Tensor) else type(out).__name__}
+    lead = tuple(q.shape[:-1])  # (B, Sq) or (B, H, Sq): the log-sum-exp's shape
+    lse = [to_cpu(t) for t in out.grad_fn.saved_tensors if tuple(t.shape) == lead]
+    with count_matmul_flops() as flops, record_allocations() as bwd_alloc:
+        out.backward(x["dout"].to(device))
+    return {"out": to_cpu(out), **to_cpu({"dq": q.grad, "dk": k.grad, "dv": v.grad}), "lse": lse,
+            "saved": [(s.shape, s.nbytes) for s in saved], "ctx": _ctx_tensors(out.grad_fn),
+            "fwd_shapes": sorted(fwd_alloc.shapes), "bwd_shapes": sorted(bwd_alloc.shapes),
+            "bwd_flops": flops.total, "inputs_after": to_cpu({"q": q, "k": k, "v": v})}
+
+
+def _full_scores(shapes, sq, sk) -> tuple | None:
+    """The first shape ending in (Sq, Sk) or (Sk, Sq): a whole score matrix, not a tile."""
+    return next((s for s in shapes if len(s) >= 2 and tuple(s[-2:]) in ((sq, sk), (sk, sq))), None)
+
+
+def _pytorch_out_hint(got, q, k, v, x) -> str:
+    """Why the output differs: the max not subtracted, a wrong default scale, a strict causal mask."""
+    if x["magnitude"] > 1 and not bool(torch.isfinite(got).all()):
+        return ("\n  Large scores overflow exp(): subtract the running max m before exponentiating, "
+                "p = exp(s - m_new), and rescale l and acc by exp(m - m_new).")
+    d = q.shape[-1]
+    if x["scale"] is None:
+        wrong = [(f"\n  Your output matches scale = {name}: the default is 1/sqrt(d) = {d ** -0.5:.4g}.",
+                  lambda sc=sc: attention64(q, k, v, x["causal"], sc)[0]) for name, sc in
+                 (("1", 1.0), ("1/d", 1.0 / d), ("sqrt(d)", d ** 0.5))]
+        hint = matching_variant(got, wrong, tensor_match(torch.float32))
+        if hint:
+            return hint
+    if x["causal"] and _matches_strict_mask(got, q, k, v, x["scale"], torch.float32, {}):
+        return "\n  Your output matches a strict causal mask (key j < query i): query i also attends key i."
+    return ""
+
+
+def _pytorch_judge(case, obs):
+    x = case.inputs
+    q, k, v, dout = x["q"], x["k"], x["v"], x["dout"]
+    lead, sk = tuple(q.shape[:-1]), k.shape[-2]
+    if "bad_return" in obs:
+        return f"FlashAttentionPyTorch.apply must return the output, attached to the graph; got {obs['bad_return']}."
+    out64, lse64 = attention64(q, k, v, x["causal"], x["scale"])
+    large = {"atol": 2e-3, "rtol": 2e-3} if x["magnitude"] > 1 else {"atol": 1e-5, "rtol": 1e-5}
+    msg = compare(obs["out"], out64, dtype=q.dtype, name="out", **large)
+    if msg:
+        return msg + (_pytorch_out_hint(obs["out"], q, k, v, x) if obs["out"].shape == out64.shape else "")
+    if len(obs["lse"]) != 1:
+        return (f"the forward saved {len(obs['lse'])} tensors of shape {lead} (found among "
+                f"{[s for s, _ in obs['saved']]}); save exactly one: L, the log-sum-exp of each query row, float32, "
+                f"shaped like q without its last dimension ({'(B, Sq)' if q.ndim == 3 else '(B, H, Sq)'}).")
+    msg = compare(obs["lse"][0], lse64, dtype=torch.float32, name="L (saved log-sum-exp)",
+                  **({"atol": 1e-3, "rtol": 1e-5} if x["magnitude"] > 1 else {}))
+    if msg:
+        return msg + _lse_diagnosis(obs["lse"][0], lse64, q, k, x["scale"], x["causal"])
+    verdict = _pytorch_memory_verdict(obs, q, k, v, lead)
+    if verdict:
+        return verdict
+    out64, dq64, dk64, dv64 = attention_grads64(q, k, v, x["causal"], x["scale"], dout)
+    rel = 1e-4 if x["magnitude"] > 1 else 1e-5
+    for name, want in (("dv", dv64), ("dk", dk64), ("dq", dq64)):
+        if obs[name] is None:
+            return f"{name[1]}.grad is None: backward must return a gradient for {name[1]}."
+        msg = compare(obs[name], want, dtype=q.dtype, name=name, atol=rel * (1 + float(want.abs().max())), rtol=1e-4)
+        if msg:
+            return msg + "\n  " + _GRAD_HINTS[name].replace("lse", "L")
+    need = 5 * 2 * math.prod(lead) * sk * q.shape[-1]  # S, dP, dV, dQ, dK: five (Sq x Sk x D) matmuls
+    if not x["causal"] and obs["bwd_flops"] < 0.99 * need:
+        return (f"backward ran {obs['bwd_flops']:.3g} matmul FLOPs; recomputing P takes {need:.3g} (five "
+                "Sq x Sk x D products: S = scale Q Kᵀ again, then dV, dP, dQ and dK). Keep no P from the forward: "
+                "recompute it tile by tile as P = exp(S - L).")
+    return changed_inputs(case, obs["inputs_after"])
+
+
+def _pytorch_memory_verdict(obs, q, k, v, lead) -> str | None:
+    """Saved tensors: q, k, v, out and L only; nothing (Sq x Sk) on ctx; tiles, not whole score matrices."""
+    sq, sk = q.shape[-2], k.shape[-2]
+    allowed = (2 * q.numel() + k.numel() + v.numel()) * q.element_size() + 4 * math.prod(lead)
+    total = sum(nb for _, nb in obs["saved"])
+    full = _full_scores([s for s, _ in obs["saved"]], sq, sk)
+    if total > allowed + 256 or full:
+        return (f"the forward saved {total} bytes for backward ({[s for s, _ in obs['saved']]}), but q, k, v, out "
+                f"and the float32 L are {allowed} bytes. Save only those and recompute P = exp(S - L) tile by tile "
+                "in backward: FlashAttention's memory saving in training.")
+    stashed = sum(math.prod(s) for _, s in obs["ctx"])
+    if stashed >= math.prod(lead) * sk or _full_scores([s for _, s in obs["ctx"]], sq, sk):
+        return (f"the forward kept tensors on ctx outside save_for_backward ({obs['ctx']}): as many elements as "
+                "P itself. Stash nothing: backward recomputes P = exp(S - L) from q, k, v, out and L.")
+    if min(sq, sk) > PT_TILE:
+        for when in ("fwd", "bwd"):
+            shape = _full_scores(obs[f"{when}_shapes"], sq, sk)
+            if shape:
+                return (f"the {'forward' if when == 'fwd' else 'backward'} created a tensor of shape {shape}: a "
+                        f"whole (seq_q, seq_k) score matrix. Loop over query tiles and key tiles of at most "
+                        f"{PT_TILE} (TILE_Q x TILE_K) so only one tile of S and P exists at a time.")
+    return None
+
+
+_PYTORCH_HINT = ("forward: for each query tile, for each key tile: s = scale * q_i @ k_j^T (-inf where masked); "
+                 "m_new = max(m, rowmax(s)); p = exp(s - m_new); l = exp(m - m_new) * l + rowsum(p); acc = exp(m - "
+                 "m_new) * acc + p @ v_j. Then out_i = acc / l, L_i = m + log(l); save q, k, v, out, L. backward: "
+                 "D = rowsum(dO * O); per tile pair p = exp(s - L); dv += p^T dO; ds = p * (dO v^T - D); "
+                 "dq += scale ds k; dk += scale ds^T q.")
+PYTORCH = Exercise("flash_pytorch", 3, ("FlashAttentionPyTorch",), _pytorch_cases, _pytorch_run, _pytorch_judge,
+                   title="FlashAttention-2 in plain PyTorch: tiled forward, backward by recomputation",
+                   hint=_PYTORCH_HINT)
+
+
+# --- the kernels (exercises 4 and 5) -------------------------------------------------------------
 
 def _kernel_run(fn_name, ns, case, device) -> dict:
     """One observed call of ``fn_name`` (flash_attention, or flash_attention_causal, which returns stats):
@@ -453,7 +632,7 @@ def _unwritten_tail(out) -> int | None:
     return first if bool(row_nan[first:].all()) and not bool(torch.isnan(out[..., :first, :]).any()) else None
 
 
-# --- exercise 3: the tiled forward kernel ----------------------------------------------------------
+# --- exercise 4: the tiled forward kernel ----------------------------------------------------------
 
 def _alloc_case(gen, seqs=None) -> Case:
     """float16 inputs, ``out`` and ``lse`` left to their defaults (None): the kernel's wrapper allocates
@@ -501,7 +680,7 @@ FORWARD = Exercise("flash_forward", 4, ("flash_attention",), _flash_cases, parti
                         "acc = acc * alpha + dot(p, v). At the end out = acc / l and lse = (m + log2(l)) * ln(2).")
 
 
-# --- exercise 4: causal masking with early exit ----------------------------------------------------
+# --- exercise 5: causal masking with early exit ----------------------------------------------------
 
 def expected_key_blocks(seq_q: int, seq_k: int, block_m: int, block_n: int) -> list[tuple[int, int]]:
     """Per query tile m: the (fewest, most) key blocks a correct causal kernel processes. The tile's
@@ -566,7 +745,7 @@ CAUSAL = Exercise("flash_causal", 3, ("flash_attention_causal",), _causal_cases,
                   "program.")
 
 
-# --- exercise 5 (stretch): the backward pass ----------------------------------------------------
+# --- exercise 6 (stretch): the backward pass ----------------------------------------------------
 
 def attention_grads64(q, k, v, causal, scale, dout):
     """(out, dq, dk, dv) of attention in float64 by autograd, on the CPU."""
@@ -580,32 +759,35 @@ def _backward_cases(gen, public):
     if public:
         specs = [(1, 1, 64, 64, 32, "float32", False), (1, 1, 100, 77, 32, "float32", True),
                  (1, 1, 96, 96, 64, "float16", True), (1, 1, 45, 100, 16, "float16", False)]
-    else:  # causal and not, in float32 and float16, with seq_k < seq_q and seq_k > seq_q
+        three_d = [(2, 77, 32, True)]
+    else:  # causal and not, in float32 and float16, with seq_k < seq_q and seq_k > seq_q; one 3-D case
         specs = []
         for dtype, causal, shape in [("float32", True, 1), ("float16", False, 2), ("float16", True, 2),
                                      ("float32", False, 1)]:
             b, h = choice(gen, [(1, 1), (1, 2), (2, 1)])
             sq, sk = _seq_pair(gen, SEQ_SHAPES[shape], 96)
             specs.append((b, h, sq, sk, choice(gen, [16, 32, 64]), dtype, causal))
-    return _cases(gen, [(b, h, sq, sk, d, dict(dtype=dtype, causal=causal, dout=True))
-                        for b, h, sq, sk, d, dtype, causal in specs])
+        three_d = [(randint(gen, 1, 2), _ragged(gen, 33, 96), choice(gen, [16, 32]), True)]
+    cases = _cases(gen, [(b, h, sq, sk, d, dict(dtype=dtype, causal=causal, dout=True))
+                         for b, h, sq, sk, d, dtype, causal in specs])
+    for b, s, d, causal in three_d:  # CS336's call: (B, S, D) tensors, scale left to its default
+        inp = _qkv(gen, b, 1, s, s, d, layout="bsd", causal=causal, dout=True)
+        cases.append(Case(_name(inp, ", called as FlashAttentionFunction.apply(q, k, v, causal)"), inp))
+    return cases
 
 
 def _backward_run(ns, case, device):
     x = case.inputs
     fn = entry(ns, "flash_attention_autograd")
+    if x["layout"] == "bsd":  # as CS336's tests call it: positional causal, no scale
+        cls = entry(ns, "FlashAttentionFunction")
+        fn = lambda q, k, v, causal, scale: cls.apply(q, k, v, causal)  # noqa: E731
     q, k, v = (x[n].to(device).requires_grad_() for n in ("q", "k", "v"))
-    saved = []
-
-    def pack(t):
-        saved.append((tuple(t.shape), t.element_size() * t.numel()))
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with watch_launches() as fwd:
-            out = fn(q, k, v, causal=x["causal"], scale=x["scale"])
+    with record_saved() as saved, watch_launches() as fwd:
+        out = fn(q, k, v, causal=x["causal"], scale=x["scale"])
     if not isinstance(out, torch.Tensor) or not out.requires_grad:
         return {"bad_return": "a tensor that requires grad" if isinstance(out, torch.Tensor) else type(out).__name__}
+    saved = [(s.shape, s.nbytes) for s in saved]
     with watch_launches() as bwd:
         out.backward(x["dout"].to(device))
     synchronize(device)
@@ -649,14 +831,18 @@ def _backward_judge(case, obs):
                              "from the lse), not with PyTorch autograd") or bounds_verdict(obs)
     if verdict:
         return verdict
-    b, h, sq, d = q.shape
-    allowed = sum(t.numel() * t.element_size() for t in (q, k, v)) + q.numel() * q.element_size() + 4 * b * h * sq
+    lead = tuple(q.shape[:-1])  # (B, H, Sq), or (B, Sq) for 3-D inputs: the lse's shape
+    allowed = sum(t.numel() * t.element_size() for t in (q, k, v)) + q.numel() * q.element_size() + 4 * math.prod(lead)
     total = sum(nb for _, nb in obs["saved"])
     if total > allowed + 256:
         biggest = max(obs["saved"], key=lambda s: s[1])
         return (f"the forward saved {total} bytes for backward (largest: a tensor of shape {biggest[0]}), but "
                 f"q, k, v, out and the float32 lse are {allowed} bytes. Save only those and recompute P = exp(S - lse) "
                 "tile by tile in backward: that is FlashAttention's memory saving in training.")
+    if sum(shape == lead for shape, _ in obs["saved"]) != 1:
+        return (f"the forward saved {[shape for shape, _ in obs['saved']]}: save exactly one lse, shaped like q "
+                f"without its last dimension, {lead} here (a 3-D input's lse is (B, Sq): one_head() views in, "
+                "squeeze(1) out).")
     out64, dq64, dk64, dv64 = attention_grads64(q, k, v, x["causal"], x["scale"], dout)
     on_gpu = obs.get("device") == "cuda"
     rel = 5e-3 if q.dtype == torch.float16 else (2e-2 if on_gpu else 1e-5)
@@ -682,13 +868,14 @@ def _backward_judge(case, obs):
     return final_verdict(case, obs)
 
 
-BACKWARD = Exercise("flash_backward", 2, ("flash_attention_autograd",), _backward_cases, _backward_run, _backward_judge,
+BACKWARD = Exercise("flash_backward", 2, ("flash_attention_autograd", "FlashAttentionFunction"), _backward_cases,
+                    _backward_run, _backward_judge,
                     title="Stretch: the backward pass as a torch.autograd.Function", hint="Save q, k, v, out, lse "
                     "only. delta = rowsum(dO * O); one kernel per key block accumulates dV += Pᵀ dO and dK += dSᵀ Q "
                     "over query blocks, one per query block accumulates dQ += dS K, with P = exp2(s - lse * log2(e)) "
                     "and dS = P * (dP - delta); scale dK and dQ by the softmax scale.")
 
-EXERCISES = [REFERENCE, MEMORY, FORWARD, CAUSAL, BACKWARD]
+EXERCISES = [REFERENCE, MEMORY, PYTORCH, FORWARD, CAUSAL, BACKWARD]
 
 
 # --- benchmarks (python -m grader bench) ----------------------------------------------------------
