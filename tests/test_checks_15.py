@@ -1,0 +1,440 @@
+"""Lab 15's checks: the solution passes; the mistakes these algorithms really get are rejected with a message that
+names them: top-K with the higher index winning ties, indices local to a chunk, torch.topk's arbitrary tie order, a
+stream kept whole; a kernel with the wrong tie rule or an unmasked load; k-means with the cross term's sign flipped,
+||c||^2 missing, argmax for argmin, distances without ||x||^2, NaN for an empty cluster, an unseeded start; the
+roofline's factor 2 and distance traffic; recall computed as precision or with the wrong denominator; IVF probing
+the wrong lists; histogram bins off by one at the edges, counts for hessians; splits without lambda, with the wrong
+hessian sum or one bin early; a pipeline that copies after compute, synchronises every step, blocks, skips pinning,
+the copy stream or the wait, or waits too late."""
+import heapq
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from grader.checks import exercises, load_lab
+from grader.exercise import evaluate
+from tests import graderkit as kit
+from tests.conftest import ROOT, grade, solution_namespace, with_answer
+
+STEM, EX = "15_gpu_algorithms", exercises("15_gpu_algorithms")
+CHECKS = load_lab(STEM)
+
+
+@pytest.fixture(scope="module")
+def sol15():
+    return solution_namespace(STEM)
+
+
+def _public(eid, ns, n=None):
+    """Only the first ``n`` public cases of ``eid``: a wrong answer's message, quickly."""
+    return evaluate(EX[eid], ns, "cpu", EX[eid].cases()[:n])
+
+
+def _messages(result) -> str:
+    """Every case's message: a mistake may be named on a later case than the first one that fails."""
+    return "\n".join(c.message for c in result.cases)
+
+
+def _failed_rules(result) -> list:
+    """The rules (a hidden case's name before ':') of the cases that did not pass."""
+    return [c.name.partition(":")[0] for c in result.cases if c.status != "passed"]
+
+
+@pytest.mark.parametrize("eid", list(EX))
+def test_the_solution_earns_every_point(sol15, eid):
+    graded = grade(STEM, eid, sol15)
+    assert graded.status == "passed" and graded.score == EX[eid].points, graded.message
+
+
+def test_the_untouched_lab_scores_zero():
+    from grader.notebooks import answer_cells, exec_source, export_source, read_notebook
+
+    nb = read_notebook(ROOT / "labs" / f"{STEM}.ipynb")
+    ns = exec_source(export_source(nb, answer_cells(nb)), f"<labs/{STEM}.ipynb>")
+    for eid, ex in EX.items():
+        result = evaluate(ex, ns, "cpu")
+        assert result.status == "not_attempted" and result.score == 0, (eid, result.message)
+
+
+def test_the_reference_top_k_orders_ties_by_index():
+    v, i = CHECKS.ref_topk(torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0]]), 3)
+    assert i.tolist() == [[1, 2, 4]] and v.tolist() == [[3.0, 3.0, 3.0]]
+    assert CHECKS.ref_topk(torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0]]), 2, ties="higher")[1].tolist() == [[4, 2]]
+
+
+# --- top-K: the heap ----------------------------------------------------------------------------------
+
+def _heap(bug):
+    def heap_topk(chunks, k):
+        heap, offset = [], 0
+        for chunk in chunks:
+            for j, v in enumerate(chunk.tolist()):
+                index = j if bug == "local" else offset + j
+                item = (v, index) if bug == "ties" else (v, -index)   # BUG "ties": (value, index) evicts the lower
+                if len(heap) < k:
+                    heapq.heappush(heap, item)
+                elif item > heap[0]:
+                    heapq.heapreplace(heap, item)
+            offset += len(chunk)
+        pairs = [(v, i if bug == "ties" else -i) for v, i in sorted(heap, reverse=True)]
+        return pairs[::-1] if bug == "ascending" else pairs
+    return heap_topk
+
+
+@pytest.mark.parametrize("bug, says", [
+    ("ties", "the higher index winning ties"),
+    ("local", "they are counted inside each chunk"),
+    ("ascending", "the pairs smallest first"),
+])
+def test_a_wrong_heap_is_named(sol15, bug, says):
+    r = _public("heap_topk", with_answer(sol15, heap_topk=_heap(bug)))
+    assert r.status == "failed" and says in _messages(r), _messages(r)
+
+
+# --- top-K: batched merges --------------------------------------------------------------------------
+
+def _streaming(bug, sol):
+    def streaming_topk(chunks, k):
+        if bug == "whole":  # BUG: keeps the whole stream, then one top-k
+            chunks = list(chunks)
+            x = torch.cat(chunks, 1)
+            return sol["exact_topk"](x, torch.arange(x.shape[1]).expand_as(x), k)
+        best_v = best_i = None
+        offset = 0
+        for chunk in chunks:
+            r, c = chunk.shape
+            idx = torch.arange(c).expand(r, c) + (0 if bug == "local" else offset)
+            if best_v is not None:
+                chunk, idx = torch.cat([best_v, chunk], 1), torch.cat([best_i, idx], 1)
+            kk = min(k, chunk.shape[1])
+            if bug == "topk":  # BUG: torch.topk on the values, ties in any order
+                best_v, pos = torch.topk(chunk, kk, dim=1)
+                best_i = idx.gather(1, pos)
+            else:
+                best_v, best_i = sol["exact_topk"](chunk, idx, kk)
+            offset += c
+        return best_v, best_i
+    return streaming_topk
+
+
+@pytest.mark.parametrize("bug, says", [
+    ("topk", "torch.topk does not promise which of equal values"),
+    ("local", "counted inside each chunk"),
+    ("whole", "kept 1 chunk(s) alive"),
+])
+def test_a_wrong_streaming_top_k_is_named(sol15, bug, says):
+    r = _public("streaming_topk", with_answer(sol15, streaming_topk=_streaming(bug, sol15)))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def test_streaming_ties_to_the_higher_column_is_named(sol15):
+    def streaming_topk(chunks, k):  # BUG: the higher column wins ties
+        x = None
+        for chunk in chunks:
+            x = chunk if x is None else torch.cat([x, chunk], 1)
+        return CHECKS.ref_topk(x, k, ties="higher")
+    r = _public("streaming_topk", with_answer(sol15, streaming_topk=streaming_topk), 1)
+    assert r.status == "failed" and "matches the higher index winning ties" in r.message, r.message
+
+
+# --- top-K: the Triton kernel ------------------------------------------------------------------------------
+
+@triton.jit
+def _topk_kernel_bug(x_ptr, val_ptr, idx_ptr, n_cols, stride_x, stride_v, stride_i,
+                     K: tl.constexpr, BLOCK_N: tl.constexpr, BUG: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    if BUG == 2:  # BUG: no mask on the load
+        x = tl.load(x_ptr + row * stride_x + cols)
+        x = tl.where(cols < n_cols, x, float("-inf"))
+    else:
+        x = tl.load(x_ptr + row * stride_x + cols, mask=cols < n_cols, other=float("-inf"))
+    for j in tl.static_range(K):
+        m = tl.max(x, axis=0)
+        if BUG == 1:  # BUG: the highest column holding the maximum
+            i = tl.max(tl.where(x == m, cols, -1), axis=0)
+        else:
+            i = tl.min(tl.where(x == m, cols, BLOCK_N), axis=0)
+        tl.store(val_ptr + row * stride_v + j, m)
+        tl.store(idx_ptr + row * stride_i + j, i.to(tl.int64))
+        x = tl.where(cols == i, float("-inf"), x)
+
+
+def _topk_rows(bug):
+    def topk_rows(x, k, values=None, indices=None):
+        r, n = x.shape
+        values = torch.empty(r, k) if values is None else values
+        indices = torch.empty(r, k, dtype=torch.int64) if indices is None else indices
+        _topk_kernel_bug[(r,)](x, values, indices, n, x.stride(0), values.stride(0), indices.stride(0),
+                               K=k, BLOCK_N=triton.next_power_of_2(n), BUG=bug)
+        return values, indices
+    return topk_rows
+
+
+def test_the_test_kernel_without_its_bug_passes(sol15):
+    r = _public("topk_kernel", with_answer(sol15, topk_rows=_topk_rows(0)))
+    assert r.status == "passed", r.message
+
+
+def test_a_kernel_breaking_ties_upward_is_named(sol15):
+    r = _public("topk_kernel", with_answer(sol15, topk_rows=_topk_rows(1)), 1)
+    assert r.status == "failed" and "matches the higher index winning ties" in r.message, r.message
+
+
+def test_an_unmasked_load_is_caught_on_a_ragged_width(sol15):
+    r = grade(STEM, "topk_kernel", with_answer(sol15, topk_rows=_topk_rows(2)))
+    assert r.status == "failed" and "a width that is not a power of two" in _failed_rules(r), r.message
+    assert "outside" in r.message or "out of bounds" in r.message or "past" in r.message, r.message
+
+
+def test_pytorch_doing_the_top_k_earns_nothing(sol15):
+    def topk_rows(x, k, values=None, indices=None):
+        v, i = CHECKS.ref_topk(x, k)
+        values.copy_(v)
+        indices.copy_(i)
+        return values, indices
+    r = _public("topk_kernel", with_answer(sol15, topk_rows=topk_rows))
+    assert r.score == 0 and "no Triton kernel was launched" in r.message
+
+
+# --- k-means ---------------------------------------------------------------------------------------------
+
+def _assign(bug):
+    def kmeans_assign(x, c):
+        xx, cc, cross = (x * x).sum(1, keepdim=True), (c * c).sum(1), x @ c.T
+        d2 = {"sign": xx + 2 * cross + cc, "no c norm": xx - 2 * cross}.get(bug, xx - 2 * cross + cc)
+        labels = d2.argmax(1) if bug == "argmax" else d2.argmin(1)
+        dist = d2.gather(1, labels[:, None])[:, 0]
+        if bug == "no x norm":  # BUG: ||x||^2 dropped from the distances too
+            dist = dist - xx[:, 0]
+        return labels, dist.clamp_min(0) if bug != "no x norm" else dist
+    return kmeans_assign
+
+
+@pytest.mark.parametrize("bug, says", [
+    ("sign", "the cross term's sign flipped"),
+    ("no c norm", "the ||c||^2 term is missing"),
+    ("argmax", "argmax instead of argmin"),
+    ("no x norm", "the distances without ||x||^2"),
+])
+def test_a_wrong_assignment_is_named(sol15, bug, says):
+    r = _public("kmeans_assign", with_answer(sol15, kmeans_assign=_assign(bug)))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def test_an_assignment_breaking_ties_upward_fails_on_exact_ties(sol15):
+    def kmeans_assign(x, c):  # BUG: the last minimum
+        d2 = (x * x).sum(1, keepdim=True) - 2 * x @ c.T + (c * c).sum(1)
+        labels = c.shape[0] - 1 - d2.flip(1).argmin(1)
+        return labels, d2.gather(1, labels[:, None])[:, 0].clamp_min(0)
+    r = grade(STEM, "kmeans_assign", with_answer(sol15, kmeans_assign=kmeans_assign))
+    assert r.status == "failed" and "ties going to the higher centroid" in r.message, r.message
+    assert "exact ties" in _failed_rules(r)
+
+
+def _kmeans(bug, sol):
+    def kmeans(x, k, iters, seed):
+        perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))
+        c = x[:k].clone() if bug == "first" else x[perm[:k]].clone()
+        labels = sol["kmeans_assign"](x, c)[0]
+        for _ in range(iters):
+            labels = sol["kmeans_assign"](x, c)[0]
+            sums = torch.zeros_like(c).index_add_(0, labels, x)
+            counts = torch.bincount(labels, minlength=k)
+            if bug == "nan":  # BUG: 0 / 0 for an empty cluster
+                c = sums / counts[:, None]
+            else:
+                c = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1)[:, None], c)
+        return c, labels if bug == "stale labels" else sol["kmeans_assign"](x, c)[0]
+    return kmeans
+
+
+@pytest.mark.parametrize("bug, says", [
+    ("nan", "empty cluster keeps its centroid"),
+    ("first", "a start from the first k points"),
+    ("stale labels", "the labels of the last assignment, before the final update"),
+])
+def test_a_wrong_lloyd_is_named(sol15, bug, says):
+    r = _public("kmeans_lloyd", with_answer(sol15, kmeans=_kmeans(bug, sol15)))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+@pytest.mark.parametrize("bug, says", [
+    ("flops", "one FLOP per multiply-add"),
+    ("fused distances", "the distance matrix, but the kernel is fused"),
+    ("no read back", "written but not read back"),
+    ("sum", "the sum of the two times"),
+])
+def test_a_wrong_step_cost_is_named(sol15, bug, says):
+    def kmeans_step_cost(n, k, d, dtype_bytes, fused, peaks):
+        flops = (1 if bug == "flops" else 2) * n * k * d
+        dist = {"fused distances": 8 * n * k, "no read back": 0 if fused else 4 * n * k}.get(bug, 0 if fused else
+                                                                                            8 * n * k)
+        nbytes = (n * d + k * d) * dtype_bytes + 8 * n + dist
+        tc, tm = flops / (peaks.matmul_tflops * 1e12), nbytes / (peaks.copy_gbps * 1e9)
+        return {"flops": flops, "bytes": nbytes, "intensity": flops / nbytes,
+                "seconds": tc + tm if bug == "sum" else max(tc, tm), "bound": "compute" if tc > tm else "memory"}
+    r = _public("kmeans_roofline", with_answer(sol15, kmeans_step_cost=kmeans_step_cost))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+# --- recall and IVF --------------------------------------------------------------------------------------
+
+def _recall(bug):
+    def recall_at_k(found, truth, k):
+        q = found.shape[0]
+        top = found[:, :k]
+        if bug == "precision":
+            hits = (top[:, :, None] == truth[:, None, :k]).any(-1)
+            return hits.sum().item() / max(int((top >= 0).sum()), 1)
+        if bug == "denominator m":
+            hits = (truth[:, :k, None] == top[:, None, :]).any(-1)
+            return hits.sum().item() / (q * found.shape[1])
+        if bug == "duplicates":
+            return (top[:, :, None] == truth[:, None, :k]).any(-1).sum().item() / (q * k)
+        if bug == "sum":
+            return (truth[:, :k, None] == top[:, None, :]).any(-1).sum().item() / k
+        raise AssertionError(bug)
+    return recall_at_k
+
+
+@pytest.mark.parametrize("bug, says", [
+    ("precision", "precision: hits over the ids returned"),
+    ("denominator m", "a denominator of the ids returned"),
+    ("duplicates", "a repeated id counted twice"),
+    ("sum", "the sum over queries"),
+])
+def test_a_wrong_recall_is_named(sol15, bug, says):
+    r = grade(STEM, "recall_at_k", with_answer(sol15, recall_at_k=_recall(bug)))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+@pytest.mark.parametrize("mistake, says", [
+    ({"probe": "farthest"}, "the nprobe farthest centroids probed"),
+    ({"probe": "one"}, "one list probed whatever nprobe is"),
+    ({"ties": "higher"}, "ties going to the higher id"),
+    ({"local": True}, "positions inside the lists"),
+])
+def test_a_wrong_ivf_search_is_named(sol15, mistake, says):
+    def ivf_search(x, centroids, lists, queries, k, nprobe):
+        return CHECKS.ref_ivf(x, centroids, queries, k, nprobe, **mistake)[1]
+    r = grade(STEM, "ivf_search", with_answer(sol15, ivf_search=ivf_search))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def test_lists_from_the_farthest_centroid_are_caught(sol15):
+    def build_ivf(x, centroids):  # BUG: argmax of the distances
+        d2 = ((x[:, None] - centroids[None]) ** 2).sum(-1)
+        labels = d2.argmax(1)
+        return [torch.nonzero(labels == j)[:, 0] for j in range(centroids.shape[0])]
+    r = _public("ivf_search", with_answer(sol15, build_ivf=build_ivf))
+    assert r.status == "failed" and "build_ivf: list" in r.message, r.message
+
+
+# --- gradient-boosted trees -------------------------------------------------------------------------------
+
+def test_bins_with_the_edge_below_are_named(sol15):
+    def bin_features(x, edges):  # BUG: x > edge, a value on an edge goes to the lower bin
+        return (x[:, :, None] > edges[None]).sum(-1)
+    r = grade(STEM, "gbdt_histograms", with_answer(sol15, bin_features=bin_features))
+    assert r.status == "failed" and "the edge itself in the lower bin" in r.message, r.message
+    assert "values on the edges" in _failed_rules(r)
+
+
+@pytest.mark.parametrize("bug, says", [
+    ("swapped", "the other histogram"),
+    ("counts", "the row counts per bin"),
+])
+def test_wrong_histograms_are_named(sol15, bug, says):
+    fixed = sol15["grad_histograms"]
+
+    def grad_histograms(bins, grad, hess, n_bins):
+        if bug == "counts":  # BUG: hessian 1 for every row
+            return fixed(bins, grad, torch.ones_like(hess), n_bins)
+        G, H = fixed(bins, grad, hess, n_bins)
+        return H, G
+    r = _public("gbdt_histograms", with_answer(sol15, grad_histograms=grad_histograms), 2)
+    assert r.status == "failed" and says in r.message, r.message
+
+
+@pytest.mark.parametrize("mistake, says, rule", [
+    ({"no_lam": True}, "gains without lambda", "lambda dominates small hessians"),
+    ({"right_h": "parent"}, "the right child's hessian = the whole node's", "lambda dominates small hessians"),
+    ({"no_gamma": True}, "gains without subtracting gamma", "gamma"),
+    ({"half": False}, "gains without the factor 1/2", "gamma"),
+    ({"after": False}, "the split point one bin early", "many bins"),
+])
+def test_a_wrong_split_is_named(sol15, mistake, says, rule):
+    def best_split(G, H, lam, gamma):
+        return tuple(CHECKS._best(CHECKS.ref_gains(G, H, lam, gamma, **mistake)))
+    r = grade(STEM, "best_split", with_answer(sol15, best_split=best_split))
+    assert r.status == "failed" and says in r.message, r.message
+    assert rule in _failed_rules(r)
+
+
+# --- the prefetching loop -----------------------------------------------------------------------------------
+
+def _loop(bug):
+    def prefetch_loop(batches, step, io):
+        def fetch(i):
+            src = batches[i] if bug == "pageable" else io.pin(batches[i])
+            return io.to_device(src, non_blocking=bug != "blocking",
+                                stream=None if bug == "default stream" else io.copy_stream)
+
+        results = []
+        if bug == "serial":  # BUG: copy, then compute, one batch at a time
+            for i in range(len(batches)):
+                x = fetch(i)
+                io.wait(io.copy_stream)
+                results.append(step(x))
+            return results
+        if bug == "all ahead":
+            xs = [fetch(i) for i in range(len(batches))]
+            io.wait(io.copy_stream)
+            return [step(x) for x in xs]
+        nxt = fetch(0)
+        for i in range(len(batches)):
+            if bug not in ("no wait", "late wait"):
+                io.wait(io.copy_stream)
+            x = nxt
+            if i + 1 < len(batches):
+                nxt = fetch(i + 1)
+            if bug == "late wait":  # BUG: waits after issuing the next copy
+                io.wait(io.copy_stream)
+            results.append(step(x))
+            if bug == "sync":
+                io.synchronize()
+        return results
+    return prefetch_loop
+
+
+@pytest.mark.parametrize("bug, says", [
+    ("serial", "the copies run after the compute"),
+    ("sync", "io.synchronize() was called inside the loop"),
+    ("blocking", "non_blocking=False"),
+    ("pageable", "copied from pageable memory"),
+    ("default stream", "copied on the current stream"),
+    ("no wait", "with no io.wait(io.copy_stream) after its copy"),
+    ("late wait", "step 0 then waits for batch 1's copy too"),
+    ("all ahead", "stay one batch ahead"),
+])
+def test_a_wrong_pipeline_is_named(sol15, bug, says):
+    r = _public("prefetch_loop", with_answer(sol15, prefetch_loop=_loop(bug)), 1)
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def test_a_pipeline_that_skips_a_batch_is_caught(sol15):
+    def prefetch_loop(batches, step, io):  # BUG: computes on the host batches, no copy at all
+        return [step(b) for b in batches]
+    r = _public("prefetch_loop", with_answer(sol15, prefetch_loop=prefetch_loop), 1)
+    assert r.status == "failed" and "no device copy" in r.message, r.message
+
+
+# --- answers that compute nothing earn nothing; every rule in every hidden set --------------------------------
+
+@pytest.mark.parametrize("eid", list(EX))
+def test_no_credit_for_doing_nothing_and_the_same_rules_on_every_seed(eid):
+    kit.assert_do_nothing_scores_zero(EX[eid])
+    kit.assert_same_rules_every_seed(EX[eid])
