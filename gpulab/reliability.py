@@ -4,6 +4,8 @@
   ``NaN`` where a rank reported nothing (it hangs), with chosen stragglers and one-off hiccups.
 - :func:`make_divergence_trace`: the logs of a run that diverges for a chosen cause (``CAUSES``): loss,
   global and per-layer gradient norms, learning rate, fp16 loss scale and batch ids, one row per step.
+- :func:`make_profile`: one step of a slow multi-GPU deployment as a per-rank time breakdown (kernels, NCCL,
+  CPU gaps, host-device copies), for a chosen bottleneck (``BOTTLENECKS``).
 - :func:`flat_shards`: a flat tensor cut into ``world`` equal ZeRO shards, the tail zero-padded.
 - :data:`MLOPS_ITEMS`: the checklist a production pipeline is scored against (lesson 16's exercise).
 
@@ -79,6 +81,34 @@ def make_divergence_trace(seed: int, cause: str, steps: int = 200, layers: int =
     batch_id = torch.randperm(10 * steps, generator=gen)[:steps]
     return {"loss": loss, "grad_norm": grad_norm, "layer_grad_norm": layer_norm, "lr": lr, "loss_scale": scale,
             "batch_id": batch_id, "_truth": (t0, layer)}
+
+
+BOTTLENECKS = ("stage_imbalance", "communication", "host_overhead", "host_device_copies", "compute")
+
+
+def make_profile(seed: int, bottleneck: str, ranks: int = 8) -> dict:
+    """Milliseconds per step on each rank, float64 tensors of shape (ranks,): ``kernel_ms`` (GPU kernels),
+    ``nccl_ms`` (collectives, including waiting for the slowest rank), ``cpu_gap_ms`` (GPU idle while the
+    host prepares work), ``memcpy_ms`` (host-device copies), ``step_ms`` (their sum), and the int ``slow_rank``
+    the bottleneck is planted on. ``stage_imbalance`` makes one rank's kernels twice as long, and the
+    others wait for it inside NCCL: their NCCL time grows, though the network is fine."""
+    if bottleneck not in BOTTLENECKS:
+        raise ValueError(f"bottleneck must be one of {BOTTLENECKS}, got {bottleneck!r}")
+    gen = torch.Generator().manual_seed(seed)
+    jitter = lambda: 1 + 0.05 * torch.rand(ranks, generator=gen, dtype=torch.float64)  # noqa: E731
+    kernel, nccl, cpu, copy = 60 * jitter(), 10 * jitter(), 5 * jitter(), 3 * jitter()
+    slow = int(torch.randint(ranks, (1,), generator=gen))
+    if bottleneck == "stage_imbalance":
+        kernel[slow] *= 2
+        nccl += kernel[slow] - kernel  # the others wait for the slow rank in their next collective
+    elif bottleneck == "communication":
+        nccl *= 8
+    elif bottleneck == "host_overhead":
+        cpu *= 12
+    elif bottleneck == "host_device_copies":
+        copy *= 9
+    return {"kernel_ms": kernel, "nccl_ms": nccl, "cpu_gap_ms": cpu, "memcpy_ms": copy,
+            "step_ms": kernel + nccl + cpu + copy, "slow_rank": slow}
 
 
 def flat_shards(flat: torch.Tensor, world: int) -> list[torch.Tensor]:

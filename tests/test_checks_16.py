@@ -249,6 +249,16 @@ def test_batching_without_the_fill_wait_is_named(sol16):
     assert r.status == "failed" and "no wait for the batch to fill" in r.message, r.message
 
 
+def test_blaming_the_network_for_a_slow_rank_is_named(sol16):
+    def diagnose_deployment(profile):  # BUG: shares first; the ranks waiting for a slow one look network-bound
+        step = float(profile["step_ms"].mean())
+        if float(profile["nccl_ms"].mean()) > 0.4 * step:
+            return {"bottleneck": "communication", "rank": -1}
+        return sol16["diagnose_deployment"](profile)
+    r = _public("diagnose_deployment", with_answer(sol16, diagnose_deployment=diagnose_deployment))
+    assert r.status == "failed" and "compare the ranks' kernel times before blaming the network" in r.message
+
+
 # --- reliability ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fn, says", [

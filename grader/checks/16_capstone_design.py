@@ -28,7 +28,15 @@ from gpulab.planning import (
     ring_allreduce_time,
     simulate_replicas,
 )
-from gpulab.reliability import CAUSES, MLOPS_ITEMS, flat_shards, make_divergence_trace, make_step_times
+from gpulab.reliability import (
+    BOTTLENECKS,
+    CAUSES,
+    MLOPS_ITEMS,
+    flat_shards,
+    make_divergence_trace,
+    make_profile,
+    make_step_times,
+)
 from gpulab.serving import MODELS, ModelSpec
 from grader.exercise import Case, Exercise, entry
 from grader.kit.cases import choice, randint, uniform
@@ -716,6 +724,53 @@ def _resnet_batch_judge(case, obs):
 
 
 
+# --- 8b. a slow multi-GPU deployment, methodically ------------------------------------------------------
+
+SHARES = {"nccl_ms": ("communication", 0.4), "cpu_gap_ms": ("host_overhead", 0.3),
+          "memcpy_ms": ("host_device_copies", 0.2)}  # in the order to check them, after imbalance
+
+
+def ref_diagnose_deployment(profile: dict) -> dict:
+    """Imbalance first (a rank whose kernels take over 1.5x the median rank's: the others wait for it in NCCL),
+    then the mean shares of the step: NCCL over 0.4, CPU gaps over 0.3, copies over 0.2; else compute."""
+    kernel = profile["kernel_ms"]
+    if float(kernel.max()) > 1.5 * float(kernel.median()):
+        return {"bottleneck": "stage_imbalance", "rank": int(kernel.argmax())}
+    step = float(profile["step_ms"].mean())
+    for key, (name, limit) in SHARES.items():
+        if float(profile[key].mean()) > limit * step:
+            return {"bottleneck": name, "rank": -1}
+    return {"bottleneck": "compute", "rank": -1}
+
+
+def _diagnose_deployment_cases(gen, public):
+    return [Case(f"{b}: {8 if public else 16} ranks", dict(profile={k: v for k, v in make_profile(
+        randint(gen, 0, 2**31), b, 8 if public else 16).items() if k != "slow_rank"})) for b in BOTTLENECKS]
+
+
+def _diagnose_deployment_run(ns, case, device):
+    got = entry(ns, "diagnose_deployment")({k: v.clone() for k, v in case.inputs["profile"].items()})
+    if not isinstance(got, dict) or not {"bottleneck", "rank"} <= set(got):
+        return {"got": repr(got)}
+    return {"got": {"bottleneck": str(got["bottleneck"]), "rank": int(got["rank"])}}
+
+
+def _diagnose_deployment_judge(case, obs):
+    profile, got = case.inputs["profile"], obs["got"]
+    want = ref_diagnose_deployment(profile)
+    if got == want:
+        return None
+    step = float(profile["step_ms"].mean())
+    shares = ", ".join(f"{k[:-3]} {float(profile[k].mean()) / step:.0%}" for k in ("kernel_ms", *SHARES))
+    kernel = profile["kernel_ms"]
+    message = (f"diagnose_deployment = {got}, expected {want} for {case.name} (mean shares of the step: {shares}; "
+               f"slowest rank's kernels {float(kernel.max()) / float(kernel.median()):.2f}x the median rank's).")
+    if isinstance(got, dict) and want["bottleneck"] == "stage_imbalance" and got["bottleneck"] == "communication":
+        message += (" NCCL time is high because the other ranks wait for the slow one inside their collective: "
+                    "compare the ranks' kernel times before blaming the network.")
+    return message
+
+
 # --- 9. checkpoint interval -------------------------------------------------------------------------------
 
 def ref_checkpoint_interval(ckpt_s: float, gpu_mtbf_s: float, n_gpus: int) -> float:
@@ -1062,6 +1117,11 @@ _TEXT = {
         hint=(
             "For b in 1..256: run = t_fixed + b t_per_item; latency = (b - 1) / rate + run; keep the largest "
             "b with latency <= slo and b / run >= rate (batch 0 if none).")),
+    "diagnose_deployment": dict(
+        title="A slow multi-GPU deployment: imbalance, network, host or copies?",
+        hint=(
+            "First compare the ranks' kernel times (max over 1.5x the median: stage_imbalance, and its rank); then "
+            "the mean shares of the step time: nccl > 0.4, cpu gaps > 0.3, memcpy > 0.2; else compute.")),
     "checkpoint_interval": dict(
         title="How often to checkpoint: Young/Daly",
         hint='The job fails when any GPU does: M = gpu_mtbf_s / n_gpus; interval = sqrt(2 C M).'),
@@ -1090,8 +1150,8 @@ _TEXT = {
 
 
 _POINTS = dict(training_memory=3, step_time=3, layout_problems=2, plan_training=4, serving_memory=2, plan_serving=4,
-               four_gpu_options=2, resnet_batch=2, checkpoint_interval=1, reshard_zero=2, find_stragglers=2,
-               diagnose_divergence=3, mlops=3)  # in notebook order; each section defines _<id>_cases/_run/_judge
+               four_gpu_options=2, resnet_batch=2, diagnose_deployment=2, checkpoint_interval=1, reshard_zero=2,
+               find_stragglers=2, diagnose_divergence=3, mlops=3)  # in notebook order; each section defines _<id>_cases/_run/_judge
 _ENTRIES = {"mlops": ("mlops_checklist", "rollout_decision")}  # names other than the exercise id
 
 EXERCISES = [Exercise(eid, points, _ENTRIES.get(eid, (eid,)), globals()[f"_{eid}_cases"], globals()[f"_{eid}_run"],
