@@ -1149,9 +1149,10 @@ _TEXT = {
 }
 
 
+# Points, in notebook order; each section defines _<id>_cases, _<id>_run and _<id>_judge.
 _POINTS = dict(training_memory=3, step_time=3, layout_problems=2, plan_training=4, serving_memory=2, plan_serving=4,
                four_gpu_options=2, resnet_batch=2, diagnose_deployment=2, checkpoint_interval=1, reshard_zero=2,
-               find_stragglers=2, diagnose_divergence=3, mlops=3)  # in notebook order; each section defines _<id>_cases/_run/_judge
+               find_stragglers=2, diagnose_divergence=3, mlops=3)
 _ENTRIES = {"mlops": ("mlops_checklist", "rollout_decision")}  # names other than the exercise id
 
 EXERCISES = [Exercise(eid, points, _ENTRIES.get(eid, (eid,)), globals()[f"_{eid}_cases"], globals()[f"_{eid}_run"],
