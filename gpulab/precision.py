@@ -8,6 +8,7 @@
   with the ``torch.amp.GradScaler`` interface (``scale``, ``step``, ``update``, ``get_scale``). The
   lesson replays ``GradScaler`` on a stream of gradients; lab 07's check replays the learner's
   scaler and ``GradScaler`` on the same stream and compares them step by step.
+- :func:`matmul_tflops`: one large matmul per precision on a GPU (tensor cores), for lesson and lab 07.
 """
 from __future__ import annotations
 
@@ -98,3 +99,23 @@ def overflows(grad: torch.Tensor, scale: float) -> bool:
     param = torch.ones(grad.numel(), requires_grad=True)
     (toy_scaled_loss(param, grad) * scale).backward()
     return not bool(torch.isfinite(param.grad).all())
+
+
+MATMUL_MODES = (("fp32", torch.float32, False), ("tf32", torch.float32, True),
+                ("bf16", torch.bfloat16, False), ("fp16", torch.float16, False))
+
+
+def matmul_tflops(n: int = 4096, device: str = "cuda") -> dict:
+    """TFLOP/s of one (n, n) @ (n, n) matmul per mode (fp32, tf32, bf16, fp16), median time of
+    :func:`gpulab.bench.benchmark`. Meant for a GPU (tensor cores); TF32 is switched back off after."""
+    from gpulab.bench import benchmark
+
+    rates = {}
+    try:
+        for label, dtype, tf32 in MATMUL_MODES:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+            rates[label] = 2 * n ** 3 / (benchmark(torch.matmul, a, b).median_ms * 1e-3) / 1e12
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    return rates
