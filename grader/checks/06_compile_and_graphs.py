@@ -186,10 +186,11 @@ def _count_run(ns, case, device):
 
 
 def _count_judge(case, obs):
-    shapes, dynamic = case.inputs["shapes"], case.inputs["dynamic"]
+    shapes, dynamic, got = case.inputs["shapes"], case.inputs["dynamic"], obs["count"]
+    if not isinstance(got, int) or isinstance(got, bool):
+        return f"count_compiles must return the number of compilations as an int, got {got!r}."
     want = ref_count_compiles(case.inputs["fn"], tuple(tuple(s) for s in shapes), dynamic)
-    got = obs["count"]
-    if isinstance(got, int) and not isinstance(got, bool) and got == want:
+    if got == want:
         return None
     message = f"count_compiles returned {got!r}; Dynamo compiled {want} time(s) for these shapes."
     return diagnose(message, got, [
