@@ -419,11 +419,11 @@ def _record_steps(step_fn, case, device) -> dict:
         if not isinstance(ret, (tuple, list)) or len(ret) != 2:
             return {"bad": type(ret).__name__}
         out["returned"].append([_number(v) for v in ret])
-        out["params"].append({n: to_cpu(p).float() for n, p in model.named_parameters()})
+        out["params"].append({n: to_cpu(p).float().clone() for n, p in model.named_parameters()})  # not a view
         out["dtypes"].append({n: str(p.dtype) for n, p in model.named_parameters()})
         out["stepped"].append(calls[0] > before)
         out["scale"].append(float(scaler.get_scale()))
-    out["forward"] = seen.get("forward")
+    out["forward"], out["device"] = seen.get("forward"), str(device)
     return out
 
 
@@ -449,7 +449,10 @@ def _train_judge(case, obs):
     if obs["forward"] != f"torch.{x['dtype']}":
         return (f"the first Linear layer's output is {obs['forward']}, not torch.{x['dtype']}: run the forward and "
                 f"the loss under torch.autocast(device_type=x.device.type, dtype=dtype).")
-    ref = _record_steps(ref_amp_step, case, "cpu")
+    # The reference runs on the learner's device when the judge has it: the same kernels round the same way
+    # (AdamW turns a tiny gradient's sign into a whole step, so a CPU reference could differ from a GPU run).
+    device = "cuda" if obs.get("device") == "cuda" and torch.cuda.is_available() else "cpu"
+    ref = _record_steps(ref_amp_step, case, device)
     for t in range(x["steps"]):
         if obs["stepped"][t] != ref["stepped"][t]:
             if not ref["stepped"][t]:
@@ -473,7 +476,7 @@ def _train_judge(case, obs):
         prev = ref["params"][t - 1] if t else ref["init"]
         bad = _params_differ(obs["params"][t], ref["params"][t], prev)
         if bad:
-            scaled = _record_steps(lambda *a: ref_amp_step(*a, variant="clip scaled"), case, "cpu")
+            scaled = _record_steps(lambda *a: ref_amp_step(*a, variant="clip scaled"), case, device)
             why = ""
             if not _params_differ(obs["params"][t], scaled["params"][t], prev):
                 why = ("\n  Yours match clipping the scaled gradients: call scaler.unscale_(optimizer) before "
@@ -486,14 +489,15 @@ def _train_judge(case, obs):
 
 
 def _params_differ(got: dict, want: dict, prev: dict) -> str | None:
-    """How the weights after a step differ from the reference's, if they do: by more than 2% of the reference's
-    update since ``prev`` (the low-precision forward rounds differently on another device, by far less)."""
-    for name, w in want.items():
-        g = got.get(name)
+    """How the weights after a step differ from the reference's, if they do: by more than 0.1% of the reference's
+    update since ``prev`` (the reference ran on the same device; rounding the weights to fp16 moves them by
+    ~1e-4 of their size, several percent of an update)."""
+    for name in sorted(want, key=lambda n: bool(torch.equal(want[n], prev[n]))):  # the weights that moved first
+        g, w = got.get(name), want[name]
         if g is None or g.shape != w.shape:
             return f"the weight {name} is missing or has another shape."
         err, update = float((g - w).abs().max()), float((w - prev[name]).abs().max())
-        if not err <= 2e-2 * update + 1e-7:  # NaN fails too
+        if not err <= 1e-3 * update + 1e-7:  # NaN fails too
             return (f"the weight {name} differs from the reference step by up to {err:.2e} (the reference moved it "
                     f"by up to {update:.2e}).")
     return None
@@ -579,9 +583,10 @@ def _kahan_judge(case, obs):
     if bool((err <= tol).all()):
         return None
     row = int((err / tol).argmax())
+    ulp = float(ref_ulp(exact[row:row + 1], x.dtype)[0])
     msg = (f"row {row}: your sum {float(got[row]):.6g}, the exact sum {float(exact[row]):.6g}: an error of "
-           f"{float(err[row] / ref_ulp(exact[row:row + 1], x.dtype)[0]):.1f} ulps, over Kahan's bound "
-           f"({float(tol[row]):.3g}: one ulp plus 2u sum|x|).")
+           f"{float(err[row]) / ulp:.1f} ulps, over Kahan's bound of {float(tol[row]) / ulp:.1f} ulps here (one ulp "
+           "plus 2u sum|x|).")
     naive = ("naive left-to-right summation: carry the compensation c (the low-order bits each addition lost, "
              "c = (t - s) - y) and subtract it from the next term", lambda: ref_naive_sum(x))
     return diagnose(msg, got, [naive], torch.equal, "\n  Yours matches {}.")
