@@ -325,3 +325,24 @@ def test_answers_that_compute_nothing_score_zero(eid):
 @pytest.mark.parametrize("eid", list(EX))
 def test_every_hidden_set_covers_the_same_rules(eid):
     kit.assert_same_rules_every_seed(EX[eid])
+
+
+# --- the GPU trace script runs on a CPU at tiny sizes ------------------------------------------------------------
+
+def test_profile_trace_script_runs_tiny_on_cpu(tmp_path):
+    import gzip
+    import importlib.util
+    import json
+
+    from tests.conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("profile_trace", ROOT / "benchmarks" / "profile_trace.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--tiny", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    (summary,) = tmp_path.glob("profile_trace_cpu_*_tiny.json")
+    data = json.loads(summary.read_text())
+    assert data["tiny"] is True and set(data["step_ms"]) == {"eager", "graph"}
+    assert data["phases"]["eager"]["cpu_ops"] > data["phases"]["graph"]["cpu_ops"]  # a replay runs no layer's op
+    with gzip.open(next(tmp_path.glob("*.trace.json.gz")), "rt") as f:
+        assert json.load(f)["traceEvents"]
