@@ -30,7 +30,8 @@ FAMILIES = ("Q-OPT", "Q-PAR", "Q-E2E", "Q-COMP", "Q-HW", "Q-DIST", "Q-SERVE", "Q
 
 LAB_TITLES = {  # the stems an answer cites; lessons are notebooks/<stem>.ipynb, graded labs labs/<stem>.ipynb
     "01_performance_model": "timing, roofline, scaling", "02_triton_basics": "Triton, masks, fusion",
-    "04_matmul": "tiled matmul", "05_flash_attention": "FlashAttention", "06_compile_and_graphs": "compilers, CUDA graphs",
+    "04_matmul": "tiled matmul", "05_flash_attention": "FlashAttention",
+    "06_compile_and_graphs": "compilers, CUDA graphs",
     "07_mixed_precision": "mixed precision", "08_quantization": "quantization",
     "09_pruning_distillation": "pruning, distillation", "10_memory_checkpointing": "memory, checkpointing, ZeRO",
     "11_data_parallel": "data parallelism, collectives", "12_tensor_parallel": "tensor parallelism",
@@ -54,130 +55,158 @@ class Question:
         return self.qid.rsplit("-", 1)[0]
 
 
-QUESTIONS = [
-    Question("Q-OPT-1", "Walk me through the optimization techniques you would use to make a model train and serve "
-             "faster. For each: the goal, how it works, the benefit, the trade-off, a pitfall.", 15, (
-                 "Quantization: INT8 vs FP8, PTQ (calibration) vs QAT (fake quant), outliers and per-channel scales",
-                 "Pruning: unstructured vs structured vs 2:4 (N:M) sparsity, and which of them the hardware speeds up",
-                 "Distillation: a student on the teacher's soft targets (temperature), what it keeps and loses",
-                 "Fusion: bias+GELU saves memory round trips; FlashAttention never materialises the S x S scores",
-                 "Memory: activation checkpointing (memory for one more forward), ZeRO/FSDP sharding, offload, KV cache",
-                 "Throughput/latency: mixed precision, CUDA graphs and torch.compile, batching, compute/comm overlap",
-                 "Cites a measured number from a lab for at least two techniques"),
-             ("08_quantization", "09_pruning_distillation", "02_triton_basics", "05_flash_attention",
-              "10_memory_checkpointing", "06_compile_and_graphs", "07_mixed_precision")),
-    Question("Q-OPT-2", "You must serve a 7B LLM at half the memory. How do you quantize it, and how do you know "
-             "it still works?", 10, (
-                 "Weight-only int8/int4 vs W8A8 vs FP8: what each saves (bytes read per decode step) and needs",
-                 "Calibration data and per-channel / per-group scales; activation outliers (SmoothQuant-style shift)",
-                 "PTQ first, QAT only if accuracy drops; evaluate on the task, not just perplexity",
-                 "Decode is memory-bound: the speed-up follows the bytes, not the FLOPs",
-                 "KV-cache quantization as a separate lever for long contexts"),
-             ("08_quantization", "14_inference_serving", "07_mixed_precision")),
-    Question("Q-PAR-1", "Tensor parallelism vs pipeline parallelism: how does each work, what does it communicate, "
-             "when do you use which, and what limits it?", 12, (
-                 "TP: column- then row-parallel linears, 2 all-reduces per layer in the forward (2 in the backward)",
-                 "PP: layers split into stages, activations sent point to point; GPipe vs 1F1B schedules",
-                 "Bubble (p-1)/(m+p-1), mitigated by more microbatches and interleaved stages",
-                 "TP inside an NVLink node, PP across nodes: message size and frequency decide",
-                 "Bottlenecks: per-layer all-reduce latency; stage imbalance; activation memory of in-flight microbatches",
-                 "Hybrid 3D: TP x PP x DP (plus sequence/expert parallelism), with a worked layout"),
-             ("12_tensor_parallel", "13_pipeline_parallel", "11_data_parallel", "16_capstone_design")),
-    Question("Q-E2E-1", "A large training job runs at 25% MFU. Optimize it end to end: what do you measure first and "
-             "what do you try next?", 15, (
-                 "Measure first: a per-step profile split into compute, memory-bound kernels, communication, idle",
-                 "Precision: bf16 (or fp16 with loss scaling), FP8 where supported; fp32 accumulation",
-                 "Kernels: fusion, FlashAttention, custom Triton kernels; coalescing; no host syncs in the step",
-                 "Parallelism: DP/TP/PP/EP chosen from memory and the links (a planner, not guesswork)",
-                 "Communication: overlap all-reduce with backward, gradient bucketing, NCCL tuning, topology",
-                 "Memory: checkpointing and ZeRO to fit larger microbatches; the data loader keeps up"),
-             ("01_performance_model", "06_compile_and_graphs", "07_mixed_precision", "10_memory_checkpointing",
-              "11_data_parallel", "16_capstone_design")),
-    Question("Q-E2E-2", "Optimize LLM inference end to end, once for an online (latency) service and once for batch "
-             "(throughput) jobs.", 12, (
-                 "Online: TTFT and time per output token, p99 not mean; batch: tokens/s per GPU and cost",
-                 "Prefill is compute-bound, decode memory-bound: different levers for each",
-                 "KV cache with paging, continuous batching, chunked prefill or prefill/decode disaggregation",
-                 "Quantization (weights, KV), speculative decoding, CUDA graphs for decode steps",
-                 "Batch jobs: the largest batch memory allows, sorted lengths, offline scheduling"),
-             ("14_inference_serving", "08_quantization", "06_compile_and_graphs")),
-    Question("Q-COMP-1", "What happens between `model(x)` in PyTorch and kernels running on the GPU, with and without "
-             "torch.compile? How would you show a compiler win is real?", 12, (
-                 "Eager: one kernel launch per op, Python overhead per op",
-                 "TorchDynamo captures bytecode into FX graphs, with guards; graph breaks fall back to eager",
-                 "AOTAutograd traces the joint forward/backward; Inductor lowers to Triton kernels or library calls",
-                 "Static vs dynamic shapes: guards, recompiles, bucketing or mark_dynamic",
-                 "Benchmark: warm-up (compile excluded), device synchronisation, p50/p95/p99, memory, utilisation"),
-             ("06_compile_and_graphs", "01_performance_model")),
-    Question("Q-HW-1", "Is this kernel memory-bound or compute-bound, and what would you change? Explain the metrics "
-             "you use.", 10, (
-                 "Arithmetic intensity (FLOP/byte) against the ridge point of the roofline",
-                 "Achieved bandwidth or FLOP/s as a share of a measured peak",
-                 "Occupancy, coalescing, tiling for reuse (matmul), fusion to cut bytes",
-                 "Throughput vs latency; strong vs weak scaling and Amdahl's law",
-                 "Mixed precision and accumulation; determinism; reproducible benchmarks",
-                 "GPU-friendly algorithms (batched k-means, top-k, vector search); fewer host-device transfers"),
-             ("01_performance_model", "02_triton_basics", "04_matmul", "15_gpu_algorithms", "07_mixed_precision")),
-    Question("Q-DIST-1", "Design distributed training of a 13B model on 64 GPUs: DDP, FSDP or ZeRO? Show the memory "
-             "and the communication.", 12, (
-                 "Model state 16 bytes per parameter; ZeRO-1/2/3 divide optimizer, gradients, weights by N",
-                 "Communication: DDP all-reduce 2x the gradients; ZeRO-3/FSDP about 1.5x (extra all-gathers)",
-                 "Overlap and bucketing; prefetching the next FSDP unit",
-                 "Activations: checkpointing, microbatch size; when TP within the node helps",
-                 "Sharded checkpoints; restart on a different GPU count"),
-             ("10_memory_checkpointing", "11_data_parallel", "16_capstone_design")),
-    Question("Q-DIST-2", "A 2000-GPU run fails every few hours and diverged twice. What do you build and what do you "
-             "look at?", 12, (
-                 "Job MTBF = one GPU's MTBF / N; checkpoint every sqrt(2 C M) (Young/Daly); async, sharded saves",
-                 "Elastic restart: re-shard the checkpoint to the new world size; resume data order and LR schedule",
-                 "Stragglers and hangs: per-rank step times (medians), NCCL timeouts, a watchdog, stack dumps",
-                 "Divergence: first spike, per-layer gradient norms against their own history, loss scale, batch ids",
-                 "Fixes: skip/replay a bad batch, lower LR or longer warm-up, clipping, bf16, QK-norm"),
-             ("16_capstone_design", "11_data_parallel", "07_mixed_precision")),
-    Question("Q-SERVE-1", "Serve a 175B model at 100 requests/s with p99 latency under 500 ms on 8-GPU nodes.", 15, (
-                 "Weights: 350 GB in bf16, 175 GB in fp8: TP=8 inside a node (never across nodes)",
-                 "KV cache per token and the concurrency (Little's law) that must fit beside the weights",
-                 "Decode step floor: weight bytes per GPU / HBM bandwidth, plus 2 all-reduces per layer",
-                 "Prefill vs decode: chunked prefill or separate prefill replicas so decodes do not stall",
-                 "Continuous batching; replicas from a queueing model or simulation, with headroom for p99",
-                 "What to monitor: TTFT, per-token latency, p99, queue length, KV occupancy"),
-             ("14_inference_serving", "16_capstone_design", "12_tensor_parallel", "08_quantization")),
-    Question("Q-SERVE-2", "Design a ResNet-152 image-classification service with a latency target.", 10, (
-                 "Dynamic batching with a maximum wait: batch size bounded by the target, not by memory",
-                 "Fusion (conv + batch-norm + ReLU folded, TensorRT-style), fewer launches",
-                 "INT8 with calibration (or FP8); check accuracy per class",
-                 "CUDA graphs, several model instances or streams per GPU, GPU-side preprocessing",
-                 "Throughput per GPU at the target, replicas for the load"),
-             ("16_capstone_design", "08_quantization", "06_compile_and_graphs", "02_triton_basics")),
-    Question("Q-SERVE-3", "A 7B LLM on 4 GPUs at low latency: TP, PP or replicas?", 8, (
-                 "It fits one GPU: replicas give the most throughput at one GPU's latency",
-                 "TP=4 cuts each decode step's weight reads by 4, plus 2 all-reduces per layer on NVLink",
-                 "PP does not reduce a token's latency; it adds throughput only with microbatches in flight",
-                 "Choose by the latency target: TP for the lowest per-token latency, replicas otherwise"),
-             ("14_inference_serving", "12_tensor_parallel", "13_pipeline_parallel", "16_capstone_design")),
-    Question("Q-SERVE-4", "A multi-GPU deployment is much slower than expected. Debug it methodically.", 10, (
-                 "Reproduce and measure: per-rank timelines (Nsight Systems, PyTorch profiler)",
-                 "Compare ranks first: one slow rank makes the others wait inside NCCL",
-                 "Split the step: kernels vs NCCL vs CPU gaps vs host-device copies",
-                 "Check the partition and the communication pattern (TP across nodes? overlap?)",
-                 "Check memory (fragmentation, KV pressure, swapping) and batch size; fix one thing, re-measure"),
-             ("16_capstone_design", "06_compile_and_graphs", "11_data_parallel", "01_performance_model")),
-    Question("Q-MLOPS-1", "Design the production pipeline around an LLM service: what do you monitor, how do you version "
-             "models, and how do you roll out a new one?", 12, (
-                 "Monitor latency percentiles (TTFT, p99), throughput, GPU and KV-cache utilisation, errors",
-                 "Drift: live inputs vs training data (PSI per feature), prediction and quality drift",
-                 "A registry of immutable, versioned artifacts (weights, tokenizer, engine, config, data, code)",
-                 "Shadow traffic, then a canary slice compared with the baseline on enough requests",
-                 "Automatic rollback on an SLO or guardrail breach; rollback is a pointer change"),
-             ("16_capstone_design", "14_inference_serving")),
-    Question("Q-MLOPS-2", "How do you run an A/B test of a new model, and how do you detect data drift in production?",
-             10, (
-                 "Randomisation unit, sample size from the effect you must detect, a pre-registered metric",
-                 "Guardrail metrics (latency, errors) and a significance test; beware peeking and novelty effects",
-                 "Drift: PSI or KS per feature, prediction distribution, delayed labels",
-                 "Responses: alert, investigate, retrain with review; never retrain blindly on every alert"),
-             ("16_capstone_design",)),
-]
+# The drills, one block each: "## <qid> | <minutes> min | labs <lab numbers>", the prompt, then "- " rubric points.
+DRILLS_TEXT = """
+## Q-OPT-1 | 15 min | labs 08 09 02 05 10 06 07
+Walk me through the optimization techniques you would use to make a model train and serve faster. For each: the
+goal, how it works, the benefit, the trade-off, a pitfall.
+- Quantization: INT8 vs FP8, PTQ (calibration) vs QAT (fake quant), outliers and per-channel scales
+- Pruning: unstructured vs structured vs 2:4 (N:M) sparsity, and which of them the hardware speeds up
+- Distillation: a student on the teacher's soft targets (temperature), what it keeps and loses
+- Fusion: bias+GELU saves memory round trips; FlashAttention never materialises the S x S scores
+- Memory: activation checkpointing (memory for one more forward), ZeRO/FSDP sharding, offload, KV cache
+- Throughput/latency: mixed precision, CUDA graphs and torch.compile, batching, compute/comm overlap
+- Cites a measured number from a lab for at least two techniques
+
+## Q-OPT-2 | 10 min | labs 08 14 07
+You must serve a 7B LLM at half the memory. How do you quantize it, and how do you know it still works?
+- Weight-only int8/int4 vs W8A8 vs FP8: what each saves (bytes read per decode step) and needs
+- Calibration data and per-channel / per-group scales; activation outliers (SmoothQuant-style shift)
+- PTQ first, QAT only if accuracy drops; evaluate on the task, not just perplexity
+- Decode is memory-bound: the speed-up follows the bytes, not the FLOPs
+- KV-cache quantization as a separate lever for long contexts
+
+## Q-PAR-1 | 12 min | labs 12 13 11 16
+Tensor parallelism vs pipeline parallelism: how does each work, what does it communicate, when do you use which,
+and what limits it?
+- TP: column- then row-parallel linears, 2 all-reduces per layer in the forward (2 in the backward)
+- PP: layers split into stages, activations sent point to point; GPipe vs 1F1B schedules
+- Bubble (p-1)/(m+p-1), mitigated by more microbatches and interleaved stages
+- TP inside an NVLink node, PP across nodes: message size and frequency decide
+- Bottlenecks: per-layer all-reduce latency; stage imbalance; activation memory of in-flight microbatches
+- Hybrid 3D: TP x PP x DP (plus sequence/expert parallelism), with a worked layout
+
+## Q-E2E-1 | 15 min | labs 01 06 07 10 11 16
+A large training job runs at 25% MFU. Optimize it end to end: what do you measure first and what do you try
+next?
+- Measure first: a per-step profile split into compute, memory-bound kernels, communication, idle
+- Precision: bf16 (or fp16 with loss scaling), FP8 where supported; fp32 accumulation
+- Kernels: fusion, FlashAttention, custom Triton kernels; coalescing; no host syncs in the step
+- Parallelism: DP/TP/PP/EP chosen from memory and the links (a planner, not guesswork)
+- Communication: overlap all-reduce with backward, gradient bucketing, NCCL tuning, topology
+- Memory: checkpointing and ZeRO to fit larger microbatches; the data loader keeps up
+
+## Q-E2E-2 | 12 min | labs 14 08 06
+Optimize LLM inference end to end, once for an online (latency) service and once for batch (throughput) jobs.
+- Online: TTFT and time per output token, p99 not mean; batch: tokens/s per GPU and cost
+- Prefill is compute-bound, decode memory-bound: different levers for each
+- KV cache with paging, continuous batching, chunked prefill or prefill/decode disaggregation
+- Quantization (weights, KV), speculative decoding, CUDA graphs for decode steps
+- Batch jobs: the largest batch memory allows, sorted lengths, offline scheduling
+
+## Q-COMP-1 | 12 min | labs 06 01
+What happens between `model(x)` in PyTorch and kernels running on the GPU, with and without torch.compile? How
+would you show a compiler win is real?
+- Eager: one kernel launch per op, Python overhead per op
+- TorchDynamo captures bytecode into FX graphs, with guards; graph breaks fall back to eager
+- AOTAutograd traces the joint forward/backward; Inductor lowers to Triton kernels or library calls
+- Static vs dynamic shapes: guards, recompiles, bucketing or mark_dynamic
+- Benchmark: warm-up (compile excluded), device synchronisation, p50/p95/p99, memory, utilisation
+
+## Q-HW-1 | 10 min | labs 01 02 04 15 07
+Is this kernel memory-bound or compute-bound, and what would you change? Explain the metrics you use.
+- Arithmetic intensity (FLOP/byte) against the ridge point of the roofline
+- Achieved bandwidth or FLOP/s as a share of a measured peak
+- Occupancy, coalescing, tiling for reuse (matmul), fusion to cut bytes
+- Throughput vs latency; strong vs weak scaling and Amdahl's law
+- Mixed precision and accumulation; determinism; reproducible benchmarks
+- GPU-friendly algorithms (batched k-means, top-k, vector search); fewer host-device transfers
+
+## Q-DIST-1 | 12 min | labs 10 11 16
+Design distributed training of a 13B model on 64 GPUs: DDP, FSDP or ZeRO? Show the memory and the communication.
+- Model state 16 bytes per parameter; ZeRO-1/2/3 divide optimizer, gradients, weights by N
+- Communication: DDP all-reduce 2x the gradients; ZeRO-3/FSDP about 1.5x (extra all-gathers)
+- Overlap and bucketing; prefetching the next FSDP unit
+- Activations: checkpointing, microbatch size; when TP within the node helps
+- Sharded checkpoints; restart on a different GPU count
+
+## Q-DIST-2 | 12 min | labs 16 11 07
+A 2000-GPU run fails every few hours and diverged twice. What do you build and what do you look at?
+- Job MTBF = one GPU's MTBF / N; checkpoint every sqrt(2 C M) (Young/Daly); async, sharded saves
+- Elastic restart: re-shard the checkpoint to the new world size; resume data order and LR schedule
+- Stragglers and hangs: per-rank step times (medians), NCCL timeouts, a watchdog, stack dumps
+- Divergence: first spike, per-layer gradient norms against their own history, loss scale, batch ids
+- Fixes: skip/replay a bad batch, lower LR or longer warm-up, clipping, bf16, QK-norm
+
+## Q-SERVE-1 | 15 min | labs 14 16 12 08
+Serve a 175B model at 100 requests/s with p99 latency under 500 ms on 8-GPU nodes.
+- Weights: 350 GB in bf16, 175 GB in fp8: TP=8 inside a node (never across nodes)
+- KV cache per token and the concurrency (Little's law) that must fit beside the weights
+- Decode step floor: weight bytes per GPU / HBM bandwidth, plus 2 all-reduces per layer
+- Prefill vs decode: chunked prefill or separate prefill replicas so decodes do not stall
+- Continuous batching; replicas from a queueing model or simulation, with headroom for p99
+- What to monitor: TTFT, per-token latency, p99, queue length, KV occupancy
+
+## Q-SERVE-2 | 10 min | labs 16 08 06 02
+Design a ResNet-152 image-classification service with a latency target.
+- Dynamic batching with a maximum wait: batch size bounded by the target, not by memory
+- Fusion (conv + batch-norm + ReLU folded, TensorRT-style), fewer launches
+- INT8 with calibration (or FP8); check accuracy per class
+- CUDA graphs, several model instances or streams per GPU, GPU-side preprocessing
+- Throughput per GPU at the target, replicas for the load
+
+## Q-SERVE-3 | 8 min | labs 14 12 13 16
+A 7B LLM on 4 GPUs at low latency: TP, PP or replicas?
+- It fits one GPU: replicas give the most throughput at one GPU's latency
+- TP=4 cuts each decode step's weight reads by 4, plus 2 all-reduces per layer on NVLink
+- PP does not reduce a token's latency; it adds throughput only with microbatches in flight
+- Choose by the latency target: TP for the lowest per-token latency, replicas otherwise
+
+## Q-SERVE-4 | 10 min | labs 16 06 11 01
+A multi-GPU deployment is much slower than expected. Debug it methodically.
+- Reproduce and measure: per-rank timelines (Nsight Systems, PyTorch profiler)
+- Compare ranks first: one slow rank makes the others wait inside NCCL
+- Split the step: kernels vs NCCL vs CPU gaps vs host-device copies
+- Check the partition and the communication pattern (TP across nodes? overlap?)
+- Check memory (fragmentation, KV pressure, swapping) and batch size; fix one thing, re-measure
+
+## Q-MLOPS-1 | 12 min | labs 16 14
+Design the production pipeline around an LLM service: what do you monitor, how do you version models, and how do
+you roll out a new one?
+- Monitor latency percentiles (TTFT, p99), throughput, GPU and KV-cache utilisation, errors
+- Drift: live inputs vs training data (PSI per feature), prediction and quality drift
+- A registry of immutable, versioned artifacts (weights, tokenizer, engine, config, data, code)
+- Shadow traffic, then a canary slice compared with the baseline on enough requests
+- Automatic rollback on an SLO or guardrail breach; rollback is a pointer change
+
+## Q-MLOPS-2 | 10 min | labs 16
+How do you run an A/B test of a new model, and how do you detect data drift in production?
+- Randomisation unit, sample size from the effect you must detect, a pre-registered metric
+- Guardrail metrics (latency, errors) and a significance test; beware peeking and novelty effects
+- Drift: PSI or KS per feature, prediction distribution, delayed labels
+- Responses: alert, investigate, retrain with review; never retrain blindly on every alert
+"""
+
+
+def parse_drills(text: str) -> list[Question]:
+    """:data:`DRILLS_TEXT`'s blocks as :class:`Question` objects (a continuation line starts with two spaces)."""
+    questions = []
+    for block in text.strip().split("\n## "):
+        head, *lines = block.removeprefix("## ").splitlines()
+        qid, minutes, labs = (part.strip() for part in head.split("|"))
+        stems = tuple(next(stem for stem in LAB_TITLES if stem[:2] == n) for n in labs.split()[1:])
+        prompt = " ".join(line for line in lines if not line.startswith(("- ", "  ")))
+        rubric = []
+        for line in lines:
+            if line.startswith("- "):
+                rubric.append(line[2:])
+            elif line.startswith("  "):
+                rubric[-1] += " " + line.strip()
+        questions.append(Question(qid, prompt, int(minutes.split()[0]), tuple(rubric), stems))
+    return questions
+
+
+QUESTIONS = parse_drills(DRILLS_TEXT)
 BY_ID = {q.qid: q for q in QUESTIONS}
 
 
