@@ -35,7 +35,9 @@ class CudaTransfers:
         self.copy_stream = torch.cuda.Stream(self.device)
 
     def pin(self, t: torch.Tensor) -> torch.Tensor:
-        return t.pin_memory()
+        # Pinning allocates page-locked memory and copies into it: a real loader pins once, in a background
+        # thread (DataLoader(pin_memory=True)), or reuses pinned buffers; an already pinned batch is kept.
+        return t if t.is_pinned() else t.pin_memory()
 
     def to_device(self, t: torch.Tensor, *, non_blocking: bool = False, stream=None) -> torch.Tensor:
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
