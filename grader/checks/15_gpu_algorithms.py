@@ -169,9 +169,8 @@ def _stream_judge(case, obs):
     chunks, k = case.inputs["chunks"], case.inputs["k"]
     values = torch.cat(chunks, 1)
     if "bad" not in obs and isinstance(obs["indices"], torch.Tensor) and obs["indices"].shape == (values.shape[0], k):
-        offsets = torch.tensor([0] + [c.shape[1] for c in chunks]).cumsum(0)
-        if obs["indices"].max() < max(c.shape[1] for c in chunks) and offsets[-1] > offsets[-2] and \
-                not torch.equal(obs["indices"], ref_topk(values, k)[1]):
+        widest, want_i = max(c.shape[1] for c in chunks), ref_topk(values, k)[1]
+        if obs["indices"].max() < widest <= want_i.max() and not torch.equal(obs["indices"], want_i):
             return ("streaming_topk returned column indices counted inside each chunk (all below the widest chunk's "
                     "width): add the chunk's offset, the number of columns before it.")
     verdict = _pair_judge(case, obs, "streaming_topk", values, k)
