@@ -568,9 +568,10 @@ def _plan_serving_cases(gen, public):
 def _plan_serving_run(ns, case, device):
     x = case.inputs
     got = entry(ns, "plan_serving")(_spec(x["spec"]), Workload(**x["work"]), _cluster(x["cluster"]))
-    if not isinstance(got, dict):
+    try:
+        return {"plan": {k: int(got[k]) for k in ("tp", "replicas", "max_batch")}}
+    except (TypeError, KeyError, ValueError, IndexError):
         return {"plan": repr(got)}
-    return {"plan": {k: got.get(k) for k in ("tp", "replicas", "max_batch")}}
 
 
 def _plan_serving_judge(case, obs):
