@@ -138,19 +138,23 @@ def semi_structured_support(device: str) -> str | None:
 
 
 def semi_structured_ms(w: torch.Tensor, mask: torch.Tensor, x: torch.Tensor) -> dict:
-    """``{"dense_ms", "sparse_ms", "speedup", "max_abs_err"}`` for ``F.linear(x, w * mask)`` as a dense fp16
+    """``{"dense_ms", "sparse_ms", "speedup", "max_abs_err"}`` (medians) for ``F.linear(x, w * mask)`` as a dense fp16
     matmul and with the weight compressed by ``to_sparse_semi_structured`` (values plus 2-bit indices).
 
     ``w``: float ``(out, in)`` and ``mask``: bool ``(out, in)`` 2:4 along ``in``; ``x``: ``(batch, in)``; all on
-    a CUDA device (see :func:`semi_structured_support`). Sizes should be multiples of 64.
+    a CUDA device (see :func:`semi_structured_support`). Sizes should be multiples of 64. If this GPU or
+    PyTorch build has no 2:4 kernel, returns ``{"error": message}`` instead of raising.
     """
     from torch.sparse import to_sparse_semi_structured
 
     dense_w = (w * mask).half()                                   # (out, in), half of each group of 4 zero
-    sparse_w = to_sparse_semi_structured(dense_w)
     x = x.half()
+    try:
+        sparse_w = to_sparse_semi_structured(dense_w)
+        err = float((F.linear(x, sparse_w) - F.linear(x, dense_w)).abs().max())
+    except (RuntimeError, NotImplementedError) as exc:  # no sparse kernel for this GPU or build: say so
+        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
     dense = benchmark(lambda: F.linear(x, dense_w), device="cuda")
     sparse = benchmark(lambda: F.linear(x, sparse_w), device="cuda")
-    err = float((F.linear(x, sparse_w) - F.linear(x, dense_w)).abs().max())
     return {"dense_ms": dense.median_ms, "sparse_ms": sparse.median_ms,
             "speedup": dense.median_ms / sparse.median_ms, "max_abs_err": err}
