@@ -109,20 +109,13 @@ class CudaGraphAPI:
         self.replays = 0
         self._side = torch.cuda.Stream()
 
-    def graph(self):
-        api, g = self, torch.cuda.CUDAGraph()
-        replay = g.replay
-
-        def counted_replay():
-            api.replays += 1
-            replay()
-        g.replay = counted_replay
-        return g
+    def graph(self) -> "_CountedCudaGraph":
+        return _CountedCudaGraph(self)
 
     @contextlib.contextmanager
-    def capture(self, g):
+    def capture(self, g: "_CountedCudaGraph"):
         self.captures += 1
-        with torch.no_grad(), torch.cuda.graph(g):
+        with torch.no_grad(), torch.cuda.graph(g.cuda_graph):
             yield
 
     @contextlib.contextmanager
@@ -132,6 +125,17 @@ class CudaGraphAPI:
         with torch.no_grad(), torch.cuda.stream(self._side):
             yield
         torch.cuda.current_stream().wait_stream(self._side)
+
+
+class _CountedCudaGraph:
+    """A ``torch.cuda.CUDAGraph`` whose replays its API counts."""
+
+    def __init__(self, api: CudaGraphAPI):
+        self.api, self.cuda_graph = api, torch.cuda.CUDAGraph()
+
+    def replay(self) -> None:
+        self.api.replays += 1
+        self.cuda_graph.replay()
 
 
 def graph_api(device: str):

@@ -6,6 +6,8 @@ or returns padding; a training step with .item(), an `if` on a tensor or a print
 gradients or counts a skipped loss; a graph runner that captures on every call, rebinds its buffers, runs eagerly
 or writes into the caller's examples; a trace reader that does not add kernels up, counts host events, ignores
 copies or does not merge overlapping streams."""
+import json
+
 import pytest
 import torch
 
@@ -346,3 +348,18 @@ def test_profile_trace_script_runs_tiny_on_cpu(tmp_path):
     assert data["phases"]["eager"]["cpu_ops"] > data["phases"]["graph"]["cpu_ops"]  # a replay runs no layer's op
     with gzip.open(next(tmp_path.glob("*.trace.json.gz")), "rt") as f:
         assert json.load(f)["traceEvents"]
+
+
+def test_the_solution_earns_full_marks_and_the_untouched_lab_zero(sol06):
+    """In process, as the grader scores: the generated lab's stubs are all "not attempted", worth 0; the solution
+    earns every point (on the public cases here; the hidden ones are graded above)."""
+    import nbformat
+
+    from grader.notebooks import answer_cells, exec_source, export_source
+
+    lab = nbformat.reads(json.dumps(kit.load("labs", STEM)), 4)
+    ns = exec_source(export_source(lab, answer_cells(lab)), f"<labs/{STEM}.ipynb>")
+    results = [evaluate(ex, ns, "cpu", ex.cases()[:1]) for ex in EX.values()]
+    assert [r.status for r in results] == ["not_attempted"] * len(EX) and sum(r.score for r in results) == 0
+    full = [_public(eid, sol06) for eid in EX]
+    assert sum(r.score for r in full) == sum(ex.points for ex in EX.values()) == 16

@@ -393,12 +393,12 @@ class _EagerOps(TorchDispatchMode):
 
     def __init__(self, api):
         super().__init__()
-        self.api, self.ops = api, []
+        self.api, self.computed = api, []  # (not `.ops`: cloudpickle would ship the torch.ops module along)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.__name__.split(".")[0]
         if not getattr(self.api, "replaying", False) and name not in self.ALLOWED:
-            self.ops.append(name)
+            self.computed.append(name)
         return func(*args, **(kwargs or {}))
 
 
@@ -415,7 +415,7 @@ def _graph_run(ns, case, device):
         inputs = [t.to(device) for t in _graph_inputs(case, k)]
         with _EagerOps(api) as seen:
             out = runner(*inputs)
-        eager += seen.ops
+        eager += seen.computed
         outs.append(to_cpu(out).clone() if isinstance(out, torch.Tensor) else type(out).__name__)
     return {"init": after_init, "captures": api.captures, "replays": api.replays, "eager": sorted(set(eager)),
             "outs": outs, "example_kept": all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(example, kept))}
