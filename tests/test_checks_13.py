@@ -1,6 +1,8 @@
 """Lab 13's checks: the solution passes; off-by-one GPipe slots, a 1F1B that runs a backward before its
-forward or holds m activations, validators missing a rule, a wrong bubble or peak count, and pipeline
-runners that drop gradients, ignore the schedule, forget the 1/m or hang are all rejected."""
+forward or holds m activations, validators missing a rule, a wrong bubble or peak count, pipeline
+runners that drop gradients, ignore the schedule, forget the 1/m or hang, interleaved schedules that
+break a dependency, put two steps on a device, confuse the placement, do not interleave, warm up once
+too often or drop microbatches, and wrong message counts are all rejected."""
 import sys
 import time
 
@@ -29,7 +31,8 @@ def sol13():
 
 
 @pytest.mark.parametrize("eid", ["gpipe_schedule", "validate_schedule", "one_f_one_b_schedule",
-                                 "bubble_fraction", "peak_activations", "pipeline_run"])
+                                 "bubble_fraction", "peak_activations", "pipeline_run", "interleaved_schedule",
+                                 "p2p_sends"])
 def test_solution_passes_public_and_hidden_cases(sol13, eid):
     result = grade(STEM, eid, sol13)
     assert result.status == "passed", result.message
@@ -45,6 +48,20 @@ def test_references_agree_with_the_formulas():
                 assert CHECKS.ref_bubble(sched, p) == pytest.approx((p - 1) / (m + p - 1))
             assert CHECKS.ref_peaks(CHECKS.ref_gpipe(p, m), p) == [m] * p
             assert CHECKS.ref_peaks(CHECKS.ref_1f1b(p, m), p) == [min(p - s, m) for s in range(p)]
+
+
+def test_interleaved_reference_agrees_with_the_formulas():
+    for p in range(1, 6):
+        for v in range(1, 5):
+            for m in (p, 2 * p, 3 * p):
+                sched = CHECKS.ref_interleaved(p, m, v)
+                assert CHECKS.violations(sched, p, m, v) == []
+                assert len(sched) == 2 * (v * m + p - 1)
+                assert CHECKS.ref_bubble(sched, p) == pytest.approx((p - 1) / (v * m + p - 1))
+                assert CHECKS.ref_peaks(sched, p) == [v * p - d for d in range(p)]
+                assert CHECKS.ref_sends(sched, p) == (2 * m * (p * v - 1) if p > 1 else 0)
+                if v == 1:
+                    assert sched == CHECKS.ref_1f1b(p, m)
 
 
 # --- generators -------------------------------------------------------------------------------------
@@ -119,20 +136,22 @@ def test_1f1b_with_one_warmup_forward_too_many_is_rejected(sol13):
 
 # --- validator --------------------------------------------------------------------------------------
 
-def _validator(skip: str = "", first_seen_wins: bool = False, message: str | None = None, same_slot_ok: bool = False):
+def _validator(skip: str = "", first_seen_wins: bool = False, message: str | None = None, same_slot_ok: bool = False,
+               by_stage: bool = False):
     """The solution's rules, with one left out (``skip``) or another flaw."""
-    def validate_schedule(schedule, p, m):
+    def validate_schedule(schedule, p, m, v=1):
         def fail(text):
             raise ValueError(message or text)
         slot_of = {}
         for t, slot in enumerate(schedule):
-            on_stage = {}
+            on_device = {}
             for s, i, k in slot:
-                if k not in ("F", "B") or not 0 <= s < p or not 0 <= i < m:
+                if k not in ("F", "B") or not 0 <= s < p * v or not 0 <= i < m:
                     fail(f"slot {t}: {k}({s}, {i}) is outside the pipeline")
-                if s in on_stage and skip != "collision":
-                    fail(f"slot {t}: stage {s} runs {on_stage[s]} and {k}({s}, {i})")
-                on_stage[s] = f"{k}({s}, {i})"
+                d = s if by_stage else s % p  # BUG if by_stage: two chunks of one device may share a slot
+                if d in on_device and skip != "collision":
+                    fail(f"slot {t}: device {d} runs {on_device[d]} and {k}({s}, {i})")
+                on_device[d] = f"{k}({s}, {i})"
                 if first_seen_wins:
                     slot_of.setdefault((s, i, k), t)  # BUG: a repeated step is silently ignored
                 elif (s, i, k) in slot_of:
@@ -140,7 +159,7 @@ def _validator(skip: str = "", first_seen_wins: bool = False, message: str | Non
                 else:
                     slot_of[(s, i, k)] = t
         if skip != "missing":
-            for s in range(p):
+            for s in range(p * v):
                 for i in range(m):
                     for k in "FB":
                         if (s, i, k) not in slot_of:
@@ -151,7 +170,7 @@ def _validator(skip: str = "", first_seen_wins: bool = False, message: str | Non
                 needs.append((s - 1, i, "F"))
             if k == "B" and skip != "forward":
                 needs.append((s, i, "F"))
-            if k == "B" and s < p - 1 and skip != "stage":
+            if k == "B" and s < p * v - 1 and skip != "stage":
                 needs.append((s + 1, i, "B"))
             for d in needs:
                 if d in slot_of and (slot_of[d] > t if same_slot_ok else slot_of[d] >= t):  # BUG if same_slot_ok
@@ -164,8 +183,9 @@ _STAGE_RULES = ["a forward in the same slot as the forward it needs", "a forward
 
 
 @pytest.mark.parametrize("skip, rules", [
-    ("forward", ["backward before its forward"]), ("collision", ["two steps on one stage in one slot"]),
-    ("missing", ["a missing step"]), ("stage", _STAGE_RULES)])
+    ("forward", ["backward before its forward"]),
+    ("collision", ["two steps on one stage in one slot", "two chunks on one device in one slot"]),
+    ("missing", ["a missing step"]), ("stage", _STAGE_RULES + ["a chunk's forward before the previous chunk's"])])
 def test_a_validator_missing_one_rule_accepts_that_invalid_schedule(sol13, skip, rules):
     ex = exercises(STEM)["validate_schedule"]
     for seed in (None, 1, 2, 3):  # the public cases, and every hidden set
@@ -187,6 +207,24 @@ def test_a_validator_allowing_a_dependency_in_the_same_slot_fails_on_every_seed(
         failed = [c.name for c in r.cases if c.status != "passed"]
         assert len(failed) == 2 and all(any(rule in name for rule in same_slot) for name in failed), failed
         assert "accepted an invalid schedule" in r.message and "runs before" in r.message
+
+
+def test_a_validator_checking_collisions_per_virtual_stage_accepts_two_chunks_on_one_device(sol13):
+    ex = exercises(STEM)["validate_schedule"]
+    for seed in (None, 1, 2):
+        cases = ex.cases() if seed is None else ex.cases(seed, public=False)
+        r = evaluate(ex, with_answer(sol13, validate_schedule=_validator(by_stage=True)), "cpu", cases)
+        failed = [c for c in r.cases if c.status != "passed"]
+        assert [c.name.replace("invalid, ", "invalid: ").split(" (")[0].split(": ")[1] for c in failed] == \
+            ["two chunks on one device in one slot"], [c.name for c in failed]
+        assert "device" in failed[0].message and "runs two steps" in failed[0].message
+
+
+def test_a_validator_without_v_rejects_a_valid_interleaved_schedule(sol13):
+    plain = _validator()
+    r = grade(STEM, "validate_schedule", with_answer(sol13, validate_schedule=lambda s, p, m: plain(s, p, m)),
+              hidden=False)
+    assert r.status == "failed" and any("this schedule is valid (interleaved" in c.message for c in r.cases)
 
 
 def test_a_validator_accepting_duplicate_steps_fails(sol13):
@@ -240,7 +278,7 @@ def test_a_validator_crashing_with_key_error_is_not_a_clean_rejection(sol13):
 # --- bubble and peaks -------------------------------------------------------------------------------
 
 def test_a_wrong_bubble_formula_is_rejected(sol13):
-    r = grade(STEM, "bubble_fraction", with_answer(sol13, bubble_formula=lambda p, m: (p - 1) / m if m else 0.0))
+    r = grade(STEM, "bubble_fraction", with_answer(sol13, bubble_formula=lambda p, m, v=1: (p - 1) / m if m else 0.0))
     assert r.status == "failed" and "(p-1)/(m+p-1)" in r.message
 
 
@@ -249,6 +287,25 @@ def test_a_bubble_counting_only_fully_idle_slots_is_rejected(sol13):
         return sum(1 for slot in schedule if not slot) / len(schedule)
     r = grade(STEM, "bubble_fraction", with_answer(sol13, bubble_fraction=bubble_fraction))
     assert r.status == "failed" and "idle stage-slots" in r.message
+
+
+def test_a_bubble_formula_without_v_is_rejected_on_interleaved_schedules(sol13):
+    r = grade(STEM, "bubble_fraction", with_answer(sol13, bubble_formula=lambda p, m, v=1: (p - 1) / (m + p - 1)))
+    assert r.status == "failed" and "plain 1F1B value: use v" in r.message
+    assert [c.name for c in r.cases if c.status != "passed"] == [c.name for c in r.cases if "interleaved" in c.name]
+
+
+def test_peak_activations_per_virtual_stage_is_rejected(sol13):
+    def peak_activations(schedule, p):  # BUG: one count per (virtual) stage, not per device
+        n = 1 + max(s for slot in schedule for s, _, _ in slot)
+        live, peak = [0] * n, [0] * n
+        for slot in schedule:
+            for s, _, k in slot:
+                live[s] += 1 if k == "F" else -1
+                peak[s] = max(peak[s], live[s])
+        return peak
+    r = grade(STEM, "peak_activations", with_answer(sol13, peak_activations=peak_activations), hidden=False)
+    assert r.status == "failed" and "count per device" in r.message and "interleaved" in r.message
 
 
 def test_peak_activations_counted_as_m_fails_on_1f1b(sol13):
@@ -355,7 +412,187 @@ def test_a_runner_that_computes_nothing_scores_zero(sol13):
     assert r.status == "failed" and r.score == 0 and "list of the m = 3 microbatch losses" in r.message
 
 
+# --- interleaved 1F1B ---------------------------------------------------------------------------------
+
+def _interleaved_from(step_of=None, warmup=None, total=None, deps_across_chunks=True, check_m=True):
+    """The solution's interleaved_schedule with one piece changed: ``step_of(d, k, kind, p, v)`` (which
+    Step is device d's k-th op), ``warmup(d, p, v)``, ``total(m, v, p)`` (ops of each kind per device), a
+    placement that ignores the dependency across chunks, or m rounded down to a multiple of p."""
+    def interleaved_schedule(p, m, v):
+        if check_m and m % p:
+            raise ValueError("m must be a multiple of p")
+        m -= m % p  # (without the check: silently drops the last m % p microbatches)
+
+        def step(d, k, kind):
+            if step_of is not None:
+                return step_of(d, k, kind, p, v)
+            group, c, j = k // (p * v), (k // p) % v, k % p
+            return Step((c if kind == "F" else v - 1 - c) * p + d, group * p + j, kind)
+
+        n_ops = v * m if total is None else total(m, v, p)
+        orders = []
+        for d in range(p):
+            w = min((p - d - 1) + (v - 1) * p if warmup is None else warmup(d, p, v), n_ops)
+            order = [step(d, k, "F") for k in range(w)]
+            for k in range(n_ops - w):
+                order += [step(d, w + k, "F"), step(d, k, "B")]
+            order += [step(d, k, "B") for k in range(n_ops - w, n_ops)]
+            orders.append(order)
+        if deps_across_chunks:
+            return CHECKS.place(orders, p, v)
+        # BUG: chunk c > 0 of device 0 starts without waiting for chunk c - 1 of device p - 1
+        done, pos, sched = {}, [0] * p, []
+        while any(pos[d] < len(orders[d]) for d in range(p)):
+            t = len(sched)
+            slot = []
+            for d in range(p):
+                if pos[d] < len(orders[d]):
+                    x = orders[d][pos[d]]
+                    needs = [y for y in CHECKS.deps(x, p * v) if not (x[2] == "F" and x[0] % p == 0)]
+                    if all(y in done and done[y] < t for y in needs):
+                        slot.append(x)
+            for x in slot:
+                done[x] = t
+                pos[x[0] % p] += 1
+            sched.append(slot)
+        return sched
+    return interleaved_schedule
+
+
+def _grade_interleaved(sol13, fn, hidden=False):
+    return grade(STEM, "interleaved_schedule", with_answer(sol13, interleaved_schedule=fn), hidden=hidden)
+
+
+def _messages(r):
+    return " | ".join(c.message for c in r.cases if c.status != "passed")
+
+
+def _depth_first(d, k, kind, p, v):
+    """Device d's k-th op taking each microbatch through all of the device's chunks before the next one."""
+    i, c = k // v, k % v
+    return Step((c if kind == "F" else v - 1 - c) * p + d, i, kind)
+
+
+def test_interleaved_forward_before_the_previous_chunks_is_a_dependency_violation(sol13):
+    # BUG: depth-first orders, placed without waiting for the previous chunk on the last device
+    r = _grade_interleaved(sol13, _interleaved_from(step_of=_depth_first, deps_across_chunks=False))
+    assert r.status == "failed" and "not valid" in r.message and "runs before F(" in r.message
+    assert "circles the devices v times" in _messages(r)
+
+
+def test_a_deeper_1f1b_puts_two_steps_on_one_device(sol13):
+    def interleaved_schedule(p, m, v):  # BUG: 1F1B over p v stages, as if each had a device of its own
+        if m % p:
+            raise ValueError("m must be a multiple of p")
+        return sol13["one_f_one_b_schedule"](p * v, m)
+
+    r = _grade_interleaved(sol13, interleaved_schedule)
+    assert r.status == "failed" and "not valid" in r.message and "runs two steps" in r.message
+
+
+def test_device_major_placement_is_diagnosed(sol13):
+    real = _interleaved_from()
+
+    def interleaved_schedule(p, m, v):  # BUG: the right timing, chunk c of device d written as stage d v + c
+        sched = real(p, m, v)
+        return [[Step((s % p) * v + s // p, i, k) for s, i, k in slot] for slot in sched]
+
+    r = _grade_interleaved(sol13, interleaved_schedule)
+    assert r.status == "failed" and "device-major" in r.message and "c*p + d" in r.message
+
+
+def test_a_valid_schedule_that_does_not_interleave_has_too_large_a_bubble(sol13):
+    def interleaved_schedule(p, m, v):  # BUG: 1F1B of the p v stages, each slot serialised per device
+        if m % p:
+            raise ValueError("m must be a multiple of p")
+        out = []
+        for slot in sol13["one_f_one_b_schedule"](p * v, m):
+            by_device = {}
+            for x in slot:
+                by_device.setdefault(x[0] % p, []).append(x)
+            for j in range(max(len(xs) for xs in by_device.values())):
+                out.append([xs[j] for xs in by_device.values() if len(xs) > j])
+        return out
+
+    r = _grade_interleaved(sol13, interleaved_schedule)
+    assert r.status == "failed" and "valid but takes" in r.message and "Is it interleaved?" in r.message
+    assert "plain 1F1B: (p-1)/(m+p-1)" in r.message
+
+
+def test_one_warmup_forward_too_many_breaks_the_memory_bound(sol13):
+    r = _grade_interleaved(sol13, _interleaved_from(warmup=lambda d, p, v: (p - d) + (v - 1) * p))
+    assert r.status == "failed" and "microbatch-chunks' activations at once" in r.message
+    assert "v p - d" in r.message
+
+
+def test_megatrons_doubled_warmup_costs_memory_here(sol13):
+    r = _grade_interleaved(sol13, _interleaved_from(warmup=lambda d, p, v: 2 * (p - d - 1) + (v - 1) * p))
+    assert r.status == "failed" and "only add memory" in r.message
+
+
+def test_missing_microbatches_are_caught(sol13):
+    # BUG: the group loop stops one group early: v (m - p) ops of each kind per device instead of v m
+    r = _grade_interleaved(sol13, _interleaved_from(total=lambda m, v, p: v * (m - p)))
+    assert r.status == "failed" and "never runs" in r.message and "every chunk on every microbatch" in r.message
+
+
+def test_m_not_a_multiple_of_p_must_raise(sol13):
+    r = _grade_interleaved(sol13, _interleaved_from(check_m=False), hidden=True)
+    failed = [c for c in r.cases if c.status != "passed"]
+    assert [c.name.split(":")[0] for c in failed] == ["m not a multiple of p"] * 2
+    assert "Raise ValueError" in failed[0].message
+
+
+def test_raising_for_a_good_m_is_rejected(sol13):
+    def interleaved_schedule(p, m, v):
+        raise ValueError("m must be a multiple of p")
+    r = _grade_interleaved(sol13, interleaved_schedule)
+    assert r.status == "failed" and "but m is a multiple of p" in r.message
+
+
+# --- messages between devices ------------------------------------------------------------------------
+
+def test_counting_every_boundary_ignores_chunks_on_one_device(sol13):
+    def p2p_sends(schedule, p):  # BUG: a message at every stage boundary, even inside one device
+        n = 1 + max(s for slot in schedule for s, _, _ in slot)
+        return sum(1 for slot in schedule for s, _, k in slot if (s < n - 1 if k == "F" else s > 0))
+    r = grade(STEM, "p2p_sends", with_answer(sol13, p2p_sends=p2p_sends))
+    assert r.status == "failed" and "hand over in memory" in r.message
+    assert all(c.name.startswith("one device") for c in r.cases if c.status != "passed")
+
+
+def test_counting_forward_sends_only_is_half(sol13):
+    def p2p_sends(schedule, p):  # BUG: the gradients going back are not counted
+        n = 1 + max(s for slot in schedule for s, _, _ in slot)
+        return sum(1 for slot in schedule for s, _, k in slot if k == "F" and s < n - 1 and (s + 1) % p != s % p)
+    r = grade(STEM, "p2p_sends", with_answer(sol13, p2p_sends=p2p_sends), hidden=False)
+    assert r.status == "failed" and "one direction only" in r.message
+
+
+def test_counting_devices_instead_of_virtual_stages_misses_the_interleaved_messages(sol13):
+    def p2p_sends(schedule, p):  # BUG: 2 m (p - 1), as in plain 1F1B
+        m = 1 + max(i for slot in schedule for _, i, _ in slot)
+        return 2 * m * (p - 1)
+    r = grade(STEM, "p2p_sends", with_answer(sol13, p2p_sends=p2p_sends), hidden=False)
+    assert r.status == "failed" and "plain 1F1B's 2 m (p - 1)" in r.message
+
+
 # --- answers that compute nothing earn nothing; every rule in every hidden set ------------------------
+
+def test_the_untouched_lab_scores_zero():
+    import nbformat
+
+    from grader.notebooks import answer_cells, exec_source, export_source
+    from grader.release import release_notebook, render
+    from tests.conftest import ROOT
+
+    lab = nbformat.reads(render(release_notebook(ROOT / "solutions" / f"{STEM}.ipynb")), 4)
+    ns = exec_source(export_source(lab, answer_cells(lab)), f"<labs/{STEM}.ipynb>")
+    for eid, ex in exercises(STEM).items():  # the pipeline's stub raises in the probe: no rank starts
+        r = evaluate(ex, ns, "cpu")
+        assert r.score == 0 and r.status == "not_attempted", (eid, r.message)
+
+
 
 @pytest.mark.parametrize("eid", [e for e in exercises(STEM) if e != "pipeline_run"])  # ranks: the test above
 def test_answers_that_compute_nothing_score_zero(eid):

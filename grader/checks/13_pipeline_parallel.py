@@ -1,8 +1,12 @@
-"""Checks of lab 13, pipeline parallelism: schedules as data (GPipe, 1F1B), a validator, bubble and
-activation-memory measures, and a real pipeline run across ranks with send/recv.
+"""Checks of lab 13, pipeline parallelism: schedules as data (GPipe, 1F1B, interleaved 1F1B), a
+validator, bubble, activation-memory and message-count measures, and a real pipeline run across
+ranks with send/recv.
 
 A schedule is a list of time slots, each a list of steps ``(stage, microbatch, "F" | "B")``
-(:mod:`gpulab.schedules`). Observations travel as nested lists of ``[stage, mb, kind]``.
+(:mod:`gpulab.schedules`). Observations travel as nested lists of ``[stage, mb, kind]``. An
+interleaved schedule (``p`` devices, ``v`` chunks each) uses virtual stages ``0 .. p*v - 1``, placed on
+devices by :func:`gpulab.schedules.device_of`; every rule and measure below takes ``v`` (default 1)
+and counts per device, so with ``v = 1`` they are the plain ones.
 Hidden cases: one per rule, the same rules for every seed (a case's name starts with its rule,
 before ':'), random sizes within it.
 
@@ -20,7 +24,7 @@ import random
 import torch
 
 from gpulab.compare import compare
-from gpulab.schedules import Step, as_text
+from gpulab.schedules import Step, as_text, device_of
 from grader.exercise import Case, Exercise, Neutral, entry
 from grader.kit.cases import randint
 from grader.kit.close import close
@@ -34,34 +38,34 @@ LAUNCH_TIMEOUT_S = 20.0  # per launch; a hung pipeline ends with RanksHung after
 
 # --- schedules: dependencies, placement, references, measures --------------------------------------
 
-def deps(step, p: int) -> list:
-    """The steps that must finish in an earlier slot: F(s, i) needs F(s-1, i); B(s, i) needs F(s, i)
-    and B(s+1, i)."""
+def deps(step, n: int) -> list:
+    """The steps that must finish in an earlier slot, in a pipeline of ``n`` (virtual) stages:
+    F(s, i) needs F(s-1, i); B(s, i) needs F(s, i) and B(s+1, i)."""
     s, i, k = step
     if k == "F":
         return [(s - 1, i, "F")] if s > 0 else []
-    return [(s, i, "F")] + ([(s + 1, i, "B")] if s < p - 1 else [])
+    return [(s, i, "F")] + ([(s + 1, i, "B")] if s < n - 1 else [])
 
 
-def all_steps(p: int, m: int) -> list:
-    return [(s, i, k) for s in range(p) for i in range(m) for k in ("F", "B")]
+def all_steps(n: int, m: int) -> list:
+    return [(s, i, k) for s in range(n) for i in range(m) for k in ("F", "B")]
 
 
-def place(orders: list, p: int) -> list:
-    """List-schedule per-stage op orders: each stage runs its next op in the first slot after its
-    dependencies finished."""
+def place(orders: list, p: int, v: int = 1) -> list:
+    """List-schedule per-device op orders (``p`` devices, ``v`` chunks each): each device runs its
+    next op in the first slot after its dependencies finished."""
     done: dict = {}
     pos = [0] * p
     schedule = []
-    while any(pos[s] < len(orders[s]) for s in range(p)):
+    while any(pos[d] < len(orders[d]) for d in range(p)):
         t = len(schedule)
-        slot = [orders[s][pos[s]] for s in range(p) if pos[s] < len(orders[s])
-                and all(d in done and done[d] < t for d in deps(orders[s][pos[s]], p))]
+        slot = [orders[d][pos[d]] for d in range(p) if pos[d] < len(orders[d])
+                and all(x in done and done[x] < t for x in deps(orders[d][pos[d]], p * v))]
         if not slot:
             raise RuntimeError("orders deadlock")  # never for the references below
         for step in slot:
             done[step] = t
-            pos[step[0]] += 1
+            pos[device_of(step[0], p)] += 1
         schedule.append(slot)
     return schedule
 
@@ -90,80 +94,132 @@ def ref_1f1b(p: int, m: int) -> list:
     return place(orders, p)
 
 
+def interleaved_orders(p: int, m: int, v: int, warmup=None) -> list:
+    """Megatron-LM's interleaved 1F1B as per-device op orders (m a multiple of p). Device d's k-th
+    forward: microbatch group k // (p v), chunk (k // p) % v, microbatch group * p + k % p (p
+    microbatches through chunk 0, the same p through chunk 1, ...); its k-th backward the same with the
+    chunks reversed. ``warmup(d)`` forwards first (default (p - d - 1) + (v - 1) p), then F/B pairs,
+    then the remaining backwards."""
+    def step(d, k, kind):
+        group, c, j = k // (p * v), (k // p) % v, k % p
+        chunk = c if kind == "F" else v - 1 - c
+        return (chunk * p + d, group * p + j, kind)
+
+    total = m * v  # microbatch-chunks per device
+    orders = []
+    for d in range(p):
+        w = min((p - d - 1) + (v - 1) * p if warmup is None else warmup(d), total)
+        order = [step(d, k, "F") for k in range(w)]
+        for k in range(total - w):
+            order += [step(d, w + k, "F"), step(d, k, "B")]
+        order += [step(d, k, "B") for k in range(total - w, total)]
+        orders.append(order)
+    return orders
+
+
+def ref_interleaved(p: int, m: int, v: int) -> list:
+    """Interleaved 1F1B, 2(v m + p - 1) slots of one chunk each; with v = 1 it is :func:`ref_1f1b`."""
+    return place(interleaved_orders(p, m, v), p, v)
+
+
+def memory_bound(p: int, m: int, v: int = 1) -> list:
+    """The most microbatch-chunks device d holds in (interleaved) 1F1B: its warm-up + 1 = v p - d,
+    at most v m (so min(p - d, m) when v = 1)."""
+    return [min(v * p - d, v * m) for d in range(p)]
+
+
 def ref_bubble(schedule, p: int) -> float:
-    """Idle stage-slots / total stage-slots (p x number of slots)."""
-    busy = len({(s, t) for t, slot in enumerate(schedule) for s, _, _ in slot})
+    """Idle device-slots / total device-slots (p x number of slots)."""
+    busy = len({(device_of(s, p), t) for t, slot in enumerate(schedule) for s, _, _ in slot})
     total = p * len(schedule)
     return (total - busy) / total if total else 0.0
 
 
-def bubble_formula(p: int, m: int) -> float:
-    return (p - 1) / (m + p - 1)
+def bubble_formula(p: int, m: int, v: int = 1) -> float:
+    return (p - 1) / (v * m + p - 1)
 
 
 def ref_peaks(schedule, p: int) -> list:
-    """Per stage: the most microbatches forwarded but not yet backwarded at any slot's end."""
+    """Per device: the most microbatch-chunks forwarded but not yet backwarded at any slot's end."""
     count, peak = [0] * p, [0] * p
     for slot in schedule:
         for s, _, k in slot:
-            count[s] += 1 if k == "F" else -1
-            peak[s] = max(peak[s], count[s])
+            d = device_of(s, p)
+            count[d] += 1 if k == "F" else -1
+            peak[d] = max(peak[d], count[d])
     return peak
+
+
+def ref_sends(schedule, p: int) -> int:
+    """Point-to-point messages between devices: an activation after F(s, i) to stage s + 1 and a
+    gradient after B(s, i) to stage s - 1, counted when that stage is on another device."""
+    n = 1 + max((s for slot in schedule for s, _, _ in slot), default=-1)
+    sends = 0
+    for slot in schedule:
+        for s, _, k in slot:
+            to = s + 1 if k == "F" else s - 1
+            sends += 0 <= to < n and device_of(to, p) != device_of(s, p)
+    return sends
 
 
 def _name(step) -> str:
     return str(Step(*step))
 
 
-def violations(schedule, p: int, m: int) -> list:
-    """Every rule a schedule breaks: ``[(message, {names of the steps involved})]`` in slot order."""
+def violations(schedule, p: int, m: int, v: int = 1, device=device_of) -> list:
+    """Every rule a schedule breaks: ``[(message, {names of the steps involved})]`` in slot order.
+    ``p`` devices holding ``v`` chunks each (``p * v`` virtual stages), placed by ``device(stage, p)``."""
+    n = p * v
+    where = "device" if v > 1 else "stage"
+    what = f"{p}-device pipeline with {v} chunks each" if v > 1 else f"{p}-stage pipeline"
     found = []
     first: dict = {}
     for t, slot in enumerate(schedule):
-        on_stage: dict = {}
+        on_device: dict = {}
         for step in slot:
             s, i, k = step
-            if k not in ("F", "B") or not (0 <= s < p) or not (0 <= i < m):
-                found.append((f"slot {t}: {k}({s}, {i}) is not a step of a {p}-stage pipeline with {m} "
+            if k not in ("F", "B") or not (0 <= s < n) or not (0 <= i < m):
+                found.append((f"slot {t}: {k}({s}, {i}) is not a step of a {what} and {m} "
                               "microbatches", {f"{k}({s},{i})"}))
                 continue
-            if s in on_stage:
-                found.append((f"slot {t}: stage {s} runs two steps, {_name(on_stage[s])} and {_name(step)}",
-                              {_name(on_stage[s]), _name(step)}))
-            on_stage.setdefault(s, step)
+            d = device(s, p)
+            if d in on_device:
+                found.append((f"slot {t}: {where} {d} runs two steps, {_name(on_device[d])} and {_name(step)}",
+                              {_name(on_device[d]), _name(step)}))
+            on_device.setdefault(d, step)
             if step in first:
                 found.append((f"slot {t}: {_name(step)} runs a second time (first in slot {first[step]})",
                               {_name(step)}))
             else:
                 first[step] = t
-    for step in all_steps(p, m):
+    for step in all_steps(n, m):
         if step not in first:
-            later = [d for d in all_steps(p, m) if step in deps(d, p)]
+            later = [d for d in all_steps(n, m) if step in deps(d, n)]
             found.append((f"{_name(step)} never runs", {_name(step)} | {_name(d) for d in later}))
     for step, t in sorted(first.items(), key=lambda kv: kv[1]):
-        for d in deps(step, p):
+        for d in deps(step, n):
             if d in first and first[d] >= t:
                 found.append((f"slot {t}: {_name(step)} runs before {_name(d)} finished (slot {first[d]})",
                               {_name(step), _name(d)}))
     return found
 
 
-def random_valid(gen, p: int, m: int, idle: float = 0.25) -> list:
-    """A random valid schedule: each slot, every stage runs a random ready step or idles."""
+def random_valid(gen, p: int, m: int, idle: float = 0.25, v: int = 1) -> list:
+    """A random valid schedule: each slot, every device runs a random ready step or idles."""
     rng = random.Random(randint(gen, 0, 2**31 - 1))
-    left = {s: [(s, i, k) for i in range(m) for k in ("F", "B")] for s in range(p)}
+    left = {d: [(c * p + d, i, k) for c in range(v) for i in range(m) for k in ("F", "B")] for d in range(p)}
     done: dict = {}
     schedule = []
     while any(left.values()):
         t = len(schedule)
         slot = []
-        for s in range(p):
-            ready = [x for x in left[s] if all(d in done and done[d] < t for d in deps(x, p))]
+        for d in range(p):
+            ready = [x for x in left[d] if all(y in done and done[y] < t for y in deps(x, p * v))]
             if ready and rng.random() > idle:
                 slot.append(rng.choice(ready))
         for x in slot:
             done[x] = t
-            left[x[0]].remove(x)
+            left[device_of(x[0], p)].remove(x)
         schedule.append(slot)
     if not schedule[-1]:
         schedule.pop()
@@ -179,10 +235,10 @@ def _tuples(schedule) -> list:
     return [[(int(s), int(i), str(k)) for s, i, k in slot] for slot in schedule]
 
 
-def _picture(schedule, p: int) -> str:
+def _picture(schedule, p: int, v: int = 1) -> str:
     if len(schedule) > 40 or p > 6:
         return ""
-    return "\n" + as_text(schedule, p)
+    return "\n" + as_text(schedule, p, v)
 
 
 # --- GPipe (and what both generators must do) ---------------------------------------------------
@@ -260,25 +316,46 @@ _OUTSIDE_RULES = ("a stage outside the pipeline", "a microbatch outside the rang
 # every rule a validator checks, each broken alone by _mutate
 _MUTATIONS = ("backward before its forward", "two steps on one stage in one slot", "a missing step",
               "a duplicated step") + _DEPENDENCY_RULES + _OUTSIDE_RULES
+# the same rules where they differ for an interleaved schedule (v >= 2 chunks per device): two chunks of
+# one device in one slot, and a chunk's forward before the previous virtual stage's (on another device)
+_INTERLEAVED_MUTATIONS = ("two chunks on one device in one slot", "a chunk's forward before the previous chunk's")
 
 
 def _where(schedule, step):
     return next(t for t, slot in enumerate(schedule) for x in slot if tuple(x) == step)
 
 
-def _window(sched, step, p, m):
-    """The slots strictly between ``step``'s last dependency and its first dependent."""
-    after = max([_where(sched, d) for d in deps(step, p)], default=-1)
-    users = [x for x in all_steps(p, m) if step in deps(x, p)]
+def _window(sched, step, n, m):
+    """The slots strictly between ``step``'s last dependency and its first dependent (``n`` stages)."""
+    after = max([_where(sched, d) for d in deps(step, n)], default=-1)
+    users = [x for x in all_steps(n, m) if step in deps(x, n)]
     before = min([_where(sched, x) for x in users], default=len(sched))
     return after, before
 
 
-def _mutate(schedule, p, m, kind, rng):
-    """A copy of a valid schedule that breaks exactly one rule, ``kind`` (one of :data:`_MUTATIONS`),
-    so that a validator missing that one check accepts it."""
+def _mutate(schedule, p, m, kind, rng, v=1):
+    """A copy of a valid schedule that breaks exactly one rule, ``kind`` (one of :data:`_MUTATIONS`
+    or :data:`_INTERLEAVED_MUTATIONS`), so that a validator missing that one check accepts it."""
     sched = [list(slot) for slot in schedule]
     ops = [x for slot in sched for x in slot]
+    if kind == "two chunks on one device in one slot":
+        # move a step into a slot where another chunk of its device runs, its dependencies still holding
+        moves = []
+        for x in ops:
+            lo, hi = _window(sched, x, p * v, m)
+            moves += [(x, t) for t in range(lo + 1, hi)
+                      if any(device_of(y[0], p) == device_of(x[0], p) and y[0] != x[0] for y in sched[t])]
+        x, t = rng.choice(moves)  # the cases' sizes always leave one (tests check every seed)
+        sched[_where(sched, x)].remove(x)
+        sched[t].append(x)
+        return _mutate_finish(sched, rng)
+    if kind == "a chunk's forward before the previous chunk's":
+        # F(c p, i), chunk c >= 1 of device 0, in a new slot just before F(c p - 1, i) on device p - 1
+        x = (rng.randrange(1, v) * p, rng.randrange(m), "F")
+        dep = (x[0] - 1, x[1], "F")
+        sched[_where(sched, x)].remove(x)
+        sched.insert(_where(sched, dep), [x])
+        return _mutate_finish(sched, rng)
     if kind == "backward before its forward":
         # swap F(p-1, i) and B(p-1, i): on the last stage nothing else depends on their order
         i = rng.randrange(m)
@@ -341,9 +418,29 @@ def _mutate_finish(sched, rng):
     return sched
 
 
-def _validator_case(name, schedule, p, m, broken=None, base=None) -> Case:
-    return Case(name, dict(schedule=_plain(schedule), p=p, m=m, broken=broken,
+def _validator_case(name, schedule, p, m, broken=None, base=None, v=1) -> Case:
+    return Case(name, dict(schedule=_plain(schedule), p=p, m=m, v=v, broken=broken,
                            base=None if base is None else _plain(base)))
+
+
+def _interleaved_validator_cases(gen, rng, public) -> list:
+    """A valid interleaved schedule and one invalid one per interleaved rule (p >= 2, v >= 2)."""
+    def sizes():
+        if public:
+            return 2, 4, 2
+        p = randint(gen, 2, 4)
+        return p, p * randint(gen, 1, 2), randint(gen, 2, 3)
+
+    p, m, v = sizes()
+    sep = (": ", " ") if public else (", ", ": ")  # public names read "valid: x (sizes)", hidden "valid, x: sizes"
+    cases = [_validator_case(f"valid{sep[0]}interleaved{sep[1]}{'(' * public}p={p} v={v} m={m}{')' * public}",
+                             ref_interleaved(p, m, v), p, m, v=v)]
+    for kind in _INTERLEAVED_MUTATIONS:
+        p, m, v = sizes()
+        base = ref_interleaved(p, m, v)
+        cases.append(_validator_case(f"invalid{sep[0]}{kind}{sep[1]}{'(' * public}p={p} v={v} m={m}{')' * public}",
+                                     _mutate(base, p, m, kind, rng, v), p, m, kind, base, v))
+    return cases
 
 
 def _rule_sizes(gen, kind) -> tuple[int, int]:
@@ -372,7 +469,7 @@ def _validator_cases(gen, public):
             p, m, base = bases[n % len(bases)]
             cases.append(_validator_case(f"invalid: {kind} (p={p} m={m})", _mutate(base, p, m, kind, rng), p, m,
                                          kind, base))
-        return cases
+        return cases + _interleaved_validator_cases(gen, rng, public)
     # hidden: the same valid kinds, and every rule
     p, m = randint(gen, 1, 5), randint(gen, 1, 6)
     cases.append(_validator_case(f"valid, GPipe: p={p} m={m}", ref_gpipe(p, m), p, m))
@@ -387,12 +484,12 @@ def _validator_cases(gen, public):
         base = [ref_gpipe, ref_1f1b, lambda p, m: random_valid(gen, p, m)][randint(gen, 0, 2)](p, m)
         cases.append(_validator_case(f"invalid, {kind}: p={p} m={m}", _mutate(base, p, m, kind, rng), p, m,
                                      kind, base))
-    return cases
+    return cases + _interleaved_validator_cases(gen, rng, public)
 
 
-def _validate(fn, plain_schedule, p, m) -> dict:
+def _validate(fn, plain_schedule, p, m, v=1) -> dict:
     try:
-        ret = fn(_tuples(plain_schedule), p, m)
+        ret = fn(_tuples(plain_schedule), p, m) if v == 1 else fn(_tuples(plain_schedule), p, m, v)
     except ValueError as exc:
         return {"verdict": "rejected", "message": str(exc)[:500]}
     except NotImplementedError:
@@ -405,31 +502,34 @@ def _validate(fn, plain_schedule, p, m) -> dict:
 def _validator_run(ns, case, device):
     x = case.inputs
     fn = entry(ns, "validate_schedule")
-    obs = _validate(fn, x["schedule"], x["p"], x["m"])
+    obs = _validate(fn, x["schedule"], x["p"], x["m"], x["v"])
     if x.get("base") is not None:
-        obs["base"] = _validate(fn, x["base"], x["p"], x["m"])
+        obs["base"] = _validate(fn, x["base"], x["p"], x["m"], x["v"])
     return obs
 
 
 def _validator_judge(case, obs):
     x = case.inputs
     schedule = _tuples(x["schedule"])
-    bad = violations(schedule, x["p"], x["m"])
+    p, m, v = x["p"], x["m"], x["v"]
+    bad = violations(schedule, p, m, v)
     assert bool(bad) == (x["broken"] is not None), "internal: mutation did not break the schedule"
-    pic = _picture(schedule, x["p"])
+    pic = _picture(schedule, p, v)
+    what = (f" (interleaved: validate_schedule(schedule, p={p}, m={m}, v={v}), virtual stages 0..{p * v - 1}, "
+            f"virtual stage s on device s % p)") if v > 1 else ""
     if x.get("base") is not None:  # the valid schedule this one was made from must pass first
         base = _tuples(x["base"])
-        assert not violations(base, x["p"], x["m"]), "internal: the base schedule is not valid"
+        assert not violations(base, p, m, v), "internal: the base schedule is not valid"
         if obs["base"]["verdict"] != "accepted":
-            return (f"this schedule is valid, but your validator {obs['base']['verdict']} it: "
-                    f"{obs['base']['message']}{_picture(base, x['p'])}")
+            return (f"this schedule is valid{what}, but your validator {obs['base']['verdict']} it: "
+                    f"{obs['base']['message']}{_picture(base, p, v)}")
     if not bad:
         if obs["verdict"] != "accepted":
-            return f"this schedule is valid, but your validator {obs['verdict']} it: {obs['message']}{pic}"
+            return f"this schedule is valid{what}, but your validator {obs['verdict']} it: {obs['message']}{pic}"
         return Neutral("valid schedule accepted (not scored: accepting is what a validator that checks nothing "
                        "does; the invalid schedules earn the points)")
     if obs["verdict"] == "accepted":
-        return (f"your validator accepted an invalid schedule ({x['broken']}): {bad[0][0]}.{pic}")
+        return (f"your validator accepted an invalid schedule ({x['broken']}): {bad[0][0]}.{what}{pic}")
     if obs["verdict"] == "crashed":
         return (f"invalid schedule ({x['broken']}): your validator should raise ValueError naming the problem, "
                 f"but raised {obs['message']}")
@@ -447,8 +547,9 @@ def _validator_judge(case, obs):
 VALIDATE = Exercise("validate_schedule", 3, ("validate_schedule",), _validator_cases,
                     _validator_run, _validator_judge, title="Validate any schedule",
                     hint="Record the slot of every step (a repeat is an error), then check: kinds and ranges, one "
-                         "step per stage per slot, every step present, and each dependency in a strictly earlier "
-                         "slot. Name the step in the message as F(stage, microbatch) or B(stage, microbatch).")
+                         "step per device per slot (device_of(stage, p); the stage itself when v = 1), every step "
+                         "of the p * v stages present, and each dependency in a strictly earlier slot. Name the "
+                         "step in the message as F(stage, microbatch) or B(stage, microbatch).")
 
 
 # --- 1F1B ---------------------------------------------------------------------------------------
@@ -472,9 +573,9 @@ ONE_F_ONE_B = Exercise("one_f_one_b_schedule", 3, ("one_f_one_b_schedule",), _1f
                        _generator_run("one_f_one_b_schedule"), _generator_judge("1F1B", _1f1b_rule),
                        title="1F1B: one forward, one backward",
                        hint="Write each stage's op order first: min(p - s - 1, m) warm-up forwards, then pairs "
-                            "(next forward, oldest backward), then the remaining backwards. Then place the orders "
-                            "in slots: each slot, a stage runs its next op if that op's dependencies finished in "
-                            "an earlier slot.")
+                            "(next forward, oldest backward), then the remaining backwards. Then place_orders puts the "
+                            "orders in slots: each slot, a device runs its next op if that op's dependencies "
+                            "finished in an earlier slot.")
 
 
 # --- bubble fraction ----------------------------------------------------------------------------
@@ -493,7 +594,10 @@ def _measure_cases(gen, public):
         specs = [("GPipe", 4, 8, ref_gpipe(4, 8)), ("1F1B", 4, 8, ref_1f1b(4, 8)), ("GPipe", 3, 1, ref_gpipe(3, 1)),
                  ("1F1B", 5, 3, ref_1f1b(5, 3)), ("random valid", 3, 4, random_valid(gen, 3, 4, idle=0.4)),
                  ("one stage with idle slots", 1, 4, _with_idle_slot(gen, 1, 4))]
-        return [Case(f"{name} p={p} m={m}", dict(schedule=_plain(sched), p=p, m=m)) for name, p, m, sched in specs]
+        cases = [Case(f"{name} p={p} m={m}", dict(schedule=_plain(sched), p=p, m=m, v=1))
+                 for name, p, m, sched in specs]
+        return cases + [Case("interleaved 1F1B p=4 v=2 m=8", dict(schedule=_plain(ref_interleaved(4, 8, 2)),
+                                                                   p=4, m=8, v=2))]
     p_many, p_few, p_any = randint(gen, 2, 5), randint(gen, 3, 6), randint(gen, 2, 6)
     m_many, m_few = randint(gen, p_many + 1, 10), randint(gen, 1, p_few - 1)
     specs = [("GPipe", p_any, randint(gen, 1, 10), ref_gpipe),
@@ -502,27 +606,42 @@ def _measure_cases(gen, public):
              ("a random valid schedule with idle slots", randint(gen, 2, 6), randint(gen, 1, 10),
               lambda p, m: _with_idle_slot(gen, p, m)),
              ("one stage with idle slots", 1, randint(gen, 1, 10), lambda p, m: _with_idle_slot(gen, p, m))]
-    return [Case(f"{name}: p={p} m={m}", dict(schedule=_plain(make(p, m)), p=p, m=m)) for name, p, m, make in specs]
+    cases = [Case(f"{name}: p={p} m={m}", dict(schedule=_plain(make(p, m)), p=p, m=m, v=1))
+             for name, p, m, make in specs]
+    p, v = randint(gen, 2, 4), randint(gen, 2, 4)
+    m = p * randint(gen, 1, 3)
+    return cases + [Case(f"interleaved 1F1B: p={p} v={v} m={m}",
+                         dict(schedule=_plain(ref_interleaved(p, m, v)), p=p, m=m, v=v))]
 
 
 def _bubble_run(ns, case, device):
     x = case.inputs
+    formula = entry(ns, "bubble_formula")
     return {"measured": float(entry(ns, "bubble_fraction")(_tuples(x["schedule"]), x["p"])),
-            "formula": float(entry(ns, "bubble_formula")(x["p"], x["m"]))}
+            "formula": float(formula(x["p"], x["m"]) if x["v"] == 1 else formula(x["p"], x["m"], x["v"]))}
 
 
 def _bubble_judge(case, obs):
     x = case.inputs
-    p, m = x["p"], x["m"]
+    p, m, v = x["p"], x["m"], x["v"]
     schedule = _tuples(x["schedule"])
     want = ref_bubble(schedule, p)
+    where = "device" if v > 1 else "stage"
     if not close(obs["measured"], want):
-        busy = len({(s, t) for t, slot in enumerate(schedule) for s, _, _ in slot})
+        busy = len({(device_of(s, p), t) for t, slot in enumerate(schedule) for s, _, _ in slot})
         return (f"bubble_fraction = {obs['measured']!r}, expected {want:.6g}: {p * len(schedule) - busy} idle "
-                f"stage-slots out of p x slots = {p} x {len(schedule)} = {p * len(schedule)}.{_picture(schedule, p)}")
-    if not close(obs["formula"], bubble_formula(p, m)):
-        return (f"bubble_formula({p}, {m}) = {obs['formula']!r}, expected (p-1)/(m+p-1) = "
-                f"{bubble_formula(p, m):.6g}.")
+                f"{where}-slots out of p x slots = {p} x {len(schedule)} = {p * len(schedule)}."
+                f"{_picture(schedule, p, v)}")
+    if not close(obs["formula"], bubble_formula(p, m, v)):
+        if v == 1:
+            return (f"bubble_formula({p}, {m}) = {obs['formula']!r}, expected (p-1)/(m+p-1) = "
+                    f"{bubble_formula(p, m):.6g}.")
+        msg = (f"bubble_formula({p}, {m}, v={v}) = {obs['formula']!r}, expected (p-1)/(v m+p-1) = "
+               f"{bubble_formula(p, m, v):.6g} (interleaved: the fill and drain are p - 1 chunk slots, "
+               f"among v m + p - 1).")
+        if close(obs["formula"], bubble_formula(p, m)):
+            msg += " You returned the plain 1F1B value: use v."
+        return msg
     return None
 
 
@@ -536,7 +655,7 @@ BUBBLE = Exercise("bubble_fraction", 2, ("bubble_fraction", "bubble_formula"), _
 
 def _peaks_run(ns, case, device):
     x = case.inputs
-    return {"peaks": [int(v) for v in entry(ns, "peak_activations")(_tuples(x["schedule"]), x["p"])]}
+    return {"peaks": [int(n) for n in entry(ns, "peak_activations")(_tuples(x["schedule"]), x["p"])]}
 
 
 def _peaks_judge(case, obs):
@@ -551,13 +670,19 @@ def _peaks_judge(case, obs):
     if len(got) == p and got == [m] * p and want != got:
         msg += (f" You counted every forward (m = {m}); a backward frees its microbatch's activations, so "
                 f"in 1F1B stage 0 holds at most p = {p}: count +1 at F, -1 at B, keep the maximum.")
-    return msg + _picture(schedule, p)
+    if x["v"] > 1:
+        per_stage = ref_peaks(schedule, p * x["v"])  # each virtual stage as if it were a device
+        if got == per_stage or got == per_stage[:p]:
+            msg += (" You counted per virtual stage; count per device (device_of(stage, p): device d holds "
+                    "stages d, d + p, ...), adding the chunks' in-flight microbatches.")
+        msg = msg.replace("one count per stage", "one count per device, in microbatch-chunks")
+    return msg + _picture(schedule, p, x["v"])
 
 
 PEAKS = Exercise("peak_activations", 2, ("peak_activations",), _measure_cases, _peaks_run, _peaks_judge,
                  title="Peak in-flight activations per stage",
-                 hint="Walk the slots in order; per stage, +1 at each F (its activations are saved), -1 at each B "
-                      "(freed); return the maximum per stage.")
+                 hint="Walk the slots in order; per device (device_of(stage, p), the stage itself when v = 1), +1 "
+                      "at each F (its activations are saved), -1 at each B (freed); return the maximum per device.")
 
 
 # --- a real pipeline across ranks -----------------------------------------------------------------
@@ -737,7 +862,164 @@ PIPELINE = Exercise("pipeline_run", 5, ("run_stage",),
                          "Wait on every isend.")
 
 
-EXERCISES = [GPIPE, VALIDATE, ONE_F_ONE_B, BUBBLE, PEAKS, PIPELINE]
+# --- interleaved 1F1B: virtual stages ---------------------------------------------------------------
+
+def _interleaved_cases(gen, public):
+    """(p, m, v) per rule; m a multiple of p, except the case that must raise ValueError."""
+    if public:
+        sizes = [("interleaved", 2, 4, 2), ("interleaved", 4, 8, 2), ("interleaved", 3, 6, 3),
+                 ("as many microbatches as devices", 4, 4, 2), ("one device", 1, 3, 2),
+                 ("one chunk (plain 1F1B)", 2, 4, 1), ("m not a multiple of p", 4, 6, 2)]
+    else:
+        p_many, p_same, p_one, p_bad = (randint(gen, 2, 4) for _ in range(4))
+        sizes = [("more microbatches than devices", p_many, p_many * randint(gen, 2, 3), randint(gen, 2, 4)),
+                 ("as many microbatches as devices", p_same, p_same, randint(gen, 2, 3)),
+                 ("one device", 1, randint(gen, 1, 5), randint(gen, 2, 3)),
+                 ("one chunk (plain 1F1B)", p_one, p_one * randint(gen, 1, 3), 1),
+                 ("m not a multiple of p", p_bad, p_bad * randint(gen, 1, 2) + randint(gen, 1, p_bad - 1),
+                  randint(gen, 2, 3))]
+    return [Case(f"{rule}: p={p} devices, v={v} chunks, m={m} microbatches", dict(p=p, m=m, v=v))
+            for rule, p, m, v in sizes]
+
+
+def _interleaved_run(ns, case, device):
+    x = case.inputs
+    try:
+        schedule = entry(ns, "interleaved_schedule")(x["p"], x["m"], x["v"])
+    except ValueError as exc:
+        return {"error": str(exc)[:300]}
+    return {"schedule": _plain(schedule)}
+
+
+def _device_major(stage, p, v):
+    """The confused placement: device d holding the consecutive virtual stages d v .. d v + v - 1."""
+    return stage // v
+
+
+def _interleaved_invalid(schedule, p, m, v, bad) -> str:
+    """Why an interleaved schedule is invalid, with the likely mistake."""
+    msg = f"your interleaved schedule is not valid: {bad[0][0]}."
+    collisions = [b for b, _ in bad if "runs two steps" in b]
+    device_major = violations(schedule, p, m, v, device=lambda s, p: _device_major(s, p, v))
+    if collisions and not any("runs two steps" in b for b, _ in device_major):
+        return (msg + " Every slot has one step per device if device d holds virtual stages d*v .. d*v+v-1 "
+                "(device-major, device = stage // v), but Megatron places chunk c of device d at virtual "
+                "stage c*p + d (chunk-major: device = stage % p = device_of(stage, p)), so that a microbatch "
+                "goes round all p devices once per chunk. Write Step(c * p + d, mb, kind)."
+                + _picture(schedule, p, v))
+    first = bad[0][0]
+    if collisions and v > 1:
+        msg += (" Virtual stages s, s + p, s + 2p, ... share device s % p, which runs one chunk's step per "
+                "slot: order each device's steps and place them one per slot (place_orders).")
+    if "runs before F(" in first and v > 1:
+        s = int(first.split(": F(")[1].split(",")[0]) if ": F(" in first else -1
+        if s > 0 and s % p == 0:
+            msg += (f" Virtual stage {s} (chunk {s // p} of device 0) takes its input from virtual stage {s - 1} "
+                    f"(chunk {s // p - 1} of device {p - 1}): a microbatch circles the devices v times, and each "
+                    f"chunk's forward waits for the previous virtual stage's, also across devices.")
+    if "never runs" in first:
+        ran = sum(len(slot) for slot in schedule)
+        msg += (f" Each device runs v*m = {v * m} forwards and as many backwards (every chunk on every "
+                f"microbatch): {2 * v * m * p} steps in all, yours has {ran}.")
+    return msg + _picture(schedule, p, v)
+
+
+def _interleaved_judge(case, obs):
+    x = case.inputs
+    p, m, v = x["p"], x["m"], x["v"]
+    if m % p:
+        if "error" in obs:
+            return None
+        return (f"m = {m} is not a multiple of p = {p}: Megatron's interleaved schedule sends microbatches "
+                f"round the devices in groups of p, so it requires m % p == 0. Raise ValueError saying so "
+                f"(and what to change) instead of returning a schedule.")
+    if "error" in obs:
+        return f"interleaved_schedule({p}, {m}, {v}) raised ValueError({obs['error']!r}), but m is a multiple of p."
+    schedule = _tuples(obs["schedule"])
+    bad = violations(schedule, p, m, v)
+    if bad:
+        return _interleaved_invalid(schedule, p, m, v, bad)
+    want = 2 * (v * m + p - 1)
+    if len(schedule) != want:
+        return (f"your schedule is valid but takes {len(schedule)} slots; interleaved 1F1B takes "
+                f"2(v m + p - 1) = {want} (one chunk per slot), so its bubble is {ref_bubble(schedule, p):.4f} "
+                f"instead of (p-1)/(v m+p-1) = {bubble_formula(p, m, v):.4f} (plain 1F1B: (p-1)/(m+p-1) = "
+                f"{bubble_formula(p, m):.4f}). Is it interleaved? Each device runs chunk 0 on a group of p "
+                f"microbatches, then chunk 1 on the same p, ..., then the next group; warm-up "
+                f"(p - d - 1) + (v - 1) p forwards, then one forward one backward.{_picture(schedule, p, v)}")
+    peaks, bound = ref_peaks(schedule, p), memory_bound(p, m, v)
+    for d in range(p):
+        if peaks[d] > bound[d]:
+            return (f"device {d} holds up to {peaks[d]} microbatch-chunks' activations at once; interleaved 1F1B "
+                    f"holds at most its warm-up + 1 = v p - d = {bound[d]} (with (p - d - 1) + (v - 1) p warm-up "
+                    f"forwards on device d, then every forward followed by a backward). Too many warm-up "
+                    f"forwards (an off-by-one?) only add memory here: the schedule is no shorter."
+                    f"{_picture(schedule, p, v)}")
+    return None
+
+
+INTERLEAVED = Exercise("interleaved_schedule", 4, ("interleaved_schedule",), _interleaved_cases,
+                       _interleaved_run, _interleaved_judge, title="Interleaved 1F1B: virtual stages",
+                       hint="Raise ValueError unless m % p == 0. Per device d, its k-th forward is chunk (k // p) % v "
+                            "on microbatch (k // (p v)) p + k % p, i.e. virtual stage chunk * p + d; its k-th "
+                            "backward the same with the chunk reversed (v - 1 - chunk). Order: (p - d - 1) + "
+                            "(v - 1) p warm-up forwards, then (F, B) pairs, then the last backwards. Then place "
+                            "the orders slot by slot as in 1F1B, one step per device.")
+
+
+# --- messages between devices ---------------------------------------------------------------------
+
+def _sends_cases(gen, public):
+    if public:
+        specs = [("plain 1F1B", 4, 8, 1), ("interleaved", 4, 8, 2), ("one device, several chunks", 1, 2, 3),
+                 ("GPipe", 3, 2, 1), ("interleaved", 2, 4, 3)]
+    else:
+        p1, p2 = randint(gen, 2, 5), randint(gen, 2, 4)
+        specs = [("plain 1F1B", p1, randint(gen, 1, 8), 1), ("interleaved", p2, p2 * randint(gen, 1, 3),
+                                                               randint(gen, 2, 4)),
+                 ("one device, several chunks", 1, randint(gen, 1, 6), randint(gen, 2, 4)),
+                 ("GPipe", randint(gen, 2, 5), randint(gen, 1, 6), 1)]
+    cases = []
+    for rule, p, m, v in specs:
+        sched = ref_gpipe(p, m) if rule == "GPipe" else ref_interleaved(p, m, v) if v > 1 else ref_1f1b(p, m)
+        sep = " " if public else ": "
+        cases.append(Case(f"{rule}{sep}p={p} v={v} m={m}", dict(schedule=_plain(sched), p=p, m=m, v=v)))
+    return cases
+
+
+def _sends_run(ns, case, device):
+    x = case.inputs
+    return {"sends": entry(ns, "p2p_sends")(_tuples(x["schedule"]), x["p"])}
+
+
+def _sends_judge(case, obs):
+    x = case.inputs
+    p, m, v = x["p"], x["m"], x["v"]
+    want = ref_sends(_tuples(x["schedule"]), p)
+    got = obs["sends"]
+    if isinstance(got, bool) or not isinstance(got, int) or got != want:
+        msg = (f"p2p_sends = {got!r}, expected {want} (an int): an activation after each F(s, i) to stage s + 1 "
+               f"and a gradient after each B(s, i) to stage s - 1, counted when that stage is on another device.")
+        n = p * v
+        if got == 2 * m * (n - 1) and want != got:
+            msg += (f" You counted every stage boundary; with p = {p} device, neighbouring chunks on one device "
+                    f"hand over in memory: no message.")
+        elif got == want // 2:
+            msg += " You counted one direction only: the gradients travel back too."
+        elif v > 1 and got == 2 * m * (p - 1):
+            msg += (f" That is plain 1F1B's 2 m (p - 1); interleaved, every one of the p v - 1 = {n - 1} "
+                    f"virtual-stage boundaries crosses devices.")
+        return msg
+    return None
+
+
+SENDS = Exercise("p2p_sends", 2, ("p2p_sends",), _sends_cases, _sends_run, _sends_judge,
+                 title="Point-to-point messages: what interleaving costs",
+                 hint="n = highest stage + 1. For each step: F(s, i) sends to s + 1 if s + 1 < n, B(s, i) to s - 1 if "
+                      "s > 0; count it when device_of of the two stages differ.")
+
+
+EXERCISES = [GPIPE, VALIDATE, ONE_F_ONE_B, BUBBLE, PEAKS, PIPELINE, INTERLEAVED, SENDS]
 
 
 # Nothing to time here on one machine: pipeline timings need several GPUs (see the lesson).
