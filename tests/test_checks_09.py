@@ -51,6 +51,24 @@ def test_the_distillation_reference_is_pytorchs_kl_div_times_t_squared():
     assert torch.allclose(CHECKS.ref_distillation(s, t, y, 3.0, 0.6).float(), want, atol=1e-6)
 
 
+def test_the_gpulab_pruning_helpers_are_seeded_and_keep_masks():
+    from gpulab.pruning import distill_task, fit, semi_structured_support, zeros_vs_sparse_ms
+    from gpulab.spirals import MLP, make_spirals
+
+    x, y = make_spirals(20, seed=0)                                   # (80, 2), (80,)
+    teacher = MLP(hidden=8)
+    a, b = (distill_task(teacher, x, y, x, y, seed=1, n_transfer=30, noise=0.5) for _ in range(2))
+    assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and a.teacher_logits.shape == (30, 4)
+    model = MLP(hidden=8)
+    keep = torch.rand(model.linears[1].weight.shape) > 0.5
+    fit(model, x, lambda logits: F.cross_entropy(logits, y), 5, 0.1,
+        after_step=lambda: model.linears[1].weight.mul_(keep))
+    assert bool((model.linears[1].weight[~keep] == 0).all())
+    rows = zeros_vs_sparse_ms([0.0, 0.9], out_features=16, in_features=16, batch=4, repeats=1)
+    assert [r["sparsity"] for r in rows] == [0.0, 0.9] and all(r["dense_ms"] > 0 and r["csr_ms"] > 0 for r in rows)
+    assert "CPU" in semi_structured_support("cpu")
+
+
 # --- magnitude masks --------------------------------------------------------------------------------
 
 def _masks(bug: str = ""):
