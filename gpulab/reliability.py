@@ -42,7 +42,7 @@ def make_divergence_trace(seed: int, cause: str, steps: int = 200, layers: int =
 
     - ``bad_batch``: one batch (a corrupt or extreme sample) spikes the loss for one step; the run recovers.
     - ``fp16_overflow``: the loss scale halves again and again as gradients overflow, then the loss is NaN.
-    - ``lr_too_high``: the gradient norm grows step after step, led by one layer; the loss takes off.
+    - ``lr_too_high``: the gradient norm grows step after step, led by one layer; the loss takes off, then NaN.
 
     Returns float64 tensors ``loss`` (steps,), ``grad_norm`` (steps,), ``layer_grad_norm`` (steps, layers),
     ``lr`` (steps,), ``loss_scale`` (steps,) and int64 ``batch_id`` (steps,), plus the truth under
@@ -76,6 +76,8 @@ def make_divergence_trace(seed: int, cause: str, steps: int = 200, layers: int =
         layer_norm[:, layer] *= growth
         layer_norm *= torch.exp(torch.clamp(step - t0 + 5, min=0) / 4)[:, None]
         loss = torch.where(step >= t0, loss * torch.exp((step - t0) / 5 + 1), loss)
+        loss[t0 + 30:] = float("nan")  # diverged: the run produces NaNs from here on
+        layer_norm[t0 + 30:] = float("nan")
     grad_norm = torch.sqrt(torch.nansum(layer_norm**2, dim=1))
     grad_norm[torch.isnan(layer_norm).any(dim=1)] = float("nan")
     batch_id = torch.randperm(10 * steps, generator=gen)[:steps]
