@@ -317,9 +317,74 @@ def test_a_reader_that_does_not_sort_fails(sol06):
     assert r.status == "failed" and r.cases[0].status == "passed" and r.cases[1].status == "failed", r.message
 
 
+# --- 7. measuring a compiler win ------------------------------------------------------------------------------------
+
+def _win(sync=True, mean=False, warm=True, same_input=True, compile_each_call=False, inverted=False):
+    """The solution's timer with one plausible bug."""
+    def measure_compile_win(fn, compile_fn, x, clock, sync_fn, warmup=3, repeats=20):
+        wait = sync_fn if sync else (lambda: None)
+        get = (lambda: compile_fn(fn)) if compile_each_call else (lambda c=compile_fn(fn): c)
+        start = clock()
+        get()(x)
+        wait()
+        compile_s = clock() - start
+
+        def per_call_ms(f):
+            for _ in range(warmup if warm else 0):
+                f(x)
+            samples = []
+            for _ in range(repeats):
+                arg = x if same_input else torch.randn_like(x)
+                wait()
+                t0 = clock()
+                f(arg)
+                wait()
+                samples.append((clock() - t0) * 1e3)
+            return sum(samples) / len(samples) if mean else sorted(samples)[len(samples) // 2]
+
+        eager, compiled = per_call_ms(fn), per_call_ms(lambda v: get()(v))
+        return {"compile_s": compile_s, "eager_ms": eager, "compiled_ms": compiled,
+                "speedup": compiled / eager if inverted else eager / compiled}
+    return lambda fn, compile_fn, x, clock, sync, **kw: measure_compile_win(fn, compile_fn, x, clock, sync, **kw)
+
+
+@pytest.mark.parametrize("bug, says", [
+    (dict(sync=False), "the timer stopped before the device finished"),
+    (dict(warm=False, mean=True), "warm"),
+    (dict(same_input=False), "got another input than x"),
+    (dict(compile_each_call=True), "compile_fn was called"),
+    (dict(inverted=True), "expected eager_ms / compiled_ms"),
+])
+def test_a_dishonest_timer_is_named(sol06, bug, says):
+    r = _public("compile_win", with_answer(sol06, measure_compile_win=_win(**bug)))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def test_the_compile_counted_in_the_average_is_named(sol06):
+    def measure_compile_win(fn, compile_fn, x, clock, sync, warmup=3, repeats=20):
+        compiled = compile_fn(fn)
+        out = {}
+        for name, f in (("compiled", compiled), ("eager", fn)):
+            sync()
+            start = clock()
+            for _ in range(repeats):            # BUG: the first compiled call (the compile) is in the average
+                f(x)
+            sync()
+            out[name] = (clock() - start) * 1e3 / repeats
+        return {"compile_s": out["compiled"] * repeats / 1e3, "eager_ms": out["eager"],
+                "compiled_ms": out["compiled"], "speedup": out["eager"] / out["compiled"]}
+    r = _public("compile_win", with_answer(sol06, measure_compile_win=measure_compile_win))
+    assert r.status == "failed" and "includes the compile" in r.message, r.message
+
+
+def test_a_correct_variant_of_the_timer_passes(sol06):
+    r = _public("compile_win", with_answer(sol06, measure_compile_win=_win()))
+    assert r.status == "passed", r.message
+
+
 # --- answers that compute nothing earn nothing; every rule in every hidden set -------------------------------------
 
-@pytest.mark.parametrize("eid", ["count_compiles", "sync_free_step", "graph_runner", "trace_summary"])
+@pytest.mark.parametrize("eid", ["count_compiles", "sync_free_step", "graph_runner", "trace_summary", "compile_win"])
 def test_answers_that_compute_nothing_score_zero(eid):
     kit.assert_do_nothing_scores_zero(EX[eid])
 
@@ -362,4 +427,4 @@ def test_the_solution_earns_full_marks_and_the_untouched_lab_zero(sol06):
     results = [evaluate(ex, ns, "cpu", ex.cases()[:1]) for ex in EX.values()]
     assert [r.status for r in results] == ["not_attempted"] * len(EX) and sum(r.score for r in results) == 0
     full = [_public(eid, sol06) for eid in EX]
-    assert sum(r.score for r in full) == sum(ex.points for ex in EX.values()) == 16
+    assert sum(r.score for r in full) == sum(ex.points for ex in EX.values()) == 18

@@ -579,5 +579,114 @@ TRACE_SUMMARY = Exercise(
          "device events (kernel, gpu_memcpy, gpu_memset) by ts, track the end of the busy union, record gaps >= "
          "min_gap_us as (start, length); busy = union length / (last end - first start).")
 
-EXERCISES = [GRAPH_BREAKS, COUNT_COMPILES, COMPILE_ONCE, SYNC_FREE_STEP, GRAPH_RUNNER, TRACE_SUMMARY]
+
+# --- exercise 7: measuring a compiler win honestly -------------------------------------------------------------
+
+class VirtualDevice:
+    """An asynchronous device on a virtual clock (seconds): a call costs the host `host_s` at once and queues its
+    work; ``sync()`` waits for the queue. The compiled function's first call compiles on the host first
+    (`compile_s`), and its next two calls record/autotune (extra work), as ``mode="reduce-overhead"`` does."""
+
+    def __init__(self, p: dict, x: torch.Tensor):
+        self.p, self.x, self.now, self.free_at = p, x, 0.0, 0.0
+        self.calls = {"eager": 0, "compiled": 0, "compile_fn": 0, "other_input": 0}
+
+    def clock(self) -> float:
+        return self.now
+
+    def sync(self) -> None:
+        self.now = max(self.now, self.free_at)
+
+    def _run(self, kind: str, arg, work_s: float) -> torch.Tensor:
+        if not (isinstance(arg, torch.Tensor) and arg.shape == self.x.shape and torch.equal(arg, self.x)):
+            self.calls["other_input"] += 1
+        self.calls[kind] += 1
+        self.now += self.p["host_s"]
+        self.free_at = max(self.free_at, self.now) + work_s
+        return arg * 2.0
+
+    def eager(self, x):
+        first = self.calls["eager"] == 0
+        return self._run("eager", x, self.p["eager_s"] * (self.p["eager_first"] if first else 1.0))
+
+    def compile_fn(self, fn):
+        self.calls["compile_fn"] += 1
+
+        def compiled(x):
+            n = self.calls["compiled"]
+            if n == 0:
+                self.now += self.p["compile_s"]            # compiling: host time, before any work is queued
+            return self._run("compiled", x, self.p["compiled_s"] * (self.p["record"] if n in (1, 2) else 1.0))
+        return compiled
+
+
+def _win_cases(gen, public):
+    def case(rule, win=True, compile_range=(0.5, 30.0)):
+        eager = uniform(gen, 0.5e-3, 5e-3)
+        p = dict(eager_s=eager, compiled_s=eager * (uniform(gen, 0.25, 0.8) if win else uniform(gen, 1.1, 1.6)),
+                 compile_s=uniform(gen, *compile_range), host_s=eager * 0.005, eager_first=uniform(gen, 5, 20),
+                 record=uniform(gen, 3, 10))
+        name = (f"{rule}{': ' if rule else ''}eager {p['eager_s'] * 1e3:.3f} ms, compiled {p['compiled_s'] * 1e3:.3f} "
+                f"ms, compile {p['compile_s']:.1f} s")
+        return Case(name, dict(params=p, x=randn(gen, 4, 8)))
+
+    if public:
+        return [case(""), case("", win=False)]
+    return [case("a compiler win"), case("a compiler loss", win=False),
+            case("a long compile", compile_range=(60.0, 300.0))]
+
+
+def _win_run(ns, case, device):
+    dev = VirtualDevice(case.inputs["params"], case.inputs["x"])
+    got = entry(ns, "measure_compile_win")(dev.eager, dev.compile_fn, case.inputs["x"], clock=dev.clock,
+                                            sync=dev.sync)
+    return {"result": got if isinstance(got, dict) else type(got).__name__, "calls": dev.calls}
+
+
+def _win_judge(case, obs):
+    p, calls, got = case.inputs["params"], obs["calls"], obs["result"]
+    if not isinstance(got, dict) or not {"compile_s", "eager_ms", "compiled_ms", "speedup"} <= set(got):
+        return f"measure_compile_win must return a dict with compile_s, eager_ms, compiled_ms, speedup; got {got!r}."
+    if calls["compile_fn"] != 1:
+        return (f"compile_fn was called {calls['compile_fn']} times: compile once, and time the function it returns "
+                "(each call of compile_fn is a new compilation).")
+    if calls["other_input"]:
+        return (f"{calls['other_input']} call(s) got another input than x: time eager and compiled on the same "
+                "input, or the comparison measures the inputs, not the compiler.")
+    try:
+        compile_s, eager, compiled, speedup = (float(got[k]) for k in ("compile_s", "eager_ms", "compiled_ms",
+                                                                       "speedup"))
+    except (TypeError, ValueError):
+        return f"measure_compile_win returned non-numbers: {got!r}."
+    want_eager, want_compiled = p["eager_s"] * 1e3, p["compiled_s"] * 1e3
+    if eager < 0.5 * want_eager or compiled < 0.5 * want_compiled:
+        return (f"eager_ms {eager:.4f} and compiled_ms {compiled:.4f} are far below the work per call "
+                f"({want_eager:.4f} and {want_compiled:.4f} ms): the timer stopped before the device finished. "
+                "Call sync() before reading the clock (and before starting it).")
+    if not close(compile_s, p["compile_s"] + p["compiled_s"], 0.02, 1e-6):
+        return (f"compile_s = {compile_s:.4f}, expected the first call of the compiled function, synchronised: "
+                f"{p['compile_s']:.4f} s of compiling plus its run. Time that first call on its own.")
+    if compiled > 1.5 * want_compiled:
+        return (f"compiled_ms = {compiled:.4f}, but a warm compiled call takes {want_compiled:.4f} ms: your timing "
+                "includes the compile or the first calls (graph recording, autotuning). Warm up with `warmup` calls "
+                "after the first, then time.")
+    if eager > 1.5 * want_eager:
+        return (f"eager_ms = {eager:.4f}, but a warm eager call takes {want_eager:.4f} ms: warm eager up too (its "
+                "first call initialises caches and libraries), then time.")
+    if not close(eager, want_eager, 0.02, 1e-9) or not close(compiled, want_compiled, 0.02, 1e-9):
+        return (f"eager_ms {eager:.4f} vs expected {want_eager:.4f}, compiled_ms {compiled:.4f} vs "
+                f"{want_compiled:.4f}: time each warm call between two sync() calls and take the median.")
+    if not close(speedup, eager / compiled, 0.01, 1e-9):
+        return f"speedup = {speedup:.4f}, expected eager_ms / compiled_ms = {eager / compiled:.4f}."
+    return None
+
+
+COMPILE_WIN = Exercise(
+    "compile_win", 2, ("measure_compile_win",), _win_cases, _win_run, _win_judge,
+    title="Measuring a compiler win honestly",
+    hint="compiled = compile_fn(fn); sync(); t = clock(); compiled(x); sync(); compile_s = clock() - t; then warm "
+         "both up, and time each call between sync()s on the same x; medians in ms; speedup = eager / compiled.")
+
+EXERCISES = [GRAPH_BREAKS, COUNT_COMPILES, COMPILE_ONCE, SYNC_FREE_STEP, GRAPH_RUNNER, TRACE_SUMMARY,
+             COMPILE_WIN]
 BENCHMARKS: list = []
