@@ -51,6 +51,16 @@ def test_the_reference_limits_are_torch_finfo():
     assert CHECKS.ref_format_limits(4, 3, True)["max"] == 448.0 and CHECKS.ref_format_limits(5, 2)["max"] == 57344.0
 
 
+def test_the_fp16_toy_overflows_exactly_from_scale_2_to_the_22_and_bits_read_right():
+    from gpulab.precision import float_bits, overflows
+
+    g = torch.zeros(CHECKS.TOY_N)
+    g[7] = -1.0  # |g| max 1: scale / 64 x 1 overflows fp16 (65504) from 2^22 (65536 rounds to inf)
+    assert not overflows(g, 2.0 ** 21) and overflows(g, 2.0 ** 22)
+    assert float_bits(1.0, torch.float16) == "0 01111 0000000000"
+    assert float_bits(-2.5, torch.bfloat16) == "1 10000000 0100000"
+
+
 # --- 1. format limits -----------------------------------------------------------------------------------
 
 def _limits(bug):
