@@ -376,3 +376,12 @@ def test_a_canary_that_ignores_drift_fails(sol16):
 def test_do_nothing_answers_earn_nothing_and_hidden_rules_are_stable(eid):
     kit.assert_do_nothing_scores_zero(EX[eid])
     kit.assert_same_rules_every_seed(EX[eid])
+
+
+def test_hostile_plans_fail_cleanly_without_simulating_them(sol16):
+    r = _public("plan_serving", with_answer(sol16, plan_serving=lambda *a: {"tp": 8, "replicas": 10**7,
+                                                                            "max_batch": 1}), 1)
+    assert r.status == "failed" and "Search for the fewest replicas" in r.message, r.message
+    r = _public("plan_training", with_answer(sol16, plan_training=lambda *a: (Layout(16, 8, 8, zero=7),
+                                                                             "ZeRO stage seven shards everything")), 1)
+    assert r.status == "failed" and "positive ints" in r.message, r.message

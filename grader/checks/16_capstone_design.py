@@ -437,7 +437,12 @@ def _plan_training_judge(case, obs):
     spec, cluster = _spec(x["spec"]), _cluster(x["cluster"])
     if not isinstance(obs["plan"], dict):
         return f"plan_training must return (Layout, explanation), got {obs['plan']}."
-    lay = _layout(obs["plan"])
+    plan = obs["plan"]
+    if not all(isinstance(plan[k], int) and plan[k] > 0 for k in ("dp", "tp", "pp", "micro_batch")) or \
+            plan["zero"] not in (0, 1, 2, 3) or not isinstance(plan["recompute"], bool):
+        return (f"plan_training returned {plan}: dp, tp, pp and micro_batch must be positive ints, zero one of "
+                "0-3 and recompute a bool.")
+    lay = _layout(plan)
     problems = ref_layout_problems(spec, x["seq_len"], x["global_batch"], lay, cluster)
     if problems:
         return f"plan_training chose {lay} for {case.name}, which cannot run: {'; '.join(problems)}."
@@ -594,15 +599,15 @@ def _plan_serving_judge(case, obs):
         if _fits(spec, work, cluster, tp, max_batch, bug="no kv"):
             message += " Yours forgets the KV cache: size the batch so the cache of every running sequence fits."
         return message
-    p99 = _p99(spec, cluster, work, tp, replicas, max_batch)
     best = ref_plan_serving(spec, work, cluster)
+    if tp * replicas > SERVE_SLACK * best[0]:
+        return (f"plan_serving uses {tp * replicas} GPUs ({replicas} x TP={tp}); {best[2]} replicas of TP={best[1]} "
+                f"({best[0]} GPUs) also meet p99 < {work.p99_s:g} s. Search for the fewest replicas per TP degree.")
+    p99 = _p99(spec, cluster, work, tp, replicas, max_batch)
     if p99 > work.p99_s:
         return (f"plan_serving: {replicas} replicas of TP={tp}, max_batch={max_batch} give p99 = {p99:.3f} s in the "
                 f"simulation, over the {work.p99_s:g} s target for {case.name}. Add replicas (queueing), or use "
                 f"more TP per replica (each step faster). The reference meets it with {best[2]} x TP={best[1]}.")
-    if tp * replicas > SERVE_SLACK * best[0]:
-        return (f"plan_serving uses {tp * replicas} GPUs ({replicas} x TP={tp}); {best[2]} replicas of TP={best[1]} "
-                f"({best[0]} GPUs) also meet p99 < {work.p99_s:g} s. Search for the fewest replicas per TP degree.")
     return None
 
 
