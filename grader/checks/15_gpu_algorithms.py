@@ -198,10 +198,9 @@ def _kernel_cases(gen, public):
     if public:
         return [case("", 4, 64, 4, _ints(gen, 4, 64, hi=3)), case("", 3, 100, 5, randn(gen, 3, 100)),
                 case("", 2, 37, 1, _ints(gen, 2, 37, lo=-3, hi=0)), case("", 5, 20, 8, _ints(gen, 5, 20, hi=1))]
-    n = randint(gen, 50, 300)
+    n, odd = randint(gen, 50, 300), 2 * randint(gen, 20, 60) + 1
     return [case("ties", 3, n, randint(gen, 3, 8), _ints(gen, 3, n, hi=2)),
-            case("a width that is not a power of two", 3, 2 * randint(gen, 20, 60) + 1, randint(gen, 2, 8),
-                 randn(gen, 3, 161)),
+            case("a width that is not a power of two", 3, odd, randint(gen, 2, 8), randn(gen, 3, odd)),
             case("k = 1", 4, 90, 1, randn(gen, 4, 90)),
             case("negative values", 3, 48, randint(gen, 2, 8), _ints(gen, 3, 48, lo=-6, hi=-1)),
             case("k close to the width", 2, 9, randint(gen, 6, 9), _ints(gen, 2, 9, hi=3))]
@@ -603,8 +602,8 @@ def _ivf_cases(gen, public):
         return [case("", 80, 4, 6, 5, 5, 2), case("", 60, 3, 4, 4, 8, 1), case("", 50, 2, 5, 3, 4, 5)]
     return [case("one probe", randint(gen, 60, 120), 4, randint(gen, 4, 8), 4, randint(gen, 3, 6), 1),
             case("a few probes", 100, randint(gen, 3, 5), 8, 4, 5, randint(gen, 2, 4)),
-            case("every list probed: brute force", 60, 3, 5, 3, randint(gen, 3, 8), 5),
-            case("lists shorter than k: -1 padding", 30, 3, 8, 3, randint(gen, 12, 16), 1)]
+            case("every list probed (brute force)", 60, 3, 5, 3, randint(gen, 3, 8), 5),
+            case("lists shorter than k (-1 padding)", 30, 3, 8, 3, randint(gen, 12, 16), 1)]
 
 
 def _ivf_run(ns, case, device):
@@ -766,7 +765,7 @@ def _split_cases(gen, public):
         return [case("", 3, 8, 1.0, 0.0), case("", 4, 16, 0.5, 0.2), case("", 2, 4, 1.0, 0.0, dup=True),
                 case("", 3, 8, 5.0, 0.0, small_h=True)]
     lam = lambda: round(uniform(gen, 0.5, 5), 2)  # noqa: E731
-    return [case("lambda dominates small hessians", randint(gen, 2, 6), 16, lam() + 2, 0.0, small_h=True),
+    return [case("lambda dominates small hessians", randint(gen, 2, 6), 16, round(lam() + 2, 2), 0.0, small_h=True),
             case("gamma", randint(gen, 2, 6), choice(gen, [8, 16]), lam(), round(uniform(gen, 0.1, 1), 2)),
             case("equal features", randint(gen, 2, 4), 8, lam(), 0.0, dup=True),
             case("many bins", 2, 64, lam(), 0.0)]
