@@ -278,7 +278,8 @@ def _labels_verdict(name, got, x, c, exact: bool):
         return f"{name}: labels outside 0..{c.shape[0] - 1}."
     d2 = ((x.double()[:, None] - c.double()[None]) ** 2).sum(-1)
     theirs = d2.gather(1, got[:, None])[:, 0]
-    slack = 0 if exact else 1e-5 * (d2.abs().amax(1) + 1)   # float32 rounding of the matmul form
+    norms = (x.double() ** 2).sum(1) + (c.double() ** 2).sum(1).max()   # what the matmul form cancels
+    slack = 0 if exact else 1e-5 * (norms + 1)                          # float32 rounding of it
     wrong = (theirs > best + slack) | (exact and (got != want))
     if not bool(wrong.any()):
         return None
