@@ -873,7 +873,9 @@ BACKWARD = Exercise("flash_backward", 2, ("flash_attention_autograd", "FlashAtte
                     title="Stretch: the backward pass as a torch.autograd.Function", hint="Save q, k, v, out, lse "
                     "only. delta = rowsum(dO * O); one kernel per key block accumulates dV += Pᵀ dO and dK += dSᵀ Q "
                     "over query blocks, one per query block accumulates dQ += dS K, with P = exp2(s - lse * log2(e)) "
-                    "and dS = P * (dP - delta); scale dK and dQ by the softmax scale.")
+                    "and dS = P * (dP - delta); scale dK and dQ by the softmax scale. forward(ctx, q, k, v, "
+                    "causal=False, scale=None): (B, S, D) inputs go to the kernels as one_head() views, and their lse "
+                    "is saved as (B, Sq).")
 
 EXERCISES = [REFERENCE, MEMORY, PYTORCH, FORWARD, CAUSAL, BACKWARD]
 
