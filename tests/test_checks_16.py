@@ -1,10 +1,11 @@
-"""Lab 16's checks: the solution passes; the mistakes system-design answers really make are rejected with a
-message that names them: optimizer states, activations in flight or the bubble forgotten, TP priced on NVLink
-across nodes, a ring all-reduce without its factor 2, a feasibility test that accepts TP across nodes or rejects a
-published layout, a planner that is not the fastest, a serving plan that forgets the KV cache or misses the p99,
-PP credited with lower latency, batching that ignores the wait to fill a batch, Young/Daly without the factor 2 or
-with one GPU's MTBF, a re-shard that drops the padding tail, a straggler test fooled by one hiccup, a divergence
-diagnosis that blames the biggest layer, MLOps anti-patterns and a canary promoted on too few requests."""
+"""Lab 16's checks: the solution passes; the mistakes system-design answers really make are rejected with a message
+that names them: optimizer states, activations in flight or the bubble forgotten, TP priced on NVLink across nodes,
+a ring all-reduce without its factor 2, a feasibility test that accepts TP across nodes or rejects a published
+layout, a planner that is not the fastest, a serving plan that forgets the KV cache or misses the p99, PP credited
+with lower latency, batching that ignores the wait to fill a batch, the network blamed for a slow rank, Young/Daly
+without the factor 2 or with one GPU's MTBF, a re-shard that drops the padding tail, a straggler test fooled by one
+hiccup, a divergence diagnosis that blames the biggest layer, MLOps anti-patterns and a canary promoted on too few
+requests."""
 import math
 import types
 

@@ -1,10 +1,10 @@
-"""Checks of lab 16, the capstone: a training planner (memory per GPU by ZeRO stage and recomputation, a modelled
-step time with the bubble and the alpha-beta collectives, feasibility, the layout search) checked against the
-published GPT-3 175B and Llama 3 405B layouts; serving capacity (weights and KV cache per GPU, a 175B deployment
-at 100 requests/s judged by a queueing simulation, 7B on 4 GPUs, ResNet-152 batching); reliability (Young/Daly,
-a ZeRO re-shard, stragglers and hangs, a diverging run) and an MLOps checklist with a canary decision. Wrong
-answers are named by the mistake they match. Hidden cases: one per rule (a case's name starts with its rule,
-before ':'), the same rules on every seed.
+"""Checks of lab 16, the capstone: a training planner (memory per GPU by ZeRO stage and recomputation, a modelled step
+time with the bubble and the alpha-beta collectives, feasibility, the layout search) checked against the published
+GPT-3 175B and Llama 3 405B layouts; serving capacity (weights and KV cache per GPU, a 175B deployment at 100
+requests/s judged by a queueing simulation, 7B on 4 GPUs, ResNet-152 batching, a slow deployment's per-rank
+profile); reliability (Young/Daly, a ZeRO re-shard, stragglers and hangs, a diverging run) and an MLOps checklist
+with a canary decision. Wrong answers are named by the mistake they match. Hidden cases: one per rule (a case's name
+starts with its rule, before ':'), the same rules on every seed.
 """
 from __future__ import annotations
 
