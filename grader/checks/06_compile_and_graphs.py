@@ -364,16 +364,17 @@ def _graph_cases(gen, public):
             case("many calls", 1, 8)]
 
 
-def _graph_model(case, dtype=torch.float32):
-    """fn(x[, scale]) = Linear -> GELU -> Linear of x (rows, d), times `scale` (rows, d) when given."""
+def _graph_model(case, dtype=torch.float32, device="cpu"):
+    """fn(x[, scale]) = Linear -> GELU -> Linear of x (rows, d), times `scale` (rows, d) when given. The weights
+    live on `device` already: a host-to-device copy cannot be captured in a CUDA graph."""
     gen = torch.Generator().manual_seed(case.inputs["seed"])
     d = case.inputs["d"]
-    w1 = (torch.randn(d, 2 * d, generator=gen) / d ** 0.5).to(dtype)        # drawn in float32 for any dtype
-    w2 = (torch.randn(2 * d, d, generator=gen) / (2 * d) ** 0.5).to(dtype)
-    b1 = torch.randn(2 * d, generator=gen).to(dtype)
+    w1 = (torch.randn(d, 2 * d, generator=gen) / d ** 0.5).to(device, dtype)   # drawn in float32 for any dtype
+    w2 = (torch.randn(2 * d, d, generator=gen) / (2 * d) ** 0.5).to(device, dtype)
+    b1 = torch.randn(2 * d, generator=gen).to(device, dtype)
 
     def fn(x, scale=None):
-        out = torch.nn.functional.gelu(x @ w1.to(x.device) + b1.to(x.device)) @ w2.to(x.device)  # (rows, d)
+        out = torch.nn.functional.gelu(x @ w1 + b1) @ w2   # (rows, d)
         return out if scale is None else out * scale
     return fn
 
@@ -404,8 +405,7 @@ class _EagerOps(TorchDispatchMode):
 
 def _graph_run(ns, case, device):
     cls, api = entry(ns, "GraphRunner"), graph_api(device)
-    fn = _graph_model(case)
-    dev_fn = lambda *xs: fn(*xs)  # noqa: E731
+    dev_fn = _graph_model(case, device=device)
     example = [t.to(device) for t in _graph_inputs(case, 0)]
     kept = [t.clone() for t in example]
     runner = cls(dev_fn, tuple(example), api)
