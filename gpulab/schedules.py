@@ -99,6 +99,7 @@ def gantt(schedule: Schedule | None = None, ax=None, p: int | None = None, title
     ``p`` devices) the rows are devices and later chunks are drawn lighter. Returns the axes.
     """
     import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgb
     from matplotlib.patches import Patch
 
     if schedule is None and times is None:
@@ -118,8 +119,9 @@ def gantt(schedule: Schedule | None = None, ax=None, p: int | None = None, title
         ax.broken_barh([(0, end)], (stage - 0.4, 0.8), facecolors="#e6e6e6", hatch="///", edgecolor="#bdbdbd",
                        linewidth=0)
     for stage, start, dur, s, chunk in boxes:
-        ax.broken_barh([(start, dur)], (stage - 0.4, 0.8), facecolors=_COLORS.get(s.kind, "red"),
-                       edgecolor="white", linewidth=1, alpha=1.0 - 0.5 * chunk / max(v - 1, 1))
+        light = 0.5 * chunk / max(v - 1, 1)  # later chunks: mixed with white (opaque, so no hatch shows through)
+        color = [(1 - light) * c + light for c in to_rgb(_COLORS.get(s.kind, "red"))]
+        ax.broken_barh([(start, dur)], (stage - 0.4, 0.8), facecolors=[color], edgecolor="white", linewidth=1)
         if labels and dur >= 0.5:
             ax.text(start + dur / 2, stage, str(s.mb), ha="center", va="center", fontsize=7,
                     color="white" if chunk == 0 else "black")
