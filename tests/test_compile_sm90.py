@@ -24,14 +24,14 @@ from grader.checks import load_lab
 from grader.notebooks import answer_cells, exec_source, export_source, read_notebook
 
 LABS = ["02_triton_basics", "03_reductions", "04_matmul", "05_flash_attention", "08_quantization",
-        "14_inference_serving"]
+        "14_inference_serving", "15_gpu_algorithms"]
 
 # What each kernel must show, by name. Every compiled kernel must be listed (a new kernel gets rules).
 TENSOR_CORES = {"matmul_kernel", "matmul_bias_act_kernel", "flash_fwd_kernel", "flash_causal_kernel",
                 "flash_bwd_dkdv_kernel", "flash_bwd_dq_kernel", "int8_weight_matmul_kernel"}
 VECTOR_128 = {"vector_add_kernel", "bias_gelu_kernel", "copy_2d_kernel", "softmax_kernel", "softmax_stats_kernel",
               "rmsnorm_kernel", "layernorm_kernel", "rmsnorm_bwd_dx_kernel", "rmsnorm_bwd_dw_kernel",
-              "int8_gemv_kernel", "paged_decode_kernel"}
+              "int8_gemv_kernel", "paged_decode_kernel", "topk_rows_kernel"}
 INT8_WEIGHTS = {"int8_weight_matmul_kernel", "int8_gemv_kernel"}  # the decode GEMV: no tensor cores by design
 EXPECTED = {
     "02_triton_basics": {"vector_add_kernel", "bias_gelu_kernel", "copy_2d_kernel"},
@@ -41,6 +41,7 @@ EXPECTED = {
     "05_flash_attention": {"flash_fwd_kernel", "flash_causal_kernel", "flash_bwd_dkdv_kernel", "flash_bwd_dq_kernel"},
     "08_quantization": {"int8_weight_matmul_kernel", "int8_gemv_kernel"},
     "14_inference_serving": {"paged_decode_kernel"},  # one query row per program: no tensor cores by design
+    "15_gpu_algorithms": {"topk_rows_kernel"},  # one row per program, K max/argmin passes: no tensor cores by design
 }
 
 
