@@ -446,3 +446,13 @@ def test_answers_that_compute_nothing_score_zero(eid):
 @pytest.mark.parametrize("eid", list(EX))
 def test_every_hidden_set_covers_the_same_rules(eid):
     kit.assert_same_rules_every_seed(EX[eid])
+
+
+@pytest.mark.parametrize("subclass", [False, True])
+def test_a_scheduler_borrowed_from_the_course_helpers_fails(sol14, subclass):
+    """Lab 16's planner models this policy (gpulab.planning.FCFSBatcher): handing it in is not the exercise."""
+    from gpulab.planning import FCFSBatcher
+
+    scheduler = type("Scheduler", (FCFSBatcher,), {}) if subclass else FCFSBatcher
+    r = _public("continuous_batching", with_answer(sol14, Scheduler=scheduler), 1)
+    assert r.status == "failed" and "gpulab.planning.FCFSBatcher" in r.message and "write your own" in r.message
