@@ -19,6 +19,7 @@ explained by the judge (a blocking send in 1F1B, a gradient never sent back).
 """
 from __future__ import annotations
 
+import numbers
 import random
 
 import torch
@@ -989,7 +990,8 @@ def _sends_cases(gen, public):
 
 def _sends_run(ns, case, device):
     x = case.inputs
-    return {"sends": entry(ns, "p2p_sends")(_tuples(x["schedule"]), x["p"])}
+    sends = entry(ns, "p2p_sends")(_tuples(x["schedule"]), x["p"])
+    return {"sends": int(sends) if isinstance(sends, numbers.Integral) and not isinstance(sends, bool) else sends}
 
 
 def _sends_judge(case, obs):
