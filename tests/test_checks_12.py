@@ -27,7 +27,7 @@ def sol12():
 
 
 @pytest.mark.parametrize("eid", ["tp_regions", "column_parallel", "row_parallel", "tp_mlp", "tp_attention",
-                                 "tp_comm_volume"])
+                                 "tp_comm_volume", "vocab_parallel_ce"])
 def test_solution_passes_public_and_hidden_cases(sol12, eid):
     result = grade(STEM, eid, sol12)
     assert result.status == "passed", result.message
@@ -248,3 +248,98 @@ def test_collective_log_counts_payload_bytes_and_group_size():
                              f"all_gather_into_tensor x1 ({16 * size} B)")
     assert dist.all_reduce is original  # unpatched on exit
     assert math.isclose(load_lab(STEM).ref_ring_allreduce_traffic(100, 4), 150)
+
+
+# --- vocab-parallel cross-entropy --------------------------------------------------------------------
+
+def _vocab_ce(sol, *, gather=False, shift=True, end_inclusive=False):
+    """A VocabParallelCrossEntropy with one of the classic mistakes switched on."""
+    vocab_range = sol["vocab_range"]
+
+    class VocabCE(sol["VocabParallelCrossEntropy"]):
+        @staticmethod
+        def forward(ctx, logits_shard, target, group):
+            p, r = dist.get_world_size(group), dist.get_rank(group)
+            n = logits_shard.shape[-1]
+            start, end = vocab_range(n * p, group)
+            if gather:  # BUG: all-gathers the (B, S, V) logits the vocab-parallel loss exists to avoid
+                parts = [torch.empty_like(logits_shard) for _ in range(p)]
+                dist.all_gather(parts, logits_shard.contiguous(), group=group)
+                full = torch.cat(parts, -1).requires_grad_(True)
+                with torch.enable_grad():
+                    loss = F.cross_entropy(full.flatten(0, 1), target.flatten(), reduction="none")
+                    (grad,) = torch.autograd.grad(loss.sum(), full)
+                ctx.save_for_backward(grad[..., r * n:(r + 1) * n])
+                return loss.detach().view(target.shape)
+            row_max = logits_shard.max(-1).values
+            dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
+            z = logits_shard - row_max.unsqueeze(-1) if shift else logits_shard  # BUG when not shift: exp overflows
+            owned = (target >= start) & ((target <= end) if end_inclusive else (target < end))  # BUG: <= end
+            local = (target - start).clamp(0, n - 1)
+            tgt = torch.where(owned, z.gather(-1, local.unsqueeze(-1)).squeeze(-1), torch.zeros_like(row_max))
+            dist.all_reduce(tgt, group=group)
+            exp_z = z.exp()
+            sum_exp = exp_z.sum(-1)
+            dist.all_reduce(sum_exp, group=group)
+            grad = exp_z / sum_exp.unsqueeze(-1)
+            grad.scatter_add_(-1, local.unsqueeze(-1), -owned.unsqueeze(-1).to(grad.dtype))
+            ctx.save_for_backward(grad)
+            return sum_exp.log() - tgt
+
+        @staticmethod
+        def backward(ctx, grad_loss):
+            return ctx.saved_tensors[0] * grad_loss.unsqueeze(-1), None, None
+    return VocabCE
+
+
+def _grade_vocab_ce(sol, **bug):
+    return grade(STEM, "vocab_parallel_ce", with_answer(sol, VocabParallelCrossEntropy=_vocab_ce(sol, **bug)),
+                 hidden=False)
+
+
+def test_vocab_ce_variant_without_bugs_passes(sol12):
+    r = _grade_vocab_ce(sol12)
+    assert r.status == "passed", r.message
+
+
+def test_vocab_ce_that_gathers_the_logits_fails_although_its_values_are_right(sol12):
+    r = _grade_vocab_ce(sol12, gather=True)
+    assert r.status == "failed" and "never to gather" in r.message, r.message
+
+
+def test_vocab_ce_without_the_global_max_overflows_and_fails(sol12):
+    r = _grade_vocab_ce(sol12, shift=False)
+    assert r.status == "failed" and "not finite" in r.message and "GLOBAL max" in r.message, r.message
+
+
+def test_vocab_ce_target_mask_including_the_shard_end_fails_on_boundary_targets(sol12):
+    r = _grade_vocab_ce(sol12, end_inclusive=True)
+    assert r.status == "failed" and "shard edges" in r.message and "end excluded" in r.message, r.message
+
+
+def test_vocab_range_that_floors_an_indivisible_vocabulary_fails(sol12):
+    def floor_range(vocab_size, group):  # BUG: drops the remainder ids silently
+        n = vocab_size // dist.get_world_size(group)
+        return dist.get_rank(group) * n, (dist.get_rank(group) + 1) * n
+
+    r = grade(STEM, "vocab_parallel_ce", with_answer(sol12, vocab_range=floor_range), hidden=False)
+    assert r.status == "failed" and "vocabulary of 10 ids" in r.message and "ValueError" in r.message, r.message
+
+
+def test_vocab_ce_max_on_the_default_group_is_caught(sol12):
+    class MaxOnTheWorld(sol12["VocabParallelCrossEntropy"]):
+        @staticmethod
+        def forward(ctx, logits_shard, target, group):
+            original = dist.all_reduce
+
+            def first_on_world(t, op=dist.ReduceOp.SUM, group=None, async_op=False):
+                dist.all_reduce = original
+                return original(t, op=op)  # BUG: the max of the first all-reduce runs over all 4 ranks
+            dist.all_reduce = first_on_world
+            try:
+                return sol12["VocabParallelCrossEntropy"].forward(ctx, logits_shard, target, group)
+            finally:
+                dist.all_reduce = original
+
+    r = grade(STEM, "vocab_parallel_ce", with_answer(sol12, VocabParallelCrossEntropy=MaxOnTheWorld), hidden=False)
+    assert r.status == "failed" and "ran over 4 ranks" in r.message, r.message

@@ -140,12 +140,13 @@ def _probe(L):
             fn.forward(types.SimpleNamespace(), torch.zeros(2, 4), None)
 
 
-def _launch_run(rank_fn, names):
-    """The run side of a layer exercise: one launch of ``rank_fn`` on WORLD ranks for all the case's configs."""
+def _launch_run(rank_fn, names, probe=_probe):
+    """The run side of a layer exercise: one launch of ``rank_fn`` on WORLD ranks for all the case's configs;
+    ``probe(L)`` calls the learner's objects once here, so that a stub costs no launch."""
     def run(ns, case, device):
         L = {name: entry(ns, name) for name in names}
         ranks = launch_ranks((rank_fn, *L.values()), rank_main, WORLD, rank_fn, L, case.inputs["configs"],
-                             RANK_TIMEOUT_S, timeout_s=RANK_TIMEOUT_S, probe=lambda: _probe(L))
+                             RANK_TIMEOUT_S, timeout_s=RANK_TIMEOUT_S, probe=lambda: probe(L))
         return {"ranks": ranks}
     return run
 
@@ -793,7 +794,109 @@ TP_COMM_VOLUME = Exercise(
          "nothing when tp_size == 1. A ring all-reduce sends 2(p-1)/p of the payload per rank. A layer has "
          "two blocks; full recomputation replays the forward all-reduces.")
 
-EXERCISES = [TP_REGIONS, COLUMN_PARALLEL, ROW_PARALLEL, TP_MLP, TP_ATTENTION, TP_COMM_VOLUME]
+# --- vocab-parallel cross-entropy -----------------------------------------------------------------
+
+def _rank_vocab_ce(L, cfg, pg, r, tp):
+    logits = _leaf(cfg["logits"].chunk(tp, -1)[r].contiguous())   # (B, S, V/p): this rank's vocabulary ids
+    y, calls = _fwd_bwd(lambda: L["VocabParallelCrossEntropy"].apply(logits, cfg["target"], pg), cfg["dy"])
+    return {"y": y, "x_grad": _grad(logits), "calls": calls}
+
+
+def _boundary_targets(gen, B, S, V, tp):
+    """Target ids on shard edges: the first and last id of every rank's range [r*V/p, (r+1)*V/p)."""
+    n = V // tp
+    edges = torch.tensor([i for r in range(tp) for i in (r * n, (r + 1) * n - 1)])
+    return edges[torch.randint(len(edges), (B, S), generator=gen)]
+
+
+def _vocab_ce_cases(gen, public):
+    configs = []
+    for tp, kind in ((2, "boundary"), (2, "random"), (4, "random"), (4, "large")):
+        B, S = (2, 3) if public else (randint(gen, 1, 3), randint(gen, 1, 4))
+        V = (8 if public else 4 * randint(gen, 2, 6)) * (2 if tp == 2 else 1)
+        logits = randn(gen, B, S, V, scale=3.0)
+        if kind == "large":   # exp(1000) overflows float32: only a max-shifted softmax stays finite
+            logits = logits * 20 + 1000
+        target = (_boundary_targets(gen, B, S, V, tp) if kind == "boundary"
+                  else torch.randint(V, (B, S), generator=gen))
+        configs.append({"tp": tp, "kind": kind, "label": f"VocabParallelCrossEntropy at TP={tp}, logits {B}x{S}x{V}"
+                        + {"random": "", "boundary": ", targets on shard boundaries",
+                           "large": ", large logits (about 1000)"}[kind],
+                        "logits": logits, "target": target, "dy": randn(gen, B, S)})
+    bad = 10 if public else 4 * randint(gen, 1, 5) + 2   # divisible by 2, not by 4
+    configs.append({"tp": 4, "indivisible": ("vocab_range", bad), "label": f"vocab_range({bad}) at TP=4"})
+    return _launch_case(public, configs)
+
+
+def _vocab_ce_ref(cfg):
+    logits = cfg["logits"].double().requires_grad_(True)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), cfg["target"].flatten(), reduction="none")
+    loss = loss.view(cfg["target"].shape)                                   # (B, S)
+    loss.backward(cfg["dy"].double())
+    return {"y": loss.detach(), "x_grad": logits.grad}
+
+
+def _check_vocab_calls(cfg, obs) -> str | None:
+    """Forward: all-reduces of (B, S) statistics only (max, sum of exp, target logit); backward: nothing."""
+    B, S = cfg["target"].shape
+    calls, small = obs["calls"], B * S * 4
+    for c in calls:
+        if c["op"] in GATHERS:
+            return (f"a {c['op']} of {c['bytes']} bytes was issued in {c['phase']}: the point of a vocab-parallel "
+                    "loss is never to gather the (B, S, V) logits. All-reduce three (B, S) statistics instead: the "
+                    "max, the sum of exp, and the target logit.")
+        if c["phase"] == "backward":
+            return (f"{c['op']} in backward: the gradient softmax - one_hot of this rank's shard needs no "
+                    "communication (save the softmax, or what recomputes it, in forward).")
+        if c["op"] != "all_reduce" or c["bytes"] > 2 * small:
+            return (f"forward issued {c['op']} of {c['bytes']} bytes; expected only all-reduces of (B, S) "
+                    f"statistics ({small} bytes each).")
+    if not calls:
+        return "no collective was issued: every rank holds only V/p logits, so the max, sum and target need the group."
+    return None
+
+
+def _vocab_ce_check(cfg, ref, obs, r, rank):
+    tp = cfg["tp"]
+    if cfg.get("indivisible"):
+        return _check_indivisible(obs, f"a vocabulary of {cfg['indivisible'][1]} ids at TP={tp}")
+    if msg := _check_groups(obs, tp):
+        return msg
+    y, grad = obs.get("y"), obs.get("x_grad")
+    if isinstance(y, torch.Tensor) and not bool(torch.isfinite(y).all()) or (
+            isinstance(grad, torch.Tensor) and not bool(torch.isfinite(grad).all())):
+        return ("the loss or the gradient is not finite (inf or NaN) for logits near 1000: exp overflows float32. "
+                "Subtract the GLOBAL max (all-reduce MAX of each rank's row max) before exp.")
+    if msg := _cmp(y, ref["y"], "loss (B, S)"):
+        hint = (" Targets here sit on shard edges: rank r owns ids start <= t < end (end excluded), so exactly one "
+                "rank contributes each target logit; mask the others to 0 before the all-reduce SUM."
+                if cfg["kind"] == "boundary" else "")
+        return msg + hint + _rank_note(r, rank)
+    n = cfg["logits"].shape[-1] // tp
+    if msg := _cmp(grad, ref["x_grad"][..., r * n:(r + 1) * n], "logits_shard.grad"):
+        return msg + (" The gradient of this rank's shard is (softmax - one_hot(target))[shard] * grad_loss: the "
+                      "one-hot is 1 only on the rank that owns the target id.")
+    return _check_vocab_calls(cfg, obs)
+
+
+def _vocab_ce_probe(L):
+    L["vocab_range"](8, None)
+    L["VocabParallelCrossEntropy"].forward(types.SimpleNamespace(), torch.zeros(1, 1, 4), torch.zeros(1, 1).long(),
+                                           None)
+
+
+VOCAB_PARALLEL_CE = Exercise(
+    "vocab_parallel_ce", 3, ("vocab_range", "VocabParallelCrossEntropy"), _vocab_ce_cases,
+    _launch_run(_rank_vocab_ce, ("vocab_range", "VocabParallelCrossEntropy"), probe=_vocab_ce_probe),
+    _judge_launch(_vocab_ce_ref, _vocab_ce_check), title="Vocab-parallel cross-entropy",
+    hint="forward: m = all-reduce MAX of the row max; z = logits - m; target logit = z at (target - start) where "
+         "start <= target < end, else 0, then all-reduce SUM; sum_exp = all-reduce SUM of exp(z).sum(-1); loss = "
+         "log(sum_exp) - target logit. backward: softmax = exp(z) / sum_exp, minus 1 at the target on the rank "
+         "that owns it, times grad_loss[..., None]. No collective in backward.")
+
+
+EXERCISES = [TP_REGIONS, COLUMN_PARALLEL, ROW_PARALLEL, TP_MLP, TP_ATTENTION, TP_COMM_VOLUME,
+             VOCAB_PARALLEL_CE]
 
 
 # --- benchmarks (python -m grader bench): one rank, so only the wrappers' overhead shows --------
