@@ -4,6 +4,9 @@
   tensor parallelism splits (Shoeybi et al., "Megatron-LM", 2019, section 3). Their weights use
   ``nn.Linear``'s layout ``(out_features, in_features)``; the attention's fused ``qkv`` projection
   is laid out ``[q | k | v]``, each block ``hidden = n_heads * head_dim`` rows, head after head.
+- :class:`MLPBlock`: the pre-LayerNorm residual MLP block that sequence parallelism shards along the
+  sequence (Korthikanti et al., 2022), and :func:`activation_bytes`, the bytes a region's autograd
+  nodes saved for backward (lab 12 measures the LayerNorm region per rank with it).
 - Counting the collectives a rank issues is :func:`gpulab.commlog.record_collectives` (lesson 11).
 - :func:`draw_megatron`: the picture of which collective each tensor-parallel layer issues,
   forward and backward (the f and g operators).
@@ -25,6 +28,39 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.gelu(self.fc1(x)))
+
+
+class MLPBlock(nn.Module):
+    """A pre-LayerNorm residual MLP block, ``x + dropout(MLP(LayerNorm(x)))``: x (batch, seq, hidden) float32
+    -> (batch, seq, hidden). Lab 12's sequence parallelism shards its LayerNorm and dropout regions along seq."""
+
+    def __init__(self, hidden: int, ffn_hidden: int, bias: bool = True, dropout: float = 0.0):
+        super().__init__()
+        self.ln = nn.LayerNorm(hidden)
+        self.mlp = MLP(hidden, ffn_hidden, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.dropout(self.mlp(self.ln(x)))
+
+
+def activation_bytes(y: torch.Tensor, op: str = "LayerNorm") -> int:
+    """Bytes of the activations that autograd nodes whose name contains ``op`` saved for backward,
+    walking ``y``'s graph (call it before backward frees them). Activations only: saved tensors of two
+    or more dims (a LayerNorm's input and its per-token mean and rstd, not its (hidden,) weight)."""
+    seen, stack, total = set(), [y.grad_fn], 0
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if op in node.name():
+            for name in dir(node):
+                value = getattr(node, name, None) if name.startswith("_saved_") else None
+                if isinstance(value, torch.Tensor) and value.dim() >= 2:
+                    total += value.numel() * value.element_size()
+        stack.extend(n for n, _ in node.next_functions)
+    return total
 
 
 class SelfAttention(nn.Module):

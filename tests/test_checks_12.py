@@ -27,7 +27,7 @@ def sol12():
 
 
 @pytest.mark.parametrize("eid", ["tp_regions", "column_parallel", "row_parallel", "tp_mlp", "tp_attention",
-                                 "tp_comm_volume", "vocab_parallel_ce"])
+                                 "tp_comm_volume", "vocab_parallel_ce", "sequence_parallel"])
 def test_solution_passes_public_and_hidden_cases(sol12, eid):
     result = grade(STEM, eid, sol12)
     assert result.status == "passed", result.message
@@ -343,3 +343,62 @@ def test_vocab_ce_max_on_the_default_group_is_caught(sol12):
 
     r = grade(STEM, "vocab_parallel_ce", with_answer(sol12, VocabParallelCrossEntropy=MaxOnTheWorld), hidden=False)
     assert r.status == "failed" and "ran over 4 ranks" in r.message, r.message
+
+
+# --- sequence parallelism ------------------------------------------------------------------------------
+
+def _sp_block(sol, exit_region=None, norm_after_gather=False):
+    """A SequenceParallelMLP whose exit region is ``exit_region`` (default: the solution's), optionally with the
+    LayerNorm moved after the all-gather (the solution's classes resolve names in the solution's own globals,
+    so a wrong region must be wired into a block here)."""
+    gather = sol["GatherFromSequenceParallelRegion"]
+    scatter = exit_region or sol["ReduceScatterToSequenceParallelRegion"]
+
+    class Block(sol["SequenceParallelMLP"]):
+        def forward(self, x):
+            if norm_after_gather:  # BUG: LayerNorm stores the whole sequence on every rank
+                h = self.ln(gather.apply(x, self.group))
+            else:
+                h = gather.apply(self.ln(x), self.group)
+            h = F.linear(F.gelu(F.linear(h, self.fc1.weight, self.fc1.bias)), self.fc2.weight)
+            h = scatter.apply(h, self.group)
+            h = h if self.fc2.bias is None else h + self.fc2.bias
+            if self.training and self.dropout > 0:
+                h = h * (torch.rand(h.shape, generator=self.generator) >= self.dropout) / (1 - self.dropout)
+            return x + h
+    return Block
+
+
+def test_sequence_parallel_exit_as_an_all_reduce_then_a_slice_fails_although_its_values_are_right(sol12):
+    class AllReduceThenSlice(sol12["ReduceScatterToSequenceParallelRegion"]):
+        @staticmethod
+        def forward(ctx, x, group):
+            ctx.group = group
+            out = x.clone(memory_format=torch.contiguous_format)
+            dist.all_reduce(out, group=group)  # BUG: all-reduce the whole sequence, then keep this rank's tokens
+            return out.chunk(dist.get_world_size(group), 1)[dist.get_rank(group)].contiguous()
+
+    block = _sp_block(sol12, exit_region=AllReduceThenSlice)
+    r = grade(STEM, "sequence_parallel", with_answer(sol12, SequenceParallelMLP=block), hidden=False)
+    assert r.status == "failed" and "all-reduce followed by a slice" in r.message, r.message
+
+
+def test_sequence_parallel_layer_norm_on_the_gathered_sequence_fails_on_activation_memory(sol12):
+    block = _sp_block(sol12, norm_after_gather=True)
+    r = grade(STEM, "sequence_parallel", with_answer(sol12, SequenceParallelMLP=block), hidden=False)
+    assert r.status == "failed" and "LayerNorm saved" in r.message and "before the all-gather" in r.message, r.message
+
+
+def test_sequence_parallel_dropout_with_the_same_rng_on_every_rank_fails(sol12):
+    class SameMask(sol12["SequenceParallelMLP"]):
+        def __init__(self, hidden, ffn_hidden, process_group, dropout=0.0, bias=True, seed=0):
+            super().__init__(hidden, ffn_hidden, process_group, dropout, bias, seed)
+            self.generator = torch.Generator().manual_seed(seed)  # BUG: one stream for every rank's tokens
+
+    r = grade(STEM, "sequence_parallel", with_answer(sol12, SequenceParallelMLP=SameMask), hidden=False)
+    assert r.status == "failed" and "same RNG state" in r.message, r.message
+
+
+def test_sequence_parallel_block_variant_without_bugs_passes(sol12):
+    r = grade(STEM, "sequence_parallel", with_answer(sol12, SequenceParallelMLP=_sp_block(sol12)), hidden=False)
+    assert r.status == "passed", r.message

@@ -895,8 +895,199 @@ VOCAB_PARALLEL_CE = Exercise(
          "that owns it, times grad_loss[..., None]. No collective in backward.")
 
 
+# --- sequence parallelism --------------------------------------------------------------------------
+
+REDUCE_SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single")
+_SP_NAMES = ("GatherFromSequenceParallelRegion", "ReduceScatterToSequenceParallelRegion", "SequenceParallelMLP")
+
+
+def _full_block(cfg):
+    """The single-device MLPBlock holding the case's weights (float32)."""
+    from gpulab.tensor_parallel_ref import MLPBlock
+
+    full = MLPBlock(cfg["hidden"], cfg["ffn"], bias=cfg["b1"] is not None, dropout=cfg["dropout"])
+    with torch.no_grad():
+        for name, value in (("ln.weight", "ln_w"), ("ln.bias", "ln_b"), ("mlp.fc1.weight", "w1"),
+                            ("mlp.fc1.bias", "b1"), ("mlp.fc2.weight", "w2"), ("mlp.fc2.bias", "b2")):
+            if cfg[value] is not None:
+                full.get_parameter(name).copy_(cfg[value])
+    return full
+
+
+def _group_sum(t, pg):
+    """Sum of a replicated parameter's gradient over the group, as the optimizer's gradient sync does: with
+    sequence parallelism each rank's LayerNorm (and row-parallel bias) gradient covers its tokens only."""
+    import torch.distributed as dist
+
+    if t is None:
+        return None
+    t = t.clone()
+    dist.all_reduce(t, group=pg)
+    return t
+
+
+def _rank_sp(L, cfg, pg, r, tp):
+    import torch.distributed as dist
+
+    from gpulab.commlog import record_collectives
+    from gpulab.tensor_parallel_ref import activation_bytes
+
+    h, f = cfg["hidden"], cfg["ffn"]
+    full = _full_block(cfg)
+    layer = L["SequenceParallelMLP"](h, f, pg, dropout=cfg["dropout"], bias=cfg["b1"] is not None, seed=cfg["seed"])
+    layer.load_from_full(full)
+    x = _leaf(cfg["x"].chunk(tp, 1)[r].contiguous())             # (B, S/p, h): this rank's tokens
+    dy = cfg["dy"].chunk(tp, 1)[r].contiguous()
+    with record_collectives() as log:
+        y = layer(x)
+        if not isinstance(y, torch.Tensor):
+            raise TypeError(f"forward must return a torch.Tensor, got {type(y).__name__}.")
+        ln_bytes = activation_bytes(y, "LayerNorm")
+        log.phase = "backward"
+        if y.shape == dy.shape:
+            (y * dy).sum().backward()
+    obs = {"y": y.detach().clone(), "x_grad": _grad(x), "calls": log.as_dicts(), "ln_bytes": ln_bytes,
+           "ln_bytes_full": activation_bytes(full(cfg["x"].clone().requires_grad_(True)), "LayerNorm")}
+    for part in ("ln", "fc1", "fc2"):
+        obs[f"{part}_present"] = isinstance(getattr(layer, part, None), torch.nn.Module)
+    ln, fc1, fc2 = (getattr(layer, part, None) for part in ("ln", "fc1", "fc2"))
+    obs.update(ln_w_grad=_group_sum(_pgrad(ln, "weight"), pg), ln_b_grad=_group_sum(_pgrad(ln, "bias"), pg),
+               fc1_w_grad=_pgrad(fc1, "weight"), fc1_b_grad=_pgrad(fc1, "bias"),
+               fc2_w_grad=_pgrad(fc2, "weight"), fc2_b_grad=_group_sum(_pgrad(fc2, "bias"), pg))
+    if cfg["dropout"] and y.shape == x.shape:   # which elements dropout kept, and whether other ranks kept the same
+        kept = (y.detach() != x.detach()).to(torch.uint8)
+        masks = [torch.empty_like(kept) for _ in range(tp)]
+        dist.all_gather(masks, kept, group=pg)
+        obs["same_mask_as"] = [j for j in range(tp) if j != r and torch.equal(masks[j], kept)]
+    return obs
+
+
+def _sp_cases(gen, public):
+    configs = []
+    for tp, bias, dropout in ((2, True, 0.0), (4, False, 0.0), (4, True, 0.5)):
+        B = 2 if public else randint(gen, 1, 2)
+        S = tp * (2 if public else randint(gen, 1, 3))
+        h = 8 if public else 4 * randint(gen, 1, 3)
+        f = 16 if public else 4 * randint(gen, 1, 4)
+        seed = 0 if public else randint(gen, 0, 99)
+        configs.append({"tp": tp, "hidden": h, "ffn": f, "dropout": dropout, "seed": seed,
+                        "label": f"SequenceParallelMLP(hidden={h}, ffn_hidden={f}, dropout={dropout}, bias={bias}) "
+                                 f"at TP={tp}, x {B}x{S}x{h} (S/p = {S // tp} tokens per rank)",
+                        "ln_w": 1 + randn(gen, h, scale=0.1), "ln_b": randn(gen, h, scale=0.1),
+                        **_block_tensors(gen, _MLP, B, S, h, f, f, bias)})
+    configs.append({"tp": 4, "hidden": 8, "ffn": 10, "indivisible": ("SequenceParallelMLP", 8, 10),
+                    "label": "SequenceParallelMLP(hidden=8, ffn_hidden=10) at TP=4 (not divisible)"})
+    return _launch_case(public, configs)
+
+
+def _sp_ref(cfg):
+    F = torch.nn.functional
+    h = cfg["hidden"]
+
+    def fn(x, p, extra):
+        return x + F.linear(F.gelu(F.linear(F.layer_norm(x, (h,), p["ln_w"], p["ln_b"]), p["w1"], p["b1"])),
+                            p["w2"], p["b2"])
+    params = {k: cfg[k] for k in ("ln_w", "ln_b", "w1", "b1", "w2", "b2")}
+    out = _autograd_ref(fn, cfg["x"], cfg["dy"], params)
+    x = cfg["x"].double()
+    out["mlp_out"] = fn(x, {k: None if v is None else v.double() for k, v in params.items()}, {}) - x
+    return out
+
+
+def _sp_values(cfg, ref, obs, r, tp) -> str | None:
+    """Dropout off: the output shard, the input gradient shard and every weight gradient; dropout on: the
+    output, which must be the residual plus this rank's kept MLP outputs scaled by 1 / (1 - p)."""
+    rows = slice(r * cfg["ffn"] // tp, (r + 1) * cfg["ffn"] // tp)
+    tokens = slice(r * cfg["x"].shape[1] // tp, (r + 1) * cfg["x"].shape[1] // tp)
+    y = obs.get("y")
+    if not isinstance(y, torch.Tensor) or tuple(y.shape) != tuple(ref["y"][:, tokens].shape):
+        got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+        return (f"output has shape {got}, expected this rank's sequence shard {tuple(ref['y'][:, tokens].shape)}: "
+                "a sequence-parallel block takes and returns (B, S/p, hidden).")
+    if cfg["dropout"]:
+        p = cfg["dropout"]
+        kept = (obs["y"] != cfg["x"][:, tokens]).double()
+        if bool(kept.all()):
+            return f"no element was dropped with dropout={p}: apply dropout in training mode (module.training)."
+        want = cfg["x"][:, tokens].double() + kept * ref["mlp_out"][:, tokens] / (1 - p)
+        return _cmp(y, want, "output with dropout (x + mask * mlp(ln(x)) / (1 - p))")
+    return _first_mismatch(obs, [
+        ("y", ref["y"][:, tokens], "output (this rank's tokens)"),
+        ("x_grad", ref["x_grad"][:, tokens], "x.grad (this rank's tokens)"),
+        ("ln_w_grad", ref["ln_w_grad"], "ln.weight.grad summed over the group"),
+        ("ln_b_grad", ref["ln_b_grad"], "ln.bias.grad summed over the group"),
+        ("fc1_w_grad", ref["w1_grad"][rows], "fc1.weight.grad"),
+        ("fc1_b_grad", None if cfg["b1"] is None else ref["b1_grad"][rows], "fc1.bias.grad"),
+        ("fc2_w_grad", ref["w2_grad"][:, rows], "fc2.weight.grad"),
+        ("fc2_b_grad", None if cfg["b2"] is None else ref["b2_grad"], "fc2.bias.grad summed over the group")])
+
+
+def _sp_calls(cfg, obs) -> str | None:
+    """Forward all-gather (g) then reduce-scatter (ḡ), backward the reverse, each of the full (B, S, h)."""
+    B, S = cfg["x"].shape[:2]
+    full = B * S * cfg["hidden"] * 4
+    for phase, want in (("forward", ["all_gather", "reduce_scatter"]), ("backward", ["all_gather", "reduce_scatter"])):
+        calls = [c for c in obs["calls"] if c["phase"] == phase]
+        got = ["all_gather" if c["op"] in GATHERS else "reduce_scatter" if c["op"] in REDUCE_SCATTERS else c["op"]
+               for c in calls]
+        if "all_reduce" in got:
+            return (f"{phase} issued {_describe_calls([c['op'] for c in calls])}: sequence parallelism replaces each "
+                    "all-reduce by a reduce-scatter along the sequence (leaving the block) and an all-gather (entering "
+                    "it). An all-reduce followed by a slice is right in value but sends twice the bytes and stores the "
+                    "full sequence.")
+        if got != want:
+            return (f"{phase} issued {_describe_calls([c['op'] for c in calls])}, expected {_describe_calls(want)} "
+                    "(forward: all-gather the sequence before fc1, reduce-scatter it after fc2; backward: the "
+                    "reverse). Collectives are counted when called as dist.<name>(...).")
+        for c in calls:
+            if c["bytes"] != full:
+                return (f"{c['op']} in {phase} logged {c['bytes']} bytes, expected {full}: the whole (B, S, hidden) "
+                        "activation (a ring moves (p-1)/p of it per rank, so one all-gather plus one reduce-scatter "
+                        "send exactly what the all-reduce of plain TP sends).")
+    return None
+
+
+def _sp_check(cfg, ref, obs, r, rank):
+    tp = cfg["tp"]
+    if cfg.get("indivisible"):
+        return _check_indivisible(obs, f"ffn_hidden = {cfg['ffn']} at TP={tp}")
+    for part in ("ln", "fc1", "fc2"):
+        if not obs.get(f"{part}_present"):
+            return ("SequenceParallelMLP needs attributes ln (nn.LayerNorm, whole on every rank), fc1 (a "
+                    f"ColumnParallelLinear) and fc2 (a RowParallelLinear); {part} is missing.")
+    if msg := _check_groups(obs, tp):
+        return msg
+    if msg := _sp_values(cfg, ref, obs, r, tp):
+        return msg + _rank_note(r, rank)
+    if obs.get("same_mask_as"):
+        return (f"rank {r} dropped exactly the same elements as rank {obs['same_mask_as'][0]} of its group: every "
+                "rank drew its dropout mask from the same RNG state, so different tokens share one mask. Give each "
+                "rank its own generator (e.g. seeded with seed + rank in the group).")
+    want_ln = obs["ln_bytes_full"] // tp
+    if obs["ln_bytes"] != want_ln:
+        return (f"the LayerNorm saved {obs['ln_bytes']} bytes of activations for backward on this rank, expected "
+                f"{want_ln} (1/{tp} of the single-device block's {obs['ln_bytes_full']}): the LayerNorm must run on "
+                "this rank's sequence shard, before the all-gather.")
+    return _sp_calls(cfg, obs)
+
+
+def _sp_probe(L):
+    L["SequenceParallelMLP"](4, 8, None)
+    for name in _SP_NAMES[:2]:
+        L[name].forward(types.SimpleNamespace(), torch.zeros(1, 2, 4), None)
+
+
+SEQUENCE_PARALLEL = Exercise(
+    "sequence_parallel", 4, _SP_NAMES, _sp_cases, _launch_run(_rank_sp, _SP_NAMES, probe=_sp_probe),
+    _judge_launch(_sp_ref, _sp_check), title="Sequence parallelism: LayerNorm and dropout on sequence shards",
+    hint="g: all_gather along dim 1 in forward, reduce_scatter along dim 1 in backward; ḡ: the reverse. Block: "
+         "x (B, S/p, h) -> ln -> g -> fc1 (F.linear with its shard, no f) -> gelu -> fc2 (F.linear, no g) -> ḡ -> "
+         "+ fc2.bias -> dropout with a per-rank generator -> + x. reduce_scatter wants contiguous chunks: "
+         "[c.contiguous() for c in x.chunk(p, dim=1)].")
+
+
 EXERCISES = [TP_REGIONS, COLUMN_PARALLEL, ROW_PARALLEL, TP_MLP, TP_ATTENTION, TP_COMM_VOLUME,
-             VOCAB_PARALLEL_CE]
+             VOCAB_PARALLEL_CE, SEQUENCE_PARALLEL]
 
 
 # --- benchmarks (python -m grader bench): one rank, so only the wrappers' overhead shows --------
