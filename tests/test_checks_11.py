@@ -38,7 +38,8 @@ slow = pytest.mark.slow  # starts ranks: a few seconds of process start-up per l
 
 
 @pytest.mark.parametrize("eid", ["collective_cost", pytest.param("ring_all_reduce", marks=slow),
-                                 pytest.param("ddp_from_scratch", marks=slow), "bucket_assignment",
+                                 pytest.param("ddp_from_scratch", marks=slow),
+                                 pytest.param("ddp_overlap", marks=slow), "bucket_assignment",
                                  pytest.param("bucketed_ddp", marks=slow),
                                  pytest.param("sharded_optimizer", marks=slow)])
 def test_solution_passes_public_and_hidden_cases(sol11, eid):
@@ -266,6 +267,65 @@ def test_ddp_all_reducing_over_every_rank_instead_of_its_group_fails(sol11):
     assert all("averaged over all" in c.message and "ignored the process_group" in c.message for c in r.cases)
 
 
+# --- DDP with one asynchronous all-reduce per parameter ----------------------------------------------
+
+def _overlap_variant(sol11, *, blocking=False, after_backward=False, flat=False, everyone=False, no_unused=False):
+    """The solution's DDPIndividualParameters, broken in one way."""
+    base = sol11["DDPIndividualParameters"]
+
+    class Broken(base):
+        def _grad_ready(self, p):
+            if blocking:
+                dist.all_reduce(p.grad, group=self.process_group)  # BUG: blocks backward until it is done
+                self._handles.append((p, _Done()))
+            elif after_backward or flat:
+                pass  # BUG: nothing launched during backward
+            elif everyone:
+                self._handles.append((p, dist.all_reduce(p.grad, async_op=True)))  # BUG: no group=
+            else:
+                super()._grad_ready(p)
+
+        def finish_gradient_synchronization(self):
+            if no_unused:  # BUG: a parameter without a gradient is never all-reduced
+                self.trainable = [p for p in self.trainable if p.grad is not None]
+            if after_backward:
+                for p in self.trainable:
+                    super()._grad_ready(p)
+            if flat:  # BUG: one all-reduce of every gradient, after backward
+                grads = [p.grad for p in self.trainable]
+                buffer = torch.cat([g.reshape(-1) for g in grads])
+                dist.all_reduce(buffer, group=self.process_group)
+                for g, v in zip(grads, buffer.split([g.numel() for g in grads])):
+                    g.copy_(v.view_as(g))
+                    self._handles.append((next(p for p in self.trainable if p.grad is g), _Done()))
+            super().finish_gradient_synchronization()
+    return Broken
+
+
+@slow
+@pytest.mark.parametrize("mistake, message", [("blocking", "async_op=True"), ("after_backward", "after backward"),
+                                              ("flat", "one all-reduce per parameter")])
+def test_overlap_blocking_late_or_flat_all_reduces_fail(sol11, mistake, message):
+    broken = _overlap_variant(sol11, **{mistake: True})
+    r = grade(STEM, "ddp_overlap", with_answer(sol11, DDPIndividualParameters=broken), hidden=False)
+    assert r.status == "failed" and message in r.message, r.message
+
+
+@slow
+def test_overlap_ignoring_its_process_group_fails(sol11):
+    ex, cases = _hidden_case("ddp_overlap", "every rank, then two sub-groups")
+    r = evaluate(ex, with_answer(sol11, DDPIndividualParameters=_overlap_variant(sol11, everyone=True)), "cpu", cases)
+    assert r.status == "failed" and "ignored the process_group" in r.message, r.message
+
+
+@slow
+def test_overlap_leaving_an_unused_parameter_out_fails(sol11):
+    ex, cases = _hidden_case("ddp_overlap", "a trainable parameter forward never uses")
+    r = evaluate(ex, with_answer(sol11, DDPIndividualParameters=_overlap_variant(sol11, no_unused=True)), "cpu",
+                 cases)
+    assert r.status == "failed" and "must all-reduce it all the same, as zeros" in r.message, r.message
+
+
 # --- bucketed DDP ---------------------------------------------------------------------------------
 
 def _bucketed_variant(sol11, *, after_backward=False, one_bucket=False, blocking=False, from_last_hook=False):
@@ -382,6 +442,7 @@ class OptimizerDoingNothing(torch.optim.Optimizer):
 @slow
 @pytest.mark.parametrize("eid, answer", [("ring_all_reduce", {"ring_all_reduce": lambda tensor: tensor}),
                                          ("ddp_from_scratch", {"DDP": WrapperDoingNothing}),
+                                         ("ddp_overlap", {"DDPIndividualParameters": WrapperDoingNothing}),
                                          ("bucketed_ddp", {"BucketedDDP": WrapperDoingNothing}),
                                          ("sharded_optimizer", {"ShardedOptimizer": OptimizerDoingNothing})])
 def test_distributed_answers_that_compute_nothing_score_zero(sol11, eid, answer):

@@ -1,5 +1,6 @@
 """Checks of lab 11, data parallelism: collective costs, a ring all-reduce from send/recv, DDP from
-scratch, bucketed DDP overlapping backward, and a ZeRO-1 sharded optimizer.
+scratch, DDP overlapping backward (one asynchronous all-reduce per parameter, then buckets), and a
+ZeRO-1 sharded optimizer.
 
 Distributed exercises run the learner's code on real ranks (:func:`gpulab.dist.launch`, gloo, CPU
 tensors), one launch per case: ``run`` ships the learner's function or class by value to fresh
@@ -490,17 +491,17 @@ def _ddp_judge(case, obs):
     return _judge_subgroups(x, ranks) if x.get("groups") else None
 
 
-def _judge_subgroups(x, ranks) -> str | None:
-    """DDP over each sub-group must train like one process on that group's batch, from the state of
-    the group's first rank."""
+def _judge_subgroups(x, ranks, wrapper: str = "DDP") -> str | None:
+    """``wrapper`` over each sub-group must train like one process on that group's batch, from the
+    state of the group's first rank."""
     refs = [_reference_training(dict(_subgroup_inputs(x, g), seed=x["seed"] + members[0]), _sgd)
             for g, members in enumerate(x["groups"])]
     fix = ("with a process_group, broadcast from its first rank (src=dist.get_global_rank(process_group, 0)), "
            "pass group=process_group to every collective, and divide by dist.get_world_size(process_group).")
     for g, members in enumerate(x["groups"]):
         sub, ref = [ranks[r]["sub"] for r in members], refs[g]
-        where = f"DDP(model, process_group=dist.new_group({members}))"
-        if bad := _judge_init(sub, ref["init"], "DDP", src="the group's first rank"):
+        where = f"{wrapper}(model, process_group=dist.new_group({members}))"
+        if bad := _judge_init(sub, ref["init"], wrapper, src="the group's first rank"):
             return f"{where}, ranks numbered within the group: {bad} Remember: {fix}"
         got, want = sub[0]["grads"][0], ref["grads"][0]
         everyone = {n: sum(r["grads"][0][n] for r in refs) / len(refs) for n in want}  # the groups' sizes are equal
@@ -525,6 +526,71 @@ DDP_FROM_SCRATCH = Exercise(
     title="DDP from scratch: broadcast, then average gradients",
     hint="In __init__, dist.broadcast every parameter AND buffer from rank 0. After backward, all-reduce each gradient "
          "and divide by the world size.")
+
+
+# --- 3b. DDP with one asynchronous all-reduce per parameter -----------------------------------------
+
+def _overlap_cases(gen, public):
+    """DDP's cases (every rank, then sub-groups), and in the hidden set a parameter without gradient."""
+    if public:
+        return _ddp_cases(gen, public)
+    unused = _ddp_case(gen, 2, "a trainable parameter forward never uses: 2 ranks, random widths", False)
+    unused.inputs.update(steps=2, unused=randint(gen, 1, 8))
+    return [*_ddp_cases(gen, public), unused]
+
+
+def _judge_per_parameter(events, sizes, names, may_wait: int) -> str | None:
+    """One step's events against one asynchronous all-reduce per trainable parameter (``sizes``:
+    their element counts), launched from its hook during backward (``may_wait`` at the finish)."""
+    launches = [(k, e) for k, e in enumerate(events) if e[0] == "all_reduce"]
+    finish = next(k for k, e in enumerate(events) if e[3] == "finish")
+    grad_marks = [k for k, e in enumerate(events) if e[3].startswith("grad:")]
+    if not launches:
+        return ("no dist.all_reduce call was recorded; all-reduce each gradient with "
+                "dist.all_reduce(p.grad, async_op=True).")
+    if sorted(e[1] for _, e in launches) != sorted(sizes):
+        if len(launches) < len(sizes):
+            return (f"{len(launches)} all-reduce(s) of {sorted(e[1] for _, e in launches)} elements for "
+                    f"{len(sizes)} trainable parameters: this wrapper all-reduces each gradient on its own, from "
+                    "its own hook, as soon as it is ready (one all-reduce per parameter; buckets come in section 5).")
+        return (f"all-reduces of {sorted(e[1] for _, e in launches)} elements; the trainable parameters {names} hold "
+                f"{sorted(sizes)}: all-reduce each gradient exactly once per step (frozen parameters have none).")
+    return _judge_overlap(launches, finish, grad_marks, may_wait, len(sizes) > 1, "gradient", "of its parameter",
+                          "it")
+
+
+def _overlap_judge(case, obs):
+    x = case.inputs
+    ranks, world = obs["ranks"], x["world"]
+    ref = _reference_training(x, _sgd)
+    names = [n for n, p in ref["model"].named_parameters() if p.requires_grad]
+    sizes = [p.numel() for p in ref["model"].parameters() if p.requires_grad]
+    unused = "unused" in names
+    if bad := _judge_init(ranks, ref["init"], "DDPIndividualParameters"):
+        return bad
+    if bad := _judge_grads(ranks, ref["grads"], world, "DDPIndividualParameters"):
+        return f"{bad}\n{_UNUSED_PARAMETER}" if unused else bad
+    for r, o in enumerate(ranks):
+        for step, events in enumerate(o["events"]):
+            if bad := _judge_per_parameter(events, sizes, names, int(unused)):
+                missing = unused and sum(e[0] == "all_reduce" for e in events) < len(sizes)
+                return (f"DDPIndividualParameters, rank {r}, step {step}: {bad}"
+                        + (f"\n{_UNUSED_PARAMETER}" if missing else ""))
+    if bad := _judge_final(ranks, range(world), ref):
+        return bad
+    return _judge_subgroups(x, ranks, "DDPIndividualParameters") if x.get("groups") else None
+
+
+_UNUSED_PARAMETER = ("`unused` is a trainable parameter that forward never uses: it gets no gradient and its hook "
+                     "never runs. finish_gradient_synchronization() must all-reduce it all the same, as zeros, so "
+                     "that every rank issues the same all-reduces and ends with the same gradients.")
+
+DDP_OVERLAP = Exercise(
+    "ddp_overlap", 4, ("DDPIndividualParameters",), _overlap_cases, _launch_run("DDPIndividualParameters", _ddp_rank),
+    _overlap_judge, title="DDP overlapped with backward: one asynchronous all-reduce per parameter",
+    hint="Broadcast as DDP; p.register_post_accumulate_grad_hook(hook) on each trainable parameter; the hook calls "
+         "dist.all_reduce(p.grad, group=..., async_op=True) and keeps the handle; finish_gradient_synchronization() "
+         "waits on each handle and divides by the group's size.")
 
 
 # --- 4. bucket assignment ----------------------------------------------------------------------------
@@ -667,17 +733,27 @@ def _judge_schedule(events, buckets, sizes, may_wait: int = 0) -> str | None:
             return (f"one all-reduce per parameter ({len(numels)}), expected one per bucket: {rule}. Flatten each "
                     "bucket's gradients into one buffer.")
         return f"all-reduce sizes {numels} elements, expected one per bucket: {rule}; use your assign_buckets."
+    return _judge_overlap(launches, finish, grad_marks, may_wait, len(buckets) > 1, "bucket",
+                          "of its last gradient", "its last gradient")
+
+
+def _judge_overlap(launches, finish: int, grad_marks, may_wait: int, several: bool, unit: str,
+                   hook: str, ready: str) -> str | None:
+    """The all-reduces (``(position, event)`` in one step's events) of a wrapper overlapping backward:
+    asynchronous, launched from the hooks before ``finish`` (but ``may_wait`` of them), the first
+    one before the last gradient mark when there are ``several``."""
     if not all(e[2] for _, e in launches):
         return ("an all-reduce was blocking; launch each with async_op=True from the hook and wait() on the handles "
-                "in finish_gradient_synchronization(), so backward goes on computing while the bucket is on the wire.")
+                f"in finish_gradient_synchronization(), so backward goes on computing while the {unit} is on the "
+                "wire.")
     late = [k for k, _ in launches if k > finish]
     if len(late) > may_wait:
         return (f"{len(late)} of {len(launches)} all-reduces started in finish_gradient_synchronization(), after "
-                "backward: launch each bucket from the post-accumulate-grad hook of its last gradient "
+                f"backward: launch each {unit} from the post-accumulate-grad hook {hook} "
                 "(register_post_accumulate_grad_hook), so communication overlaps the rest of backward.")
-    if len(buckets) > 1 and grad_marks and launches[0][0] > grad_marks[-1]:
+    if several and grad_marks and launches[0][0] > grad_marks[-1]:
         return ("no all-reduce started during backward: the first launch came after the last gradient was computed. "
-                "Launch a bucket's all-reduce as soon as its last gradient is accumulated.")
+                f"Launch a {unit}'s all-reduce as soon as {ready} is accumulated.")
     return None
 
 
@@ -867,7 +943,8 @@ SHARDED_OPTIMIZER = Exercise(
          "over your own parameters only; in step(): copy the group hyperparameters, step locally, then "
          "dist.broadcast(p, src=owner) for every parameter.")
 
-EXERCISES = [COLLECTIVE_COST, RING_ALL_REDUCE, DDP_FROM_SCRATCH, BUCKET_ASSIGNMENT, BUCKETED_DDP, SHARDED_OPTIMIZER]
+EXERCISES = [COLLECTIVE_COST, RING_ALL_REDUCE, DDP_FROM_SCRATCH, DDP_OVERLAP, BUCKET_ASSIGNMENT, BUCKETED_DDP,
+             SHARDED_OPTIMIZER]
 
 # No BENCHMARKS: `grader bench` times one function in one process, and collectives need several
 # ranks; on CPU (gloo) their timings say nothing about NCCL. The lesson measures volumes instead.
