@@ -43,6 +43,17 @@ def grade(stem: str, exercise_id: str, ns: dict, hidden: bool = True):
     return evaluate(ex, ns, "cpu", cases)
 
 
+def public(stem: str, exercise_id: str, ns: dict, n: int | None = None):
+    """Evaluate one exercise on its public cases only (the first ``n``): a wrong answer's message, quickly."""
+    ex = exercises(stem)[exercise_id]
+    return evaluate(ex, ns, "cpu", ex.cases()[:n])
+
+
+def failed_rules(result) -> list:
+    """The rules (a hidden case's name before ':') of the cases that did not pass."""
+    return [c.name.split(":")[0] for c in result.cases if c.status != "passed"]
+
+
 @pytest.fixture(scope="session")
 def sol01():
     return solution_namespace("01_performance_model")

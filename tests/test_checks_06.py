@@ -16,7 +16,7 @@ from gpulab.syncs import train_step_with_syncs
 from grader.checks import exercises, load_lab
 from grader.exercise import evaluate
 from tests import graderkit as kit
-from tests.conftest import grade, solution_namespace, with_answer
+from tests.conftest import grade, public, solution_namespace, with_answer
 
 STEM = "06_compile_and_graphs"
 CHECKS = load_lab(STEM)
@@ -31,10 +31,6 @@ def sol06():
     torch.set_num_threads(threads)
 
 
-def _public(eid, ns, n=None):
-    """The public cases only (the first ``n``): enough to see a wrong answer's message, quickly."""
-    ex = EX[eid]
-    return evaluate(ex, ns, "cpu", ex.cases()[:n])
 
 
 @pytest.mark.parametrize("eid", list(EX))
@@ -57,23 +53,23 @@ def _forward(clip=True, correction=0):
 
 
 def test_the_model_as_is_keeps_its_breaks(sol06):
-    r = _public("graph_breaks", with_answer(sol06, smooth_forward=lambda model, x: model(x)), 1)
+    r = public(STEM, "graph_breaks", with_answer(sol06, smooth_forward=lambda model, x: model(x)), 1)
     assert r.status == "failed" and "still has 3 graph break(s)" in r.message, r.message
 
 
 def test_deleting_the_branch_instead_of_clamping_is_named(sol06):
-    r = _public("graph_breaks", with_answer(sol06, smooth_forward=_forward(clip=False)), 1)
+    r = public(STEM, "graph_breaks", with_answer(sol06, smooth_forward=_forward(clip=False)), 1)
     assert r.status == "failed" and "the `if` was deleted, not made branch-free" in r.message, r.message
 
 
 def test_bessels_std_is_named(sol06):
-    r = _public("graph_breaks", with_answer(sol06, smooth_forward=_forward(correction=1)), 1)
+    r = public(STEM, "graph_breaks", with_answer(sol06, smooth_forward=_forward(correction=1)), 1)
     assert r.status == "failed" and "Bessel's correction" in r.message, r.message
 
 
 def test_disabling_dynamo_hides_the_breaks_and_fails(sol06):
     hidden = torch._dynamo.disable(lambda model, x: model(x))
-    r = _public("graph_breaks", with_answer(sol06, smooth_forward=hidden), 1)
+    r = public(STEM, "graph_breaks", with_answer(sol06, smooth_forward=hidden), 1)
     assert r.status == "failed" and "only 0 of the model's 3 Linear layers ran inside" in r.message, r.message
 
 
@@ -83,7 +79,7 @@ def test_an_eager_fallback_around_a_compiled_attempt_fails(sol06):
             return torch.compile(model, fullgraph=True, backend="eager")(x)
         except Exception:
             return model(x)
-    r = _public("graph_breaks", with_answer(sol06, smooth_forward=smooth_forward), 1)
+    r = public(STEM, "graph_breaks", with_answer(sol06, smooth_forward=smooth_forward), 1)
     assert r.status != "passed" and r.score == 0, r.message
 
 
@@ -95,7 +91,7 @@ def test_disabling_only_the_numpy_part_still_counts_its_breaks(sol06):
     def smooth_forward(model, x):
         h = model.fc1(x).relu().clamp(max=model.limit)
         return model.fc3(model.fc2(numpy_scale(h)).relu())
-    r = _public("graph_breaks", with_answer(sol06, smooth_forward=smooth_forward), 1)
+    r = public(STEM, "graph_breaks", with_answer(sol06, smooth_forward=smooth_forward), 1)
     assert r.status == "failed" and "graph break(s) (target 0)" in r.message, r.message
 
 
@@ -108,7 +104,7 @@ def test_capturing_scalar_outputs_does_not_count_as_a_fix(sol06):
         h = h / (h.std(correction=0) + 1.0)
         return model.fc3(model.fc2(h).relu())
     try:
-        r = _public("graph_breaks", with_answer(sol06, smooth_forward=smooth_forward), 1)
+        r = public(STEM, "graph_breaks", with_answer(sol06, smooth_forward=smooth_forward), 1)
     finally:
         torch._dynamo.config.capture_scalar_outputs = False
     assert r.status == "failed" and "graph break" in r.message, r.message
@@ -126,27 +122,27 @@ def test_reference_equals_the_breaky_model():
 # --- 2. counting compilations -------------------------------------------------------------------------------------
 
 def test_counting_calls_is_named(sol06):
-    r = _public("count_compiles", with_answer(sol06, count_compiles=lambda fn, inputs, dynamic=None: len(inputs)))
+    r = public(STEM, "count_compiles", with_answer(sol06, count_compiles=lambda fn, inputs, dynamic=None: len(inputs)))
     assert r.status == "failed" and "Yours counts the number of calls" in r.message, r.message
 
 
 def test_counting_distinct_shapes_is_named(sol06):
     def count_compiles(fn, inputs, dynamic=None):
         return len({tuple(x.shape) for x in inputs})
-    r = _public("count_compiles", with_answer(sol06, count_compiles=count_compiles))
+    r = public(STEM, "count_compiles", with_answer(sol06, count_compiles=count_compiles))
     assert r.status == "failed" and "the number of distinct shapes" in r.message, r.message
 
 
 # --- 3. one compilation across sizes -------------------------------------------------------------------------------
 
 def test_plain_compile_recompiles(sol06):
-    r = _public("compile_once", with_answer(sol06, compile_once=lambda fn, backend: torch.compile(fn, backend=backend)),
-                1)
+    plain = with_answer(sol06, compile_once=lambda fn, backend: torch.compile(fn, backend=backend))
+    r = public(STEM, "compile_once", plain, 1)
     assert r.status == "failed" and "compiled 2 time(s)" in r.message, r.message
 
 
 def test_dynamic_true_recompiles_for_the_batch_of_one(sol06):
-    r = _public("compile_once", with_answer(
+    r = public(STEM, "compile_once", with_answer(
         sol06, compile_once=lambda fn, backend: torch.compile(fn, backend=backend, dynamic=True)))
     assert r.status == "failed" and r.cases[-1].status == "failed", r.message  # (8, 8) also fails: duck sizing
     assert "sizes 0 and 1 are always specialised" in r.cases[-1].message
@@ -162,7 +158,7 @@ def test_an_eager_fallback_for_awkward_sizes_fails(sol06):
             torch._dynamo.mark_dynamic(x, 0)
             return compiled(x)
         return call
-    r = _public("compile_once", with_answer(sol06, compile_once=compile_once))
+    r = public(STEM, "compile_once", with_answer(sol06, compile_once=compile_once))
     assert r.status == "failed" and "ran the compiled graph: the others ran eagerly" in r.message, r.message
 
 
@@ -174,12 +170,12 @@ def test_padding_left_in_the_result_fails(sol06):
             x = torch.cat([x, x.new_zeros(64 - x.shape[0], x.shape[1])])  # one bucket of 64 rows ...
             return compiled(x)                                            # BUG: ... never sliced back
         return call
-    r = _public("compile_once", with_answer(sol06, compile_once=compile_once), 1)
+    r = public(STEM, "compile_once", with_answer(sol06, compile_once=compile_once), 1)
     assert r.status == "failed" and "slice the padding rows off" in r.message, r.message
 
 
 def test_ignoring_the_given_backend_fails(sol06):
-    r = _public("compile_once", with_answer(
+    r = public(STEM, "compile_once", with_answer(
         sol06, compile_once=lambda fn, backend: torch.compile(fn, backend="eager", dynamic=True)), 1)
     assert r.status == "failed" and "Nothing was compiled with the backend you were given" in r.message, r.message
 
@@ -187,7 +183,7 @@ def test_ignoring_the_given_backend_fails(sol06):
 # --- 4. the step without syncs ----------------------------------------------------------------------------------------
 
 def test_the_step_with_syncs_fails_and_names_the_line(sol06):
-    r = _public("sync_free_step", with_answer(sol06, train_step=train_step_with_syncs), 1)
+    r = public(STEM, "sync_free_step", with_answer(sol06, train_step=train_step_with_syncs), 1)
     assert r.status == "failed" and "synchronises with the host" in r.message and "Tensor.__bool__" in r.message
     assert "if not torch.isfinite(loss)" in r.message
 
@@ -221,25 +217,25 @@ def _step(item_log=False, format_log=False, skip="where"):
 
 
 def test_an_item_for_logging_is_a_sync(sol06):
-    r = _public("sync_free_step", with_answer(sol06, train_step=_step(item_log=True)), 1)
+    r = public(STEM, "sync_free_step", with_answer(sol06, train_step=_step(item_log=True)), 1)
     assert r.status == "failed" and "Tensor.item" in r.message and "loss.item()" in r.message, r.message
 
 
 def test_printing_the_loss_is_a_sync(sol06):
-    r = _public("sync_free_step", with_answer(sol06, train_step=_step(format_log=True)), 1)
+    r = public(STEM, "sync_free_step", with_answer(sol06, train_step=_step(format_log=True)), 1)
     assert r.status == "failed" and "Tensor.__format__" in r.message, r.message
 
 
 @pytest.mark.parametrize("skip", ["mask", "none"])
 def test_updating_with_nan_gradients_is_caught(sol06, skip):
-    r = _public("sync_free_step", with_answer(sol06, train_step=_step(skip="count all" if skip == "none" else skip)),
-                2)
+    step = _step(skip="count all" if skip == "none" else skip)
+    r = public(STEM, "sync_free_step", with_answer(sol06, train_step=step), 2)
     assert r.status == "failed" and r.cases[0].status == "passed", r.message
     assert "non-finite batch" in r.message or "stats['loss']" in r.message, r.message
 
 
 def test_a_skipped_batch_counted_in_the_loss_is_caught(sol06):
-    r = _public("sync_free_step", with_answer(sol06, train_step=_step(skip="count all")), 2)
+    r = public(STEM, "sync_free_step", with_answer(sol06, train_step=_step(skip="count all")), 2)
     assert r.status == "failed" and "stats['loss']" in r.message and "skipped batch adds nothing" in r.message
 
 
@@ -279,12 +275,12 @@ def _runner(recapture=False, rebind=False, eager=False, own_buffers=True):
     (dict(own_buffers=False), "the example inputs were modified"),
 ])
 def test_a_wrong_graph_runner_is_named(sol06, bug, says):
-    r = _public("graph_runner", with_answer(sol06, GraphRunner=_runner(**bug)), 1)
+    r = public(STEM, "graph_runner", with_answer(sol06, GraphRunner=_runner(**bug)), 1)
     assert r.status == "failed" and says in r.message, r.message
 
 
 def test_a_correct_variant_of_the_runner_passes(sol06):
-    assert _public("graph_runner", with_answer(sol06, GraphRunner=_runner())).status == "passed"
+    assert public(STEM, "graph_runner", with_answer(sol06, GraphRunner=_runner())).status == "passed"
 
 
 # --- 6. reading a trace ---------------------------------------------------------------------------------------------
@@ -298,7 +294,7 @@ def test_a_correct_variant_of_the_runner_passes(sol06):
 ])
 def test_a_wrong_trace_reading_is_named(sol06, mistake, says):
     wrong = lambda trace, k, min_gap_us: CHECKS.ref_trace_summary(trace, k, min_gap_us, **mistake)  # noqa: E731
-    r = _public("trace_summary", with_answer(sol06, trace_summary=wrong))
+    r = public(STEM, "trace_summary", with_answer(sol06, trace_summary=wrong))
     assert r.status == "failed" and says in r.message, r.message
 
 
@@ -313,7 +309,7 @@ def test_a_reader_that_does_not_sort_fails(sol06):
             busy += max(0.0, stop - max(start, end))
             end = max(end, stop)
         return dict(CHECKS.ref_trace_summary(trace, k, min_gap_us), gaps=gaps, busy=busy / (end - first))
-    r = _public("trace_summary", with_answer(sol06, trace_summary=trace_summary))
+    r = public(STEM, "trace_summary", with_answer(sol06, trace_summary=trace_summary))
     assert r.status == "failed" and r.cases[0].status == "passed" and r.cases[1].status == "failed", r.message
 
 
@@ -356,7 +352,7 @@ def _win(sync=True, mean=False, warm=True, same_input=True, compile_each_call=Fa
     (dict(inverted=True), "expected eager_ms / compiled_ms"),
 ])
 def test_a_dishonest_timer_is_named(sol06, bug, says):
-    r = _public("compile_win", with_answer(sol06, measure_compile_win=_win(**bug)))
+    r = public(STEM, "compile_win", with_answer(sol06, measure_compile_win=_win(**bug)))
     assert r.status == "failed" and says in r.message, r.message
 
 
@@ -373,12 +369,12 @@ def test_the_compile_counted_in_the_average_is_named(sol06):
             out[name] = (clock() - start) * 1e3 / repeats
         return {"compile_s": out["compiled"] * repeats / 1e3, "eager_ms": out["eager"],
                 "compiled_ms": out["compiled"], "speedup": out["eager"] / out["compiled"]}
-    r = _public("compile_win", with_answer(sol06, measure_compile_win=measure_compile_win))
+    r = public(STEM, "compile_win", with_answer(sol06, measure_compile_win=measure_compile_win))
     assert r.status == "failed" and "includes the compile" in r.message, r.message
 
 
 def test_a_correct_variant_of_the_timer_passes(sol06):
-    r = _public("compile_win", with_answer(sol06, measure_compile_win=_win()))
+    r = public(STEM, "compile_win", with_answer(sol06, measure_compile_win=_win()))
     assert r.status == "passed", r.message
 
 
@@ -426,5 +422,5 @@ def test_the_solution_earns_full_marks_and_the_untouched_lab_zero(sol06):
     ns = exec_source(export_source(lab, answer_cells(lab)), f"<labs/{STEM}.ipynb>")
     results = [evaluate(ex, ns, "cpu", ex.cases()[:1]) for ex in EX.values()]
     assert [r.status for r in results] == ["not_attempted"] * len(EX) and sum(r.score for r in results) == 0
-    full = [_public(eid, sol06) for eid in EX]
+    full = [public(STEM, eid, sol06) for eid in EX]
     assert sum(r.score for r in full) == sum(ex.points for ex in EX.values()) == 18

@@ -14,19 +14,15 @@ from gpulab.precision import FORMATS
 from grader.checks import exercises, load_lab
 from grader.exercise import evaluate
 from tests import graderkit as kit
-from tests.conftest import grade, solution_namespace, with_answer
+from tests.conftest import failed_rules, grade, public, solution_namespace, with_answer
 
 STEM = "07_mixed_precision"
 CHECKS = load_lab(STEM)
 EX = exercises(STEM)
 
 
-def _public(eid, ns, n=None):
-    return evaluate(EX[eid], ns, "cpu", EX[eid].cases()[:n])  # public cases only: the message, quickly
 
 
-def _failed_rules(result) -> list:
-    return [c.name.split(":")[0] for c in result.cases if c.status != "passed"]
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +75,7 @@ def _limits(bug):
 
 def test_forgetting_e4m3fns_special_max_fails_on_the_fp8_rules(sol07):
     r = grade(STEM, "format_limits", with_answer(sol07, format_limits=_limits("ieee")))
-    assert set(_failed_rules(r)) == {"fp8 e4m3fn (finite only)", "a finite-only format", "fp8 e4m3fn (e4m3)"}
+    assert set(failed_rules(r)) == {"fp8 e4m3fn (finite only)", "a finite-only format", "fp8 e4m3fn (e4m3)"}
 
 
 # --- 2. cast report ---------------------------------------------------------------------------------------
@@ -155,7 +151,7 @@ def _scaler(sol, bug):
 def test_the_hidden_rule_for_each_scaler_mistake_catches_it(sol07, bug, rule):
     ex = EX["loss_scaler"]
     r = evaluate(ex, with_answer(sol07, LossScaler=_scaler(sol07, bug)), "cpu", ex.cases(5, public=False))
-    assert rule in _failed_rules(r), r.message
+    assert rule in failed_rules(r), r.message
 
 
 def _skips(sol, bug):
@@ -228,7 +224,7 @@ def test_clipping_scaled_gradients_is_caught_on_the_weights_too(sol07):
         scale = scaler.get_scale()
         loss, norm = wrong(model, optimizer, scaler, x, y, dtype, max_norm)
         return loss, norm / scale  # ... and hides it in the norm it returns
-    r = _public("amp_train_step", with_answer(sol07, amp_train_step=amp_train_step), 1)
+    r = public(STEM, "amp_train_step", with_answer(sol07, amp_train_step=amp_train_step), 1)
     assert r.status == "failed" and "Yours match clipping the scaled gradients" in r.message, r.message
 
 
@@ -237,7 +233,7 @@ def test_clipping_scaled_gradients_is_caught_on_the_weights_too(sol07):
 def test_naive_fp16_summation_passed_as_kahan_fails(sol07):
     r = grade(STEM, "kahan_sum", with_answer(sol07, kahan_sum=CHECKS.ref_naive_sum))
     assert r.status == "failed" and "Yours matches naive left-to-right summation" in r.message, r.message
-    assert "positive values, sum past 1024" in _failed_rules(r)
+    assert "positive values, sum past 1024" in failed_rules(r)
 
 
 def test_a_float32_result_is_rejected(sol07):
@@ -246,7 +242,7 @@ def test_a_float32_result_is_rejected(sol07):
         for j in range(x.shape[1]):
             s = s + x[:, j]
         return s
-    r = _public("kahan_sum", with_answer(sol07, kahan_sum=kahan_sum), 1)
+    r = public(STEM, "kahan_sum", with_answer(sol07, kahan_sum=kahan_sum), 1)
     assert r.status == "failed" and "expected (4,) torch.float16" in r.message, r.message
 
 
@@ -293,7 +289,7 @@ WRONG = [  # (exercise, the answer's name, wrong answer from the solution's name
 
 @pytest.mark.parametrize("eid, name, make, says", WRONG, ids=[f"{w[0]}: {w[3][:40]}" for w in WRONG])
 def test_a_wrong_answer_fails_with_a_message_naming_it(sol07, eid, name, make, says):
-    r = _public(eid, with_answer(sol07, **{name: make(sol07)}))
+    r = public(STEM, eid, with_answer(sol07, **{name: make(sol07)}))
     assert r.status == "failed" and says in r.message, r.message
 
 

@@ -17,7 +17,7 @@ from gpulab.tiny_lm import LMConfig, make_lm
 from grader.checks import exercises, load_lab
 from grader.exercise import evaluate
 from tests import graderkit as kit
-from tests.conftest import grade, solution_namespace, with_answer
+from tests.conftest import failed_rules, grade, public, solution_namespace, with_answer
 
 STEM = "14_inference_serving"
 CHECKS = load_lab(STEM)
@@ -29,14 +29,8 @@ def sol14():
     return solution_namespace(STEM)
 
 
-def _public(eid, ns, n=None):
-    """The public cases only (the first ``n``): enough to see a wrong answer's message, quickly."""
-    ex = EX[eid]
-    return evaluate(ex, ns, "cpu", ex.cases()[:n])
 
 
-def _failed_rules(result) -> list:
-    return [c.name.split(":")[0] for c in result.cases if c.status != "passed"]
 
 
 @pytest.mark.parametrize("eid", list(EX))
@@ -101,7 +95,7 @@ def _forward_cached(bug: str = ""):
     ("not extended", "append the new positions' keys and values"),
 ])
 def test_a_wrong_cached_forward_is_named(sol14, bug, says):
-    r = _public("kv_cache_decode", with_answer(sol14, forward_cached=_forward_cached(bug)), 2)  # MHA, then GQA
+    r = public(STEM, "kv_cache_decode", with_answer(sol14, forward_cached=_forward_cached(bug)), 2)  # MHA, then GQA
     assert r.status == "failed" and says in r.message, r.message
 
 
@@ -112,7 +106,7 @@ def test_a_cache_stored_swapped_but_read_consistently_is_caught_on_the_cache(sol
         logits, new = fixed(model, tokens, None if cache is None else [(k, v) for v, k in cache])
         return logits, [(v, k) for k, v in new]
 
-    r = _public("kv_cache_decode", with_answer(sol14, forward_cached=forward_cached))
+    r = public(STEM, "kv_cache_decode", with_answer(sol14, forward_cached=forward_cached))
     assert r.status == "failed" and "the cache pair is (values, keys)" in r.message
 
 
@@ -125,7 +119,7 @@ def test_recomputing_every_position_is_not_a_cache(sol14):
         logits, new = _forward_cached()(model, seen, None)
         return logits[:, -tokens.shape[1]:], new
 
-    r = _public("kv_cache_decode", with_answer(sol14, forward_cached=forward_cached))
+    r = public(STEM, "kv_cache_decode", with_answer(sol14, forward_cached=forward_cached))
     assert r.status == "failed" and "the q/k/v projections ran over" in r.message
 
 
@@ -136,7 +130,7 @@ def test_kv_bytes_with_the_query_heads_is_named(sol14):
         return 2 * spec.n_layers * spec.n_heads * spec.head_dim * dtype_bytes * batch * seq_len
     r = grade(STEM, "kv_cache_bytes", with_answer(sol14, kv_cache_bytes=kv_cache_bytes))
     assert r.status == "failed" and "Yours counts n_heads: the query heads" in r.message
-    assert set(_failed_rules(r)) >= {"grouped-query attention", "multi-query attention"}
+    assert set(failed_rules(r)) >= {"grouped-query attention", "multi-query attention"}
 
 
 def test_kv_bytes_without_the_factor_2_is_named(sol14):
@@ -228,7 +222,7 @@ def _block_manager(sol, bug):
 def test_a_wrong_block_manager_is_caught(sol14, bug, says, rule):
     r = grade(STEM, "paged_kv", with_answer(sol14, BlockManager=_block_manager(sol14, bug)))
     assert r.status == "failed" and says in r.message, r.message
-    assert rule in _failed_rules(r)
+    assert rule in failed_rules(r)
 
 
 def test_a_block_manager_that_never_runs_out_is_caught(sol14):
@@ -340,7 +334,7 @@ def _verify(bug):
     ("bonus from q", "match sampling it from the draft's last distribution"),
 ])
 def test_a_wrong_rejection_sampler_fails_the_statistical_test(sol14, bug, says):
-    r = _public("speculative_decoding", with_answer(sol14, speculative_verify=_verify(bug)), 1)
+    r = public(STEM, "speculative_decoding", with_answer(sol14, speculative_verify=_verify(bug)), 1)
     assert r.status == "failed" and says in r.message and "chi-square p-value" in r.message, r.message
 
 
@@ -353,7 +347,7 @@ def test_resampling_from_the_draft_fails_on_every_rule(sol14):
 def test_a_sampler_that_returns_tokens_that_are_not_the_drafts_is_rejected(sol14):
     def speculative_verify(draft_tokens, q, p, gen):  # BUG: samples every token from p (no drafts kept)
         return [int(torch.multinomial(p[i], 1, generator=gen)) for i in range(len(draft_tokens) + 1)]
-    r = _public("speculative_decoding", with_answer(sol14, speculative_verify=speculative_verify), 2)
+    r = public(STEM, "speculative_decoding", with_answer(sol14, speculative_verify=speculative_verify), 2)
     assert r.status == "failed" and "a prefix of the draft" in r.message
 
 
@@ -412,7 +406,7 @@ def _paged_attention(bug):
 
 
 def test_the_test_kernel_without_its_bug_passes(sol14):
-    r = _public("paged_decode_attention", with_answer(sol14, paged_decode_attention=_paged_attention(0)))
+    r = public(STEM, "paged_decode_attention", with_answer(sol14, paged_decode_attention=_paged_attention(0)))
     assert r.status == "passed", r.message
 
 
@@ -424,7 +418,7 @@ def test_the_test_kernel_without_its_bug_passes(sol14):
 def test_a_wrong_paged_kernel_is_named(sol14, bug, says, rule):
     r = grade(STEM, "paged_decode_attention", with_answer(sol14, paged_decode_attention=_paged_attention(bug)))
     assert r.status == "failed" and says in r.message, r.message
-    assert rule in _failed_rules(r)
+    assert rule in failed_rules(r)
 
 
 def test_pytorch_doing_the_attention_earns_nothing(sol14):
@@ -432,7 +426,7 @@ def test_pytorch_doing_the_attention_earns_nothing(sol14):
         want = CHECKS.ref_paged_attention(q, k_cache, v_cache, block_tables, seq_lens,
                                           scale or 1 / math.sqrt(q.shape[-1]))
         return out.copy_(want)
-    r = _public("paged_decode_attention", with_answer(sol14, paged_decode_attention=paged_decode_attention))
+    r = public(STEM, "paged_decode_attention", with_answer(sol14, paged_decode_attention=paged_decode_attention))
     assert r.score == 0 and "no Triton kernel was launched" in r.message
 
 
@@ -454,5 +448,5 @@ def test_a_scheduler_borrowed_from_the_course_helpers_fails(sol14, subclass):
     from gpulab.planning import FCFSBatcher
 
     scheduler = type("Scheduler", (FCFSBatcher,), {}) if subclass else FCFSBatcher
-    r = _public("continuous_batching", with_answer(sol14, Scheduler=scheduler), 1)
+    r = public(STEM, "continuous_batching", with_answer(sol14, Scheduler=scheduler), 1)
     assert r.status == "failed" and "gpulab.planning.FCFSBatcher" in r.message and "write your own" in r.message

@@ -16,7 +16,7 @@ import triton.language as tl
 from grader.checks import exercises, load_lab
 from grader.exercise import evaluate
 from tests import graderkit as kit
-from tests.conftest import ROOT, grade, solution_namespace, with_answer
+from tests.conftest import ROOT, failed_rules, grade, public, solution_namespace, with_answer
 
 STEM, EX = "15_gpu_algorithms", exercises("15_gpu_algorithms")
 CHECKS = load_lab(STEM)
@@ -27,9 +27,6 @@ def sol15():
     return solution_namespace(STEM)
 
 
-def _public(eid, ns, n=None):
-    """Only the first ``n`` public cases of ``eid``: a wrong answer's message, quickly."""
-    return evaluate(EX[eid], ns, "cpu", EX[eid].cases()[:n])
 
 
 def _messages(result) -> str:
@@ -37,9 +34,6 @@ def _messages(result) -> str:
     return "\n".join(c.message for c in result.cases)
 
 
-def _failed_rules(result) -> list:
-    """The rules (a hidden case's name before ':') of the cases that did not pass."""
-    return [c.name.partition(":")[0] for c in result.cases if c.status != "passed"]
 
 
 @pytest.mark.parametrize("eid", list(EX))
@@ -89,7 +83,7 @@ def _heap(bug):
     ("ascending", "the pairs smallest first"),
 ])
 def test_a_wrong_heap_is_named(sol15, bug, says):
-    r = _public("heap_topk", with_answer(sol15, heap_topk=_heap(bug)))
+    r = public(STEM, "heap_topk", with_answer(sol15, heap_topk=_heap(bug)))
     assert r.status == "failed" and says in _messages(r), _messages(r)
 
 
@@ -125,7 +119,7 @@ def _streaming(bug, sol):
     ("whole", "kept 1 chunk(s) alive"),
 ])
 def test_a_wrong_streaming_top_k_is_named(sol15, bug, says):
-    r = _public("streaming_topk", with_answer(sol15, streaming_topk=_streaming(bug, sol15)))
+    r = public(STEM, "streaming_topk", with_answer(sol15, streaming_topk=_streaming(bug, sol15)))
     assert r.status == "failed" and says in r.message, r.message
 
 
@@ -135,7 +129,7 @@ def test_streaming_ties_to_the_higher_column_is_named(sol15):
         for chunk in chunks:
             x = chunk if x is None else torch.cat([x, chunk], 1)
         return CHECKS.ref_topk(x, k, ties="higher")
-    r = _public("streaming_topk", with_answer(sol15, streaming_topk=streaming_topk), 1)
+    r = public(STEM, "streaming_topk", with_answer(sol15, streaming_topk=streaming_topk), 1)
     assert r.status == "failed" and "matches the higher index winning ties" in r.message, r.message
 
 
@@ -174,18 +168,18 @@ def _topk_rows(bug):
 
 
 def test_the_test_kernel_without_its_bug_passes(sol15):
-    r = _public("topk_kernel", with_answer(sol15, topk_rows=_topk_rows(0)))
+    r = public(STEM, "topk_kernel", with_answer(sol15, topk_rows=_topk_rows(0)))
     assert r.status == "passed", r.message
 
 
 def test_a_kernel_breaking_ties_upward_is_named(sol15):
-    r = _public("topk_kernel", with_answer(sol15, topk_rows=_topk_rows(1)), 1)
+    r = public(STEM, "topk_kernel", with_answer(sol15, topk_rows=_topk_rows(1)), 1)
     assert r.status == "failed" and "matches the higher index winning ties" in r.message, r.message
 
 
 def test_an_unmasked_load_is_caught_on_a_ragged_width(sol15):
     r = grade(STEM, "topk_kernel", with_answer(sol15, topk_rows=_topk_rows(2)))
-    assert r.status == "failed" and "a width that is not a power of two" in _failed_rules(r), r.message
+    assert r.status == "failed" and "a width that is not a power of two" in failed_rules(r), r.message
     assert "outside" in r.message or "out of bounds" in r.message or "past" in r.message, r.message
 
 
@@ -195,7 +189,7 @@ def test_pytorch_doing_the_top_k_earns_nothing(sol15):
         values.copy_(v)
         indices.copy_(i)
         return values, indices
-    r = _public("topk_kernel", with_answer(sol15, topk_rows=topk_rows))
+    r = public(STEM, "topk_kernel", with_answer(sol15, topk_rows=topk_rows))
     assert r.score == 0 and "no Triton kernel was launched" in r.message
 
 
@@ -220,7 +214,7 @@ def _assign(bug):
     ("no x norm", "the distances without ||x||^2"),
 ])
 def test_a_wrong_assignment_is_named(sol15, bug, says):
-    r = _public("kmeans_assign", with_answer(sol15, kmeans_assign=_assign(bug)))
+    r = public(STEM, "kmeans_assign", with_answer(sol15, kmeans_assign=_assign(bug)))
     assert r.status == "failed" and says in r.message, r.message
 
 
@@ -231,7 +225,7 @@ def test_an_assignment_breaking_ties_upward_fails_on_exact_ties(sol15):
         return labels, d2.gather(1, labels[:, None])[:, 0].clamp_min(0)
     r = grade(STEM, "kmeans_assign", with_answer(sol15, kmeans_assign=kmeans_assign))
     assert r.status == "failed" and "ties going to the higher centroid" in r.message, r.message
-    assert "exact ties" in _failed_rules(r)
+    assert "exact ties" in failed_rules(r)
 
 
 def _kmeans(bug, sol):
@@ -257,7 +251,7 @@ def _kmeans(bug, sol):
     ("stale labels", "the labels of the last assignment, before the final update"),
 ])
 def test_a_wrong_lloyd_is_named(sol15, bug, says):
-    r = _public("kmeans_lloyd", with_answer(sol15, kmeans=_kmeans(bug, sol15)))
+    r = public(STEM, "kmeans_lloyd", with_answer(sol15, kmeans=_kmeans(bug, sol15)))
     assert r.status == "failed" and says in r.message, r.message
 
 
@@ -276,7 +270,7 @@ def test_a_wrong_step_cost_is_named(sol15, bug, says):
         tc, tm = flops / (peaks.matmul_tflops * 1e12), nbytes / (peaks.copy_gbps * 1e9)
         return {"flops": flops, "bytes": nbytes, "intensity": flops / nbytes,
                 "seconds": tc + tm if bug == "sum" else max(tc, tm), "bound": "compute" if tc > tm else "memory"}
-    r = _public("kmeans_roofline", with_answer(sol15, kmeans_step_cost=kmeans_step_cost))
+    r = public(STEM, "kmeans_roofline", with_answer(sol15, kmeans_step_cost=kmeans_step_cost))
     assert r.status == "failed" and says in r.message, r.message
 
 
@@ -329,7 +323,7 @@ def test_lists_from_the_farthest_centroid_are_caught(sol15):
         d2 = ((x[:, None] - centroids[None]) ** 2).sum(-1)
         labels = d2.argmax(1)
         return [torch.nonzero(labels == j)[:, 0] for j in range(centroids.shape[0])]
-    r = _public("ivf_search", with_answer(sol15, build_ivf=build_ivf))
+    r = public(STEM, "ivf_search", with_answer(sol15, build_ivf=build_ivf))
     assert r.status == "failed" and "build_ivf: list" in r.message, r.message
 
 
@@ -340,7 +334,7 @@ def test_bins_with_the_edge_below_are_named(sol15):
         return (x[:, :, None] > edges[None]).sum(-1)
     r = grade(STEM, "gbdt_histograms", with_answer(sol15, bin_features=bin_features))
     assert r.status == "failed" and "the edge itself in the lower bin" in r.message, r.message
-    assert "values on the edges" in _failed_rules(r)
+    assert "values on the edges" in failed_rules(r)
 
 
 @pytest.mark.parametrize("bug, says", [
@@ -355,7 +349,7 @@ def test_wrong_histograms_are_named(sol15, bug, says):
             return fixed(bins, grad, torch.ones_like(hess), n_bins)
         G, H = fixed(bins, grad, hess, n_bins)
         return H, G
-    r = _public("gbdt_histograms", with_answer(sol15, grad_histograms=grad_histograms), 2)
+    r = public(STEM, "gbdt_histograms", with_answer(sol15, grad_histograms=grad_histograms), 2)
     assert r.status == "failed" and says in r.message, r.message
 
 
@@ -371,7 +365,7 @@ def test_a_wrong_split_is_named(sol15, mistake, says, rule):
         return tuple(CHECKS._best(CHECKS.ref_gains(G, H, lam, gamma, **mistake)))
     r = grade(STEM, "best_split", with_answer(sol15, best_split=best_split))
     assert r.status == "failed" and says in r.message, r.message
-    assert rule in _failed_rules(r)
+    assert rule in failed_rules(r)
 
 
 # --- the prefetching loop -----------------------------------------------------------------------------------
@@ -421,14 +415,14 @@ def _loop(bug):
     ("all ahead", "stay one batch ahead"),
 ])
 def test_a_wrong_pipeline_is_named(sol15, bug, says):
-    r = _public("prefetch_loop", with_answer(sol15, prefetch_loop=_loop(bug)), 1)
+    r = public(STEM, "prefetch_loop", with_answer(sol15, prefetch_loop=_loop(bug)), 1)
     assert r.status == "failed" and says in r.message, r.message
 
 
 def test_a_pipeline_that_skips_a_batch_is_caught(sol15):
     def prefetch_loop(batches, step, io):  # BUG: computes on the host batches, no copy at all
         return [step(b) for b in batches]
-    r = _public("prefetch_loop", with_answer(sol15, prefetch_loop=prefetch_loop), 1)
+    r = public(STEM, "prefetch_loop", with_answer(sol15, prefetch_loop=prefetch_loop), 1)
     assert r.status == "failed" and "no device copy" in r.message, r.message
 
 
