@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpulab import forkserver
 from gpulab.paths import ROOT  # noqa: E402
 
 
@@ -104,18 +105,26 @@ def launch(fn, world_size: int = 2, *args, backend: str | None = None, timeout_s
         port = free_port()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                    PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs = []
-        for rank in range(world_size):
-            log = open(work / f"rank{rank}.log", "wb")
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "gpulab.dist_worker", str(work), str(rank), str(world_size), backend,
-                 str(timeout_s)], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-            # Same process group as the caller: a grader that kills its worker's group kills the ranks too.
-            log.close()
+        procs = [_start_rank(work, rank, world_size, backend, timeout_s, env) for rank in range(world_size)]
         _watch(procs, work, timeout_s)
         return [cloudpickle.loads((work / f"rank{r}.result").read_bytes()) for r in range(world_size)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _start_rank(work: Path, rank: int, world_size: int, backend: str, timeout_s: float, env: dict):
+    """One rank running :mod:`gpulab.dist_worker`, forked from a warm server where possible (no second
+    ``import torch``), else a fresh process. Either way it stays in the caller's process group: a grader
+    that kills its worker's group kills the ranks too."""
+    argv = ["gpulab.dist_worker", str(work), str(rank), str(world_size), backend, str(timeout_s)]
+    if forkserver.available():
+        try:
+            return forkserver.fork_rank(argv, env, work / f"rank{rank}.log", work / f"rank{rank}.exit")
+        except (OSError, ValueError):
+            pass  # the server could not start or answer: a fresh process works everywhere
+    with open(work / f"rank{rank}.log", "wb") as log:
+        return subprocess.Popen([sys.executable, "-m", *argv], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
 
 
 def _kill(procs) -> None:

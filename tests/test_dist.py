@@ -142,3 +142,50 @@ def test_ranks_die_with_the_process_that_launched_them(tmp_path):
         except (ProcessLookupError, FileNotFoundError):
             alive = False
         assert not alive, f"rank process {pid} outlived its launcher"
+
+
+def _what_a_rank_sees(rank, world_size):
+    import os
+    import random
+    import sys
+
+    return (os.environ.get("GPULAB_TEST_MARK"), os.getcwd(), random.random(), os.getppid(),
+            "torch._dynamo" in sys.modules)
+
+
+def test_forked_ranks_see_this_launchs_environment_and_directory(tmp_path, monkeypatch):
+    """Ranks fork from a warm server (gpulab.forkserver) started at an earlier launch: each launch still
+    hands them the caller's environment and working directory of that moment, and fresh random states."""
+    from gpulab import forkserver
+
+    assert forkserver.available()
+    launch(_all_reduce_sum, 2, 1.0, timeout_s=30)  # the server is up from here on
+    monkeypatch.setenv("GPULAB_TEST_MARK", "set after the server started")
+    monkeypatch.chdir(tmp_path)
+    seen = launch(_what_a_rank_sees, 2, timeout_s=30)
+    assert [s[:2] for s in seen] == [("set after the server started", str(tmp_path))] * 2
+    assert seen[0][2] != seen[1][2]  # each rank draws its own random numbers
+    assert seen[0][3] == seen[1][3] == forkserver._server.pid  # forked, not started afresh
+    assert seen[0][4]  # the server imported TorchDynamo once for every rank (optimizers import it)
+
+
+def test_a_rank_killed_by_a_signal_is_reported_with_its_exit_status():
+    def killed(rank, world_size):
+        import os
+        import signal
+
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        import time
+        time.sleep(30)
+
+    with pytest.raises(RankError, match=r"rank 1 of 2 failed:\nexit code -9"):
+        launch(killed, 2, timeout_s=30)
+
+
+def test_without_the_fork_server_ranks_start_as_fresh_processes(monkeypatch):
+    import os
+
+    monkeypatch.setenv("GPULAB_FORKSERVER", "0")
+    seen = launch(_what_a_rank_sees, 2, timeout_s=30)
+    assert seen[0][3] == seen[1][3] == os.getpid()  # children of this process, no server between

@@ -89,3 +89,16 @@ def test_a_hang_costs_one_timeout_then_answers_at_once():
         ranks.launch_ranks(key, _hangs, 2, timeout_s=3)
     assert time.monotonic() - start < 1.0
     assert again.value.summary.startswith(ranks.RanksHung.REPEATED)
+
+
+def test_the_probes_alarm_waits_until_an_import_is_over(tmp_path, monkeypatch):
+    """The probe's alarm stops a learner's endless loop, but never in the middle of an import: a slow first
+    import of a torch submodule, interrupted, would leave a half-imported module in the process for good."""
+    import sys
+
+    (tmp_path / "slow_module_for_the_probe.py").write_text("import sys\nFRAME = sys._getframe()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import slow_module_for_the_probe
+
+    assert ranks._importing(slow_module_for_the_probe.FRAME)
+    assert not ranks._importing(sys._getframe())

@@ -104,6 +104,15 @@ def _run_probe(probe) -> None:
         pass
 
 
+def _importing(frame) -> bool:
+    """Whether ``frame`` runs inside an ``import`` (a slow first import of a torch submodule, say)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def probe_on_one_rank(rank_fn, *args, seconds: float = 5.0) -> None:
     """A probe for :func:`launch_ranks`: run ``rank_fn(0, 1, *args)`` in this process, in a one-rank
     gloo group, under an alarm that stops an endless loop. Only ``NotImplementedError`` escapes."""
@@ -118,6 +127,9 @@ def probe_on_one_rank(rank_fn, *args, seconds: float = 5.0) -> None:
         pass
 
     def _alarm(signum, frame):
+        if _importing(frame):  # an exception here would leave a half-imported module behind for good
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
+            return
         raise _ProbeTimeout()
 
     try:
