@@ -7,6 +7,7 @@
 - :class:`MLPBlock`: the pre-LayerNorm residual MLP block that sequence parallelism shards along the
   sequence (Korthikanti et al., 2022), and :func:`activation_bytes`, the bytes a region's autograd
   nodes saved for backward (lab 12 measures the LayerNorm region per rank with it).
+- :class:`MoEWeights`: router and experts of a mixture-of-experts layer (lab 12's expert parallelism).
 - Counting the collectives a rank issues is :func:`gpulab.commlog.record_collectives` (lesson 11).
 - :func:`draw_megatron`: the picture of which collective each tensor-parallel layer issues,
   forward and backward (the f and g operators).
@@ -42,6 +43,18 @@ class MLPBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.dropout(self.mlp(self.ln(x)))
+
+
+class MoEWeights(nn.Module):
+    """The weights of a single-device mixture-of-experts layer (lab 12's expert parallelism loads its shards
+    from it): ``router = nn.Linear(hidden, num_experts, bias=False)`` (weight (E, hidden)) and ``experts``, an
+    ``nn.ModuleList`` of ``num_experts`` :class:`MLP` (hidden -> ffn_hidden -> hidden). The routing itself is
+    the lab's exercise, so this holds no forward."""
+
+    def __init__(self, hidden: int, ffn_hidden: int, num_experts: int):
+        super().__init__()
+        self.router = nn.Linear(hidden, num_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(hidden, ffn_hidden) for _ in range(num_experts))
 
 
 def activation_bytes(y: torch.Tensor, op: str = "LayerNorm") -> int:

@@ -27,7 +27,8 @@ def sol12():
 
 
 @pytest.mark.parametrize("eid", ["tp_regions", "column_parallel", "row_parallel", "tp_mlp", "tp_attention",
-                                 "tp_comm_volume", "vocab_parallel_ce", "sequence_parallel"])
+                                 "tp_comm_volume", "vocab_parallel_ce", "sequence_parallel",
+                                 "moe_routing", "expert_parallel"])
 def test_solution_passes_public_and_hidden_cases(sol12, eid):
     result = grade(STEM, eid, sol12)
     assert result.status == "passed", result.message
@@ -402,3 +403,93 @@ def test_sequence_parallel_dropout_with_the_same_rng_on_every_rank_fails(sol12):
 def test_sequence_parallel_block_variant_without_bugs_passes(sol12):
     r = grade(STEM, "sequence_parallel", with_answer(sol12, SequenceParallelMLP=_sp_block(sol12)), hidden=False)
     assert r.status == "passed", r.message
+
+
+# --- mixture of experts: routing -------------------------------------------------------------------------
+
+def test_capacity_rounded_down_fails(sol12):
+    r = grade(STEM, "moe_routing", with_answer(sol12, expert_capacity=lambda T, E, k, cf: int(cf * T * k / E)))
+    assert r.status == "failed" and "that is the floor" in r.message, r.message
+
+
+def _token_major_route(router_logits, top_k, capacity):
+    """BUG: fills the slots token by token, so a token's 2nd choice beats the next token's 1st."""
+    T, E = router_logits.shape
+    weight, index = router_logits.softmax(-1).topk(top_k, dim=-1)
+    seen = F.one_hot(index.reshape(-1), E).cumsum(0)
+    position = (seen.gather(1, index.reshape(-1, 1)).squeeze(1) - 1).view(T, top_k)
+    return index, weight, torch.where(position < capacity, position, torch.full_like(position, -1))
+
+
+def test_route_dropping_the_wrong_tokens_fails(sol12):
+    r = grade(STEM, "moe_routing", with_answer(sol12, route=_token_major_route))
+    assert r.status == "failed" and "dropped the wrong choices" in r.message, r.message
+    assert "token by token" in r.message
+
+
+def test_route_with_softmax_after_top_k_fails(sol12):
+    def softmax_after(router_logits, top_k, capacity):
+        index, _, slot = sol12["route"](router_logits, top_k, capacity)
+        return index, router_logits.topk(top_k, dim=-1).values.softmax(-1), slot  # BUG: renormalised weights
+
+    r = grade(STEM, "moe_routing", with_answer(sol12, route=softmax_after))
+    assert r.status == "failed" and "softmax AFTER top-k" in r.message, r.message
+
+
+def test_load_balancing_loss_without_the_num_experts_factor_fails(sol12):
+    def no_factor(router_logits, expert_index, num_experts):
+        return sol12["load_balancing_loss"](router_logits, expert_index, num_experts) / num_experts  # BUG
+
+    r = grade(STEM, "moe_routing", with_answer(sol12, load_balancing_loss=no_factor))
+    assert r.status == "failed" and "num_experts factor is missing" in r.message, r.message
+
+
+def test_all_to_all_bytes_counting_only_the_kept_tokens_fails(sol12):
+    def kept_only(tokens, hidden, num_experts, top_k, capacity_factor, dtype_bytes):
+        return tokens * top_k * hidden * dtype_bytes  # BUG: the buffer has E * capacity rows, empty slots included
+
+    r = grade(STEM, "moe_routing", with_answer(sol12, moe_all_to_all_bytes=kept_only))
+    assert r.status == "failed" and "empty slots" in r.message, r.message
+
+
+# --- expert parallelism ----------------------------------------------------------------------------------
+
+def test_expert_parallel_layer_with_the_wrong_drop_order_fails():
+    ns = solution_namespace(STEM)  # a fresh namespace: the layer looks `route` up in it
+    ns["route"] = _token_major_route
+    r = grade(STEM, "expert_parallel", ns, hidden=False)
+    assert r.status == "failed" and "drops the wrong tokens" in r.message, r.message
+
+
+def test_expert_parallel_exchange_built_from_all_gather_fails_although_its_values_are_right():
+    ns = solution_namespace(STEM)
+
+    class GatherExchange(ns["AllToAll"]):
+        @staticmethod
+        def forward(ctx, x, group):
+            ctx.group = group
+            p, me = dist.get_world_size(group), dist.get_rank(group)
+            everyone = [torch.empty_like(x) for _ in range(p)]
+            dist.all_gather(everyone, x.contiguous(), group=group)  # BUG: every rank receives every buffer
+            return torch.cat([e.chunk(p)[me] for e in everyone])
+
+        @staticmethod
+        def backward(ctx, grad):
+            return GatherExchange.forward(ctx, grad, ctx.group), None
+
+    ns["AllToAll"] = GatherExchange
+    r = grade(STEM, "expert_parallel", ns, hidden=False)
+    assert r.status == "failed" and "expected 2 all_to_all" in r.message, r.message
+
+
+def test_expert_parallel_exchange_without_a_backward_exchange_fails():
+    ns = solution_namespace(STEM)
+
+    class NoBackwardExchange(ns["AllToAll"]):
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, None  # BUG: the gradients stay on the rank that computed them
+
+    ns["AllToAll"] = NoBackwardExchange
+    r = grade(STEM, "expert_parallel", ns, hidden=False)
+    assert r.status == "failed" and ("x.grad" in r.message or "expert" in r.message), r.message

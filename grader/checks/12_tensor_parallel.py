@@ -1086,8 +1086,307 @@ SEQUENCE_PARALLEL = Exercise(
          "[c.contiguous() for c in x.chunk(p, dim=1)].")
 
 
+# --- mixture of experts: routing, capacity, load balancing ------------------------------------------
+
+CAPACITY_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)   # exact in binary: ceil never meets a rounding error
+
+
+def ref_expert_capacity(tokens, num_experts, top_k, capacity_factor) -> int:
+    return math.ceil(capacity_factor * tokens * top_k / num_experts)
+
+
+def ref_route(router_logits, top_k, capacity, token_major=False, renormalise=False):
+    """The spec's routing; ``token_major`` fills slots token by token (a token's 2nd choice before the next
+    token's 1st), ``renormalise`` divides the weights by their sum over the top-k: the two wrong variants the
+    judge names."""
+    T, E = router_logits.shape
+    weight, index = router_logits.softmax(-1).topk(top_k, dim=-1)             # (T, k)
+    if renormalise:
+        weight = weight / weight.sum(-1, keepdim=True)
+    in_order = index.reshape(-1) if token_major else index.t().reshape(-1)    # (k*T,)
+    seen = torch.nn.functional.one_hot(in_order, E).cumsum(0)
+    position = seen.gather(1, in_order.unsqueeze(1)).squeeze(1) - 1
+    position = position.view(T, top_k) if token_major else position.view(top_k, T).t()  # (T, k)
+    return index, weight, torch.where(position < capacity, position, torch.full_like(position, -1))
+
+
+def ref_load_balancing_loss(router_logits, expert_index, num_experts):
+    P = router_logits.softmax(-1).mean(0)
+    f = torch.nn.functional.one_hot(expert_index[:, 0], num_experts).to(P.dtype).mean(0)
+    return num_experts * (f * P).sum()
+
+
+def ref_moe_all_to_all_bytes(tokens, hidden, num_experts, top_k, capacity_factor, dtype_bytes) -> int:
+    return num_experts * ref_expert_capacity(tokens, num_experts, top_k, capacity_factor) * hidden * dtype_bytes
+
+
+def _routing_cases(gen, public):
+    if public:
+        specs = [(8, 4, 1, 1.0), (8, 4, 2, 1.25), (10, 4, 2, 0.5), (6, 2, 1, 2.0)]
+    else:
+        specs = [(randint(gen, 3, 24), choice(gen, [2, 4, 8]), k, choice(gen, CAPACITY_FACTORS)) for k in (1, 2, 2)]
+    cases = []
+    for T, E, k, cf in specs:
+        cases.append(Case(f"{'public' if public else 'random'}: {T} tokens, {E} experts, top-{k}, capacity factor {cf}",
+                          {"T": T, "E": E, "k": k, "cf": cf, "logits": randn(gen, T, E, scale=2.0),
+                           # capacities to compute, floor != ceil in most of them
+                           "sizes": [(T, E, k, cf), (T + 1, E, k, 1.25), (3 * E + 1, E, 1, 1.0)]}))
+    return cases
+
+
+def _routing_run(ns, case, device):
+    x = case.inputs
+    C = ref_expert_capacity(x["T"], x["E"], x["k"], x["cf"])
+    out = {"capacity": [entry(ns, "expert_capacity")(*size) for size in x["sizes"]],
+           "route": entry(ns, "route")(x["logits"].clone(), x["k"], C)}
+    index = ref_route(x["logits"], x["k"], C)[0]
+    out["aux"] = entry(ns, "load_balancing_loss")(x["logits"].clone(), index, x["E"])
+    bytes_fn = entry(ns, "moe_all_to_all_bytes")
+    out["bytes"] = [bytes_fn(x["T"], h, x["E"], x["k"], x["cf"], b) for h, b in ((8, 4), (64, 2))]
+    return out
+
+
+def _check_route(x, C, got) -> str | None:
+    want = ref_route(x["logits"].double(), x["k"], C)
+    if not isinstance(got, tuple) or len(got) != 3:
+        return f"route must return (expert_index, combine_weight, slot), got {type(got).__name__}."
+    index, weight, slot = got
+    if not isinstance(index, torch.Tensor) or not torch.equal(index.long(), want[0]):
+        return (f"route's expert_index differs from the top-{x['k']} experts of softmax(router_logits) "
+                f"(best first, as torch.topk): got {index!r}.")
+    if isinstance(weight, torch.Tensor) and _matches(
+            weight.double(), ref_route(x["logits"].double(), x["k"], C, renormalise=True)[1]):
+        return ("combine_weight sums to 1 over each token's top-k: that is a softmax AFTER top-k (renormalised "
+                "weights, Mixtral's choice). The spec: softmax over all experts first, then top-k; the weights are "
+                "the chosen experts' probabilities, not renormalised.")
+    if msg := compare(weight, want[1], dtype=torch.float32, name="combine_weight", atol=1e-6, rtol=1e-5):
+        return msg
+    if not isinstance(slot, torch.Tensor) or not torch.equal(slot.long(), want[2]):
+        wrong = slot.long() if isinstance(slot, torch.Tensor) else None
+        token_major = ref_route(x["logits"].double(), x["k"], C, token_major=True)[2]
+        why = (" You filled the slots token by token (a token's 2nd choice before the next token's 1st): the spec's "
+               "priority is every 1st choice in token order, then every 2nd choice."
+               if wrong is not None and torch.equal(wrong, token_major) else "")
+        shown = wrong.tolist() if wrong is not None else repr(slot)
+        return (f"route dropped the wrong choices (capacity {C} per expert): slot = {shown}, "
+                f"expected {want[2].tolist()} (-1: dropped).{why}")
+    return None
+
+
+def _routing_judge(case, obs):
+    x = case.inputs
+    for size, got in zip(x["sizes"], obs["capacity"]):
+        want = ref_expert_capacity(*size)
+        if got != want or not isinstance(got, int):
+            T, E, k, cf = size
+            floor = " (that is the floor: round UP, or the last tokens of a full expert have no slot)" \
+                if got == math.floor(cf * T * k / E) else ""
+            return f"expert_capacity({T}, {E}, {k}, {cf}) = {got!r}, expected the int {want} = ceil(cf*T*k/E){floor}."
+    C = ref_expert_capacity(x["T"], x["E"], x["k"], x["cf"])
+    if msg := _check_route(x, C, obs["route"]):
+        return msg
+    index = ref_route(x["logits"].double(), x["k"], C)[0]
+    want = ref_load_balancing_loss(x["logits"].double(), index, x["E"])
+    got = obs["aux"]
+    if isinstance(got, torch.Tensor) and got.numel() == 1 and close(float(got) * x["E"], float(want), rel=1e-5):
+        return (f"load_balancing_loss = {float(got):.6g}, expected {float(want):.6g}: the num_experts factor is "
+                "missing (with it, uniform routing scores 1 whatever E is).")
+    if not isinstance(got, torch.Tensor) or got.numel() != 1 or not close(float(got), float(want), rel=1e-5):
+        return (f"load_balancing_loss = {got!r}, expected {float(want):.6g} = E * sum_i f_i * P_i (f_i: fraction of "
+                "tokens whose 1st choice is i; P_i: mean router probability of i).")
+    for (h, b), got in zip(((8, 4), (64, 2)), obs["bytes"]):
+        want = ref_moe_all_to_all_bytes(x["T"], h, x["E"], x["k"], x["cf"], b)
+        if got != want:
+            return (f"moe_all_to_all_bytes(tokens={x['T']}, hidden={h}, E={x['E']}, k={x['k']}, cf={x['cf']}, "
+                    f"dtype_bytes={b}) = {got!r}, expected {want}: the whole (E, capacity, hidden) buffer, empty slots "
+                    "included.")
+    return None
+
+
+MOE_ROUTING = Exercise(
+    "moe_routing", 3, ("expert_capacity", "route", "load_balancing_loss", "moe_all_to_all_bytes"),
+    _routing_cases, _routing_run, _routing_judge, title="MoE routing: top-k, capacity, dropping, load balancing",
+    hint="capacity: math.ceil. route: weight, index = softmax(logits).topk(k); order the choices index.t().reshape(-1) "
+         "(all 1st choices, then all 2nd); one_hot(...).cumsum(0) gives each choice's position in its expert; "
+         "slot = position if position < capacity else -1. aux = E * (f * P).sum().")
+
+
+# --- expert parallelism ----------------------------------------------------------------------------
+
+_EP_NAMES = ("AllToAll", "ExpertParallelMoE")
+
+
+def _full_moe(cfg):
+    from gpulab.tensor_parallel_ref import MoEWeights
+
+    full = MoEWeights(cfg["hidden"], cfg["ffn"], cfg["E"])
+    with torch.no_grad():
+        full.router.weight.copy_(cfg["router"])
+        for e, expert in enumerate(full.experts):
+            for name in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"):
+                expert.get_parameter(name).copy_(cfg[name][e])
+    return full
+
+
+def _rank_ep(L, cfg, pg, r, tp):
+    from gpulab.commlog import record_collectives
+
+    layer = L["ExpertParallelMoE"](cfg["hidden"], cfg["ffn"], cfg["E"], pg, top_k=cfg["k"], capacity_factor=cfg["cf"])
+    layer.load_from_full(_full_moe(cfg))
+    x = _leaf(cfg["x"][r])                                                    # (T, h): this rank's tokens
+    with record_collectives() as log:
+        out = layer(x)
+        if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
+            raise TypeError(f"forward must return (y, aux), two tensors; got {type(out).__name__}.")
+        y, aux = out
+        log.phase = "backward"
+        if y.shape == x.shape and aux.numel() == 1:
+            ((y * cfg["dy"][r]).sum() + cfg["aux_coef"] * aux.sum()).backward()
+    experts = getattr(layer, "experts", None)
+    router = getattr(layer, "router", None)
+    obs = {"y": y.detach().clone(), "aux": aux.detach().clone(), "x_grad": _grad(x), "calls": log.as_dicts(),
+           "router_grad": _group_sum(_pgrad(router, "weight"), pg), "experts": []}
+    for expert in (experts if isinstance(experts, torch.nn.ModuleList) else []):
+        obs["experts"].append({n: _grad(p) for n, p in expert.named_parameters()})
+    return obs
+
+
+def _ep_cases(gen, public):
+    configs = []
+    for tp, E, k, cf in ((2, 4, 1, 1.0), (4, 4, 2, 1.25), (2, 4, 2, 0.5)):
+        T = 8 if public else randint(gen, 3, 12)
+        h = 8 if public else 4 * randint(gen, 1, 3)
+        f = 16 if public else 4 * randint(gen, 1, 4)
+        if not public:
+            E, cf = tp * choice(gen, [1, 2]), choice(gen, CAPACITY_FACTORS)
+        configs.append({"tp": tp, "hidden": h, "ffn": f, "E": E, "k": k, "cf": cf, "aux_coef": 0.5,
+                        "label": f"ExpertParallelMoE(hidden={h}, ffn_hidden={f}, num_experts={E}, top_k={k}, "
+                                 f"capacity_factor={cf}) at EP={tp}, {T} tokens per rank",
+                        "router": randn(gen, E, h, scale=1.0), "x": randn(gen, tp, T, h), "dy": randn(gen, tp, T, h),
+                        "fc1.weight": randn(gen, E, f, h, scale=1 / math.sqrt(h)), "fc1.bias": randn(gen, E, f),
+                        "fc2.weight": randn(gen, E, h, f, scale=1 / math.sqrt(f)), "fc2.bias": randn(gen, E, h)})
+    configs.append({"tp": 4, "indivisible": ("ExpertParallelMoE", 8, 16, 6),
+                    "label": "ExpertParallelMoE(hidden=8, ffn_hidden=16, num_experts=6) at EP=4 (not divisible)"})
+    return _launch_case(public, configs)
+
+
+def _ref_moe(x, p, cfg, token_major=False):
+    """Single-process MoE on one rank's tokens x (T, h), float64, all experts local: (y, aux)."""
+    F = torch.nn.functional
+    T = x.shape[0]
+    C = ref_expert_capacity(T, cfg["E"], cfg["k"], cfg["cf"])
+    logits = x @ p["router"].T                                                # (T, E)
+    index, weight, slot = ref_route(logits, cfg["k"], C, token_major=token_major)
+    y = torch.zeros_like(x)
+    for t in range(T):
+        for j in range(cfg["k"]):
+            if slot[t, j] >= 0:
+                e = int(index[t, j])
+                hid = F.gelu(F.linear(x[t], p["fc1.weight"][e], p["fc1.bias"][e]))
+                y = y.index_add(0, torch.tensor([t]), (weight[t, j] * F.linear(hid, p["fc2.weight"][e],
+                                                                               p["fc2.bias"][e])).unsqueeze(0))
+    return y, ref_load_balancing_loss(logits, index, cfg["E"])
+
+
+_EP_PARAMS = ("router", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+
+
+def _ep_ref(cfg):
+    """Every rank's (y, aux, x.grad) and the parameter gradients summed over the group's ranks."""
+    params = {k: cfg[k].double().requires_grad_(True) for k in _EP_PARAMS}
+    out = {"y": [], "aux": [], "x_grad": [], "token_major_y": []}
+    for r in range(cfg["tp"]):
+        x = cfg["x"][r].double().requires_grad_(True)
+        y, aux = _ref_moe(x, params, cfg)
+        ((y * cfg["dy"][r].double()).sum() + cfg["aux_coef"] * aux).backward()
+        out["y"].append(y.detach())
+        out["aux"].append(aux.detach())
+        out["x_grad"].append(x.grad)
+        with torch.no_grad():
+            out["token_major_y"].append(_ref_moe(cfg["x"][r].double(), params, cfg, token_major=True)[0])
+    out.update({f"{k}_grad": params[k].grad for k in _EP_PARAMS})
+    return out
+
+
+def _ep_calls(cfg, obs) -> str | None:
+    T = cfg["x"].shape[1]
+    want = ref_moe_all_to_all_bytes(T, cfg["hidden"], cfg["E"], cfg["k"], cfg["cf"], 4)
+    for phase in ("forward", "backward"):
+        calls = [c for c in obs["calls"] if c["phase"] == phase]
+        ops = [c["op"] for c in calls]
+        if [op.replace("_single", "") for op in ops] != ["all_to_all", "all_to_all"]:
+            return (f"{phase} issued {_describe_calls(ops)}, expected 2 all_to_all (dispatch, then combine"
+                    + ("" if phase == "forward" else ", their gradients in reverse") + "). Expert parallelism "
+                    "exchanges tokens all-to-all; gathering every rank's tokens sends p times more. (Collectives are "
+                    "counted when called as dist.<name>(...).)")
+        for c in calls:
+            if c["bytes"] != want:
+                return (f"an all_to_all in {phase} carried {c['bytes']} bytes, expected {want} = E * capacity * hidden "
+                        "* 4: the whole fixed-size (E, capacity, hidden) buffer.")
+    return None
+
+
+def _ep_check(cfg, ref, obs, r, rank):
+    tp = cfg["tp"]
+    if cfg.get("indivisible"):
+        return _check_indivisible(obs, f"num_experts = {cfg['indivisible'][3]} at EP={tp}")
+    if msg := _check_groups(obs, tp):
+        return msg
+    if msg := _first_mismatch(obs, [("y", ref["y"][r], "y (this rank's tokens)"), ("aux", ref["aux"][r], "aux"),
+                                    ("x_grad", ref["x_grad"][r], "x.grad"),
+                                    ("router_grad", ref["router_grad"], "router.weight.grad summed over the group")]):
+        return msg + _rank_note(r, rank)
+    local = cfg["E"] // tp
+    if len(obs["experts"]) != local:
+        return f"layer.experts holds {len(obs['experts'])} experts, expected E/p = {local} (experts r*E/p..(r+1)*E/p)."
+    for i, grads in enumerate(obs["experts"]):
+        e = r * local + i
+        for name in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"):
+            if msg := _cmp(grads.get(name), ref[f"{name}_grad"][e], f"expert {e} {name}.grad"):
+                return msg + (" (Each expert's gradient gathers the tokens every rank sent it: the backward of the "
+                              "dispatch all-to-all must bring those gradients back.)")
+    return _ep_calls(cfg, obs)
+
+
+def _ep_judge(case, obs):
+    """First the drop order on every rank (a wrong order on one rank also breaks the summed router gradient of the
+    others, which would hide the cause), then each rank's values and collectives."""
+    refs = {}
+
+    def ref_of(cfg):
+        if id(cfg) not in refs:
+            refs[id(cfg)] = _ep_ref(cfg)
+        return refs[id(cfg)]
+
+    ranks = obs.get("ranks") if isinstance(obs, dict) else None
+    for i, cfg in enumerate(case.inputs["configs"]):
+        if cfg.get("indivisible") or not isinstance(ranks, list) or len(ranks) != WORLD:
+            continue
+        ref = ref_of(cfg)
+        for rank in range(WORLD):
+            y = ranks[rank][i].get("y") if isinstance(ranks[rank], list) and len(ranks[rank]) > i else None
+            r = rank % cfg["tp"]
+            if _matches(y, ref["token_major_y"][r].float()) and not _matches(y, ref["y"][r].float()):
+                return (f"{cfg['label']}, global rank {rank}: the output drops the wrong tokens: slots were filled "
+                        "token by token; the spec fills every 1st choice in token order, then every 2nd choice.")
+    return _judge_launch(ref_of, _ep_check)(case, obs)
+
+
+def _ep_probe(L):
+    L["ExpertParallelMoE"](4, 8, 2, None)
+    L["AllToAll"].forward(types.SimpleNamespace(), torch.zeros(2, 4), None)
+
+
+EXPERT_PARALLEL = Exercise(
+    "expert_parallel", 4, _EP_NAMES, _ep_cases, _launch_run(_rank_ep, _EP_NAMES, probe=_ep_probe),
+    _ep_judge, title="Expert parallelism: MoE with all-to-all",
+    hint="AllToAll: dist.all_to_all(received, [c.contiguous() for c in x.chunk(p)], group=group), cat; backward the "
+         "same. Layer: route your tokens, write them into an (E*C, h) buffer at row index*C + slot, AllToAll, view "
+         "(p, E/p, C, h), run local expert i on [:, i], AllToAll back, index_add weight * result into y.")
+
+
 EXERCISES = [TP_REGIONS, COLUMN_PARALLEL, ROW_PARALLEL, TP_MLP, TP_ATTENTION, TP_COMM_VOLUME,
-             VOCAB_PARALLEL_CE, SEQUENCE_PARALLEL]
+             VOCAB_PARALLEL_CE, SEQUENCE_PARALLEL, MOE_ROUTING, EXPERT_PARALLEL]
 
 
 # --- benchmarks (python -m grader bench): one rank, so only the wrappers' overhead shows --------
