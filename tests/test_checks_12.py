@@ -454,17 +454,21 @@ def test_all_to_all_bytes_counting_only_the_kept_tokens_fails(sol12):
 
 # --- expert parallelism ----------------------------------------------------------------------------------
 
+def _grade_expert_parallel(**entries):
+    """The solution's ExpertParallelMoE with some names it looks up replaced (public case): in a fresh namespace,
+    since the layer resolves them in the globals it was defined in."""
+    ns = solution_namespace(STEM)
+    ns.update(entries)
+    return grade(STEM, "expert_parallel", ns, hidden=False)
+
+
 def test_expert_parallel_layer_with_the_wrong_drop_order_fails():
-    ns = solution_namespace(STEM)  # a fresh namespace: the layer looks `route` up in it
-    ns["route"] = _token_major_route
-    r = grade(STEM, "expert_parallel", ns, hidden=False)
+    r = _grade_expert_parallel(route=_token_major_route)
     assert r.status == "failed" and "drops the wrong tokens" in r.message, r.message
 
 
-def test_expert_parallel_exchange_built_from_all_gather_fails_although_its_values_are_right():
-    ns = solution_namespace(STEM)
-
-    class GatherExchange(ns["AllToAll"]):
+def test_expert_parallel_exchange_built_from_all_gather_fails_although_its_values_are_right(sol12):
+    class GatherExchange(sol12["AllToAll"]):
         @staticmethod
         def forward(ctx, x, group):
             ctx.group = group
@@ -477,19 +481,15 @@ def test_expert_parallel_exchange_built_from_all_gather_fails_although_its_value
         def backward(ctx, grad):
             return GatherExchange.forward(ctx, grad, ctx.group), None
 
-    ns["AllToAll"] = GatherExchange
-    r = grade(STEM, "expert_parallel", ns, hidden=False)
+    r = _grade_expert_parallel(AllToAll=GatherExchange)
     assert r.status == "failed" and "expected 2 all_to_all" in r.message, r.message
 
 
-def test_expert_parallel_exchange_without_a_backward_exchange_fails():
-    ns = solution_namespace(STEM)
-
-    class NoBackwardExchange(ns["AllToAll"]):
+def test_expert_parallel_exchange_without_a_backward_exchange_fails(sol12):
+    class NoBackwardExchange(sol12["AllToAll"]):
         @staticmethod
         def backward(ctx, grad):
             return grad, None  # BUG: the gradients stay on the rank that computed them
 
-    ns["AllToAll"] = NoBackwardExchange
-    r = grade(STEM, "expert_parallel", ns, hidden=False)
+    r = _grade_expert_parallel(AllToAll=NoBackwardExchange)
     assert r.status == "failed" and ("x.grad" in r.message or "expert" in r.message), r.message

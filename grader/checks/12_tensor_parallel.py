@@ -856,12 +856,18 @@ def _check_vocab_calls(cfg, obs) -> str | None:
     return None
 
 
-def _vocab_ce_check(cfg, ref, obs, r, rank):
+def _layer_check(what, body):
+    """A check_fn: a config that does not divide is judged by :func:`_check_indivisible` (``what(cfg)`` names it);
+    any other by its collectives' groups first, then ``body(cfg, ref, obs, r, rank)``."""
+    def check(cfg, ref, obs, r, rank):
+        if cfg.get("indivisible"):
+            return _check_indivisible(obs, what(cfg))
+        return _check_groups(obs, cfg["tp"]) or body(cfg, ref, obs, r, rank)
+    return check
+
+
+def _vocab_ce_values(cfg, ref, obs, r, rank):
     tp = cfg["tp"]
-    if cfg.get("indivisible"):
-        return _check_indivisible(obs, f"a vocabulary of {cfg['indivisible'][1]} ids at TP={tp}")
-    if msg := _check_groups(obs, tp):
-        return msg
     y, grad = obs.get("y"), obs.get("x_grad")
     if isinstance(y, torch.Tensor) and not bool(torch.isfinite(y).all()) or (
             isinstance(grad, torch.Tensor) and not bool(torch.isfinite(grad).all())):
@@ -888,7 +894,9 @@ def _vocab_ce_probe(L):
 VOCAB_PARALLEL_CE = Exercise(
     "vocab_parallel_ce", 3, ("vocab_range", "VocabParallelCrossEntropy"), _vocab_ce_cases,
     _launch_run(_rank_vocab_ce, ("vocab_range", "VocabParallelCrossEntropy"), probe=_vocab_ce_probe),
-    _judge_launch(_vocab_ce_ref, _vocab_ce_check), title="Vocab-parallel cross-entropy",
+    _judge_launch(_vocab_ce_ref, _layer_check(
+        lambda cfg: f"a vocabulary of {cfg['indivisible'][1]} ids at TP={cfg['tp']}", _vocab_ce_values)),
+    title="Vocab-parallel cross-entropy",
     hint="forward: m = all-reduce MAX of the row max; z = logits - m; target logit = z at (target - start) where "
          "start <= target < end, else 0, then all-reduce SUM; sum_exp = all-reduce SUM of exp(z).sum(-1); loss = "
          "log(sum_exp) - target logit. backward: softmax = exp(z) / sum_exp, minus 1 at the target on the rank "
@@ -1326,12 +1334,8 @@ def _ep_calls(cfg, obs) -> str | None:
     return None
 
 
-def _ep_check(cfg, ref, obs, r, rank):
+def _ep_values(cfg, ref, obs, r, rank):
     tp = cfg["tp"]
-    if cfg.get("indivisible"):
-        return _check_indivisible(obs, f"num_experts = {cfg['indivisible'][3]} at EP={tp}")
-    if msg := _check_groups(obs, tp):
-        return msg
     if msg := _first_mismatch(obs, [("y", ref["y"][r], "y (this rank's tokens)"), ("aux", ref["aux"][r], "aux"),
                                     ("x_grad", ref["x_grad"][r], "x.grad"),
                                     ("router_grad", ref["router_grad"], "router.weight.grad summed over the group")]):
@@ -1369,7 +1373,8 @@ def _ep_judge(case, obs):
             if _matches(y, ref["token_major_y"][r].float()) and not _matches(y, ref["y"][r].float()):
                 return (f"{cfg['label']}, global rank {rank}: the output drops the wrong tokens: slots were filled "
                         "token by token; the spec fills every 1st choice in token order, then every 2nd choice.")
-    return _judge_launch(ref_of, _ep_check)(case, obs)
+    return _judge_launch(ref_of, _layer_check(lambda cfg: f"num_experts = {cfg['indivisible'][3]} at EP={cfg['tp']}",
+                                              _ep_values))(case, obs)
 
 
 def _ep_probe(L):
