@@ -41,7 +41,7 @@ slow = pytest.mark.slow  # starts ranks: a few seconds of process start-up per l
                                  pytest.param("ddp_from_scratch", marks=slow),
                                  pytest.param("ddp_overlap", marks=slow), "bucket_assignment",
                                  pytest.param("bucketed_ddp", marks=slow),
-                                 pytest.param("sharded_optimizer", marks=slow)])
+                                 pytest.param("sharded_optimizer", marks=slow), pytest.param("fsdp", marks=slow)])
 def test_solution_passes_public_and_hidden_cases(sol11, eid):
     result = grade(STEM, eid, sol11)
     assert result.status == "passed", result.message
@@ -431,6 +431,11 @@ class WrapperDoingNothing(nn.Module):
         pass
 
 
+class FSDPDoingNothing(WrapperDoingNothing):
+    def gather_full_params(self):
+        return {n: p.detach().clone() for n, p in self.module.named_parameters()}
+
+
 class OptimizerDoingNothing(torch.optim.Optimizer):
     def __init__(self, params, optimizer_cls, **kwargs):
         super().__init__(params, kwargs)
@@ -444,7 +449,8 @@ class OptimizerDoingNothing(torch.optim.Optimizer):
                                          ("ddp_from_scratch", {"DDP": WrapperDoingNothing}),
                                          ("ddp_overlap", {"DDPIndividualParameters": WrapperDoingNothing}),
                                          ("bucketed_ddp", {"BucketedDDP": WrapperDoingNothing}),
-                                         ("sharded_optimizer", {"ShardedOptimizer": OptimizerDoingNothing})])
+                                         ("sharded_optimizer", {"ShardedOptimizer": OptimizerDoingNothing}),
+                                         ("fsdp", {"FSDP": FSDPDoingNothing})])
 def test_distributed_answers_that_compute_nothing_score_zero(sol11, eid, answer):
     r = grade(STEM, eid, with_answer(sol11, **answer), hidden=False)  # one launch
     # A rank of a do-nothing answer may finish early and gloo then reports a broken pipe on its peer
@@ -628,3 +634,87 @@ def test_sharded_optimizer_ignoring_a_param_group_added_later_fails(sol11):
     ex, cases = _hidden_case("sharded_optimizer", "a param group added after step 0")
     r = evaluate(ex, with_answer(sol11, ShardedOptimizer=ShardedOwnersAtConstructionOnly), "cpu", cases)
     assert r.status == "failed" and "joined with opt.add_param_group(...) after step 0" in r.message, r.message
+
+
+# --- FSDP (ZeRO-3) ---------------------------------------------------------------------------------
+
+def _fsdp_variant(sol11, mistake):
+    """The solution's FSDP, broken in one way."""
+    base = sol11["FSDP"]
+
+    class Broken(base):
+        def __init__(self, module, process_group=None):
+            super().__init__(module, process_group)
+            if mistake == "drop_tail":  # BUG: shards of numel // p elements: the last numel % p belong to none
+                self.numels = {}
+                for i, layout in enumerate(self.layouts):
+                    full, numel = base._all_gather(self, self.shards[i]), sum(n for *_, n in layout)
+                    k = numel // self.world_size
+                    self.shards[i] = nn.Parameter(full[self.rank * k:(self.rank + 1) * k].clone())
+                    self.numels[k] = numel
+            if mistake == "full_optimizer":  # BUG: the optimizer steps on full copies of the parameters
+                self.full = nn.ParameterList(nn.Parameter(base._all_gather(self, s)) for s in self.shards)
+
+        def _all_gather(self, shard):
+            full = super()._all_gather(shard)
+            if mistake == "drop_tail":  # the gathered vector padded after the fact, to make the views fit
+                full = torch.nn.functional.pad(full, (0, self.numels[shard.numel()] - full.numel()))
+            return full
+
+        def _reduce_scatter(self, full_grad):
+            p, rank = self.world_size, dist.get_rank(self.process_group)
+            if mistake == "all_reduce":  # BUG: every rank receives the whole summed gradient
+                full_grad = full_grad.clone()
+                dist.all_reduce(full_grad, group=self.process_group)
+                return full_grad.chunk(p)[rank].div(p)
+            if mistake == "drop_tail":
+                full_grad = full_grad[:full_grad.numel() // p * p]
+            if mistake == "summed":
+                return super()._reduce_scatter(full_grad).mul_(p)  # BUG: not divided by p
+            if mistake == "global_size":
+                return super()._reduce_scatter(full_grad).mul_(p / dist.get_world_size())  # BUG: not the group's
+            return super()._reduce_scatter(full_grad)
+
+        def _free(self, i):
+            if mistake != "never_free":  # BUG when never_free: the views keep the gathered vector alive
+                super()._free(i)
+
+        def forward(self, *args, **kwargs):
+            if mistake == "full_optimizer":  # the shards cut again from the updated full copies
+                with torch.no_grad():
+                    for s, f in zip(self.shards, self.full):
+                        s.copy_(f.chunk(self.world_size)[self.rank])
+            return super().forward(*args, **kwargs)
+
+        def finish_gradient_synchronization(self):
+            super().finish_gradient_synchronization()
+            if mistake == "full_optimizer":
+                for s, f in zip(self.shards, self.full):
+                    f.grad, s.grad = base._all_gather(self, s.grad), None
+
+        def gather_full_params(self):
+            if mistake == "full_optimizer":
+                with torch.no_grad():
+                    for s, f in zip(self.shards, self.full):
+                        s.copy_(f.chunk(self.world_size)[self.rank])
+            return super().gather_full_params()
+    return Broken
+
+
+@slow
+@pytest.mark.parametrize("mistake, message", [
+    ("all_reduce", "FSDP reduce-scatters each layer's gradient"),
+    ("never_free", "gathered parameters were not freed after their layer's forward"),
+    ("summed", "as if the gradients were summed"),
+    ("drop_tail", "Pad the flat vector with zeros"),
+    ("full_optimizer", "the optimizer must step on this rank's shards only")])
+def test_fsdp_mistakes_fail(sol11, mistake, message):
+    r = grade(STEM, "fsdp", with_answer(sol11, FSDP=_fsdp_variant(sol11, mistake)), hidden=False)
+    assert r.status == "failed" and message in r.message, r.message
+
+
+@slow
+def test_fsdp_dividing_by_the_world_instead_of_its_group_fails(sol11):
+    ex, cases = _hidden_case("fsdp", "every rank, then two sub-groups")
+    r = evaluate(ex, with_answer(sol11, FSDP=_fsdp_variant(sol11, "global_size")), "cpu", cases)
+    assert r.status == "failed" and "divide by the group's size" in r.message, r.message

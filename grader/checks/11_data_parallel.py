@@ -814,8 +814,6 @@ def _state_numel(opt_objects) -> int:
 
 
 def _sharded_rank(rank, world_size, cls, x):
-    import gc
-    import warnings
 
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -850,10 +848,7 @@ def _sharded_rank(rank, world_size, cls, x):
         steps.append({n: p.detach().clone() for n, p in model.named_parameters()})
     opt.zero_grad()
     obs["zeroed"] = all(p.grad is None or not p.grad.any() for p in params)
-    with warnings.catch_warnings():  # isinstance on every live object touches deprecated module attributes
-        warnings.simplefilter("ignore")
-        optimizers = [o for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer)]
-    obs["state_numel"] = _state_numel(optimizers)
+    obs["state_numel"] = _live_optimizer_state()
     obs["params"], obs["comm"] = steps, comm
     return obs
 
@@ -943,8 +938,255 @@ SHARDED_OPTIMIZER = Exercise(
          "over your own parameters only; in step(): copy the group hyperparameters, step locally, then "
          "dist.broadcast(p, src=owner) for every parameter.")
 
+
+# --- 7. FSDP (ZeRO-3): parameters sharded, gathered per layer, gradients reduce-scattered --------------
+
+GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")
+SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single")
+
+
+def _live_optimizer_state() -> int:
+    """Elements of optimizer state held by every ``torch.optim.Optimizer`` alive in this process."""
+    import gc
+    import warnings
+
+    with warnings.catch_warnings():  # isinstance on every live object touches deprecated module attributes
+        warnings.simplefilter("ignore")
+        return _state_numel([o for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer)])
+
+
+def _residency(run_forward) -> tuple:
+    """Bytes created by ``run_forward()`` and still held once it has returned (:mod:`gpulab.residency`:
+    what Python reaches and what autograd saved for backward), and its output."""
+    from gpulab.residency import extra_bytes, live_storages
+
+    before = live_storages()
+    out = run_forward()
+    return extra_bytes(live_storages([out]), before), out
+
+
+def _fsdp_train(rank, cls, x, data_rank, data_world, measure, **kwargs) -> dict:
+    """Rank ``rank``'s model (seed + rank) wrapped in ``cls``; ``steps`` SGD steps on shard ``data_rank`` of
+    ``data_world`` of each batch. With ``measure``, first one forward and backward (no step) with the
+    bytes held once forward has returned."""
+    import torch.nn.functional as F
+
+    from gpulab.commlog import record_collectives
+    from gpulab.toy import shard
+
+    torch.manual_seed(1000 + rank)
+    model = _toy_model(x, x["seed"] + rank)
+
+    def batch(step):
+        xb, yb = _step_batch(x, step)
+        return shard(xb, data_rank, data_world), shard(yb, data_rank, data_world)
+
+    obs = {}
+    wrapped = cls(model, **kwargs)
+    obs["init"] = {n: t.detach().clone() for n, t in wrapped.gather_full_params().items()}
+    opt = _sgd([p for p in wrapped.parameters() if p.requires_grad])
+    if measure:
+        xb, yb = batch(0)
+        obs["wrapped"], out = _residency(lambda: wrapped(xb))
+        F.mse_loss(out, yb).backward()
+        wrapped.finish_gradient_synchronization()
+        opt.zero_grad()
+    obs["params"], obs["comm"] = [], []
+    for step in range(x["steps"]):
+        opt.zero_grad()
+        xb, yb = batch(step)
+        with record_collectives() as log:
+            out = wrapped(xb)
+            log.phase = "backward"
+            F.mse_loss(out, yb).backward()
+            log.phase = "finish"
+            wrapped.finish_gradient_synchronization()
+        opt.step()
+        obs["comm"].append(log.as_dicts())
+        obs["params"].append({n: t.detach().clone() for n, t in wrapped.gather_full_params().items()})
+    obs["param_numel"] = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+    obs["state_numel"] = _live_optimizer_state()
+    return obs
+
+
+def _fsdp_rank(rank, world_size, cls, x):
+    obs = _fsdp_train(rank, cls, x, rank, world_size, measure=True)
+    if x.get("groups") and world_size == x["world"]:  # not in the single-rank probe for a stub
+        import torch.distributed as dist
+
+        handles = [dist.new_group(members) for members in x["groups"]]  # every rank creates every group
+        g = next(g for g, members in enumerate(x["groups"]) if rank in members)
+        members = x["groups"][g]
+        obs["sub"] = _fsdp_train(rank, cls, _subgroup_inputs(x, g), members.index(rank), len(members), False,
+                                 process_group=handles[g])
+    return obs
+
+
+def _plain_residency(x) -> int:
+    """What the unwrapped model holds once forward has returned (its saved activations), measured here."""
+    from gpulab.toy import shard
+
+    model = _toy_model(x, x["seed"])
+    xb = shard(_step_batch(x, 0)[0], 0, x["world"])
+    return _residency(lambda: model(xb))[0]
+
+
+def _fsdp_case(name, world, seed, data_seed, hidden, d_in, d_out, **extra):
+    return Case(name, dict(world=world, seed=seed, data_seed=data_seed, d_in=d_in, hidden=hidden, d_out=d_out,
+                           batch_per_rank=2, steps=3, **extra))
+
+
+def _unit_numels(x) -> list:
+    dims = [x["d_in"], *x["hidden"], x["d_out"]]
+    return [b * (a + 1) for a, b in zip(dims[:-1], dims[1:])]  # weight (b, a) and bias (b,)
+
+
+def _fsdp_cases(gen, public):
+    if public:  # units of 135, 384 and 125 elements: two of them need one element of padding on 2 ranks
+        return [_fsdp_case("2 ranks, 3 SGD steps, layers of 135, 384 and 125 parameters (padding)", 2, 5, 50,
+                           [15, 24], 8, 5)]
+    world = 4
+    while True:  # widths of at least 12 (a layer's parameters outweigh the activations held beside them)
+        hidden, d_out = [randint(gen, 12, 28) for _ in range(randint(gen, 1, 2))], randint(gen, 4, 9)
+        numels = _unit_numels(dict(d_in=8, hidden=hidden, d_out=d_out))
+        if any(n % world for n in numels):
+            break
+    pairs = choice(gen, [[[0, 1], [2, 3]], [[0, 2], [1, 3]], [[0, 3], [1, 2]]])
+    return [_fsdp_case(f"every rank, then two sub-groups: 4 ranks, groups {pairs}, layers of {numels} parameters "
+                       "(a padding tail)", 4, randint(gen, 0, 10**6), randint(gen, 0, 10**6), hidden, 8, d_out,
+                       groups=pairs)]
+
+
+def _judge_fsdp_params(got, want, where: str) -> str | None:
+    """Full parameters (``gather_full_params()``) against the reference's."""
+    for name, w in want.items():
+        g = got.get(name)
+        if g is None:
+            return (f"{where}: gather_full_params() has no `{name}`; it returns every parameter of the wrapped module "
+                    "by its name in module.named_parameters().")
+        if bad := _differs(g, w, name=f"`{name}`"):
+            return f"{where}: {bad}"
+    return None
+
+
+def _padding_tail(got, want, x, world) -> str | None:
+    """The layers whose flat vector (weight then bias) differs only in its last ``numel % world`` elements."""
+    for i, numel in enumerate(_unit_numels(x)):
+        tail = numel % world
+        flat_got = torch.cat([got[f"layers.{i}.{n}"].reshape(-1) for n in ("weight", "bias")])
+        flat_want = torch.cat([want[f"layers.{i}.{n}"].reshape(-1) for n in ("weight", "bias")])
+        wrong = ~torch.isclose(flat_got, flat_want, rtol=1e-5, atol=1e-6)
+        if tail and wrong.any() and not wrong[:numel - tail].any():
+            return (f"layer {i} has {numel} parameters, not a multiple of {world} ranks: its last {tail} element(s) "
+                    f"came back wrong ({flat_got[numel - tail:].tolist()} instead of "
+                    f"{flat_want[numel - tail:].tolist()}). Pad the flat vector with zeros to ceil(numel / p) * p "
+                    "elements before cutting p equal shards, and drop the padding only when viewing the gathered "
+                    "vector as parameters.")
+    return None
+
+
+def _judge_fsdp_training(x, ranks, numbers, ref, where: str) -> str | None:
+    world = len(ranks)
+    for r, o in zip(numbers, ranks):
+        if bad := _judge_fsdp_params(o["init"], ref["init_params"], f"{where}, rank {r}, right after wrapping"):
+            return (_padding_tail(o["init"], ref["init_params"], x, world) or
+                    f"{bad}\nBroadcast every parameter and buffer from the group's first rank before sharding.")
+    summed = _reference_training(x, lambda ps: torch.optim.SGD(ps, lr=0.1 * world, momentum=0.9))
+    for step in range(x["steps"]):
+        for r, o in zip(numbers, ranks):
+            got = o["params"][step]
+            if bad := _judge_fsdp_params(got, ref["params"][step], f"{where}, rank {r}, after step {step}"):
+                if all(n in got and _differs(got[n], w) is None for n, w in summed["params"][step].items()):
+                    return (f"{where}, step {step}: the parameters moved as if the gradients were summed over the "
+                            f"{world} ranks: divide the reduce-scattered gradient by the group's size, so that a step "
+                            "equals one step on the global batch.")
+                return bad
+    return None
+
+
+def _judge_fsdp_comm(x, ranks) -> str | None:
+    world, numels = x["world"], _unit_numels(x)
+    padded = sorted(4 * (-(-n // world) * world) for n in numels)
+    psi = 4 * sum(numels)
+    for r, o in enumerate(ranks):
+        for step, calls in enumerate(o["comm"]):
+            where = f"rank {r}, step {step}"
+
+            def sizes(ops, phase=None):
+                return sorted(c["bytes"] for c in calls if c["op"] in ops and (phase is None or c["phase"] == phase))
+            reduced = sum(sizes(("all_reduce",)))
+            if reduced:
+                return (f"{where}: {reduced} bytes went through dist.all_reduce; FSDP reduce-scatters each layer's "
+                        "gradient (dist.reduce_scatter or reduce_scatter_tensor): each rank receives only the sum of "
+                        "its own shard, half an all-reduce's traffic, and never holds the full gradient.")
+            if sizes(SCATTERS, "backward") != padded:
+                return (f"{where}: reduce-scatters in backward of {sizes(SCATTERS, 'backward')} bytes; expected one "
+                        f"per layer, of its padded flat gradient: {padded} bytes.")
+            for phase, why in (("forward", "just before its forward"),
+                               ("backward", "again in backward, since forward freed it")):
+                if sizes(GATHERS, phase) != padded:
+                    return (f"{where}: all-gathers in {phase} of {sizes(GATHERS, phase)} bytes; expected one per "
+                            f"layer {why}, of its padded flat parameters: {padded} bytes.")
+            moved = sum(c["bytes"] for c in calls)
+            if moved != 3 * sum(padded):
+                return (f"{where}: {moved} bytes of collectives, expected 3 x {sum(padded)} (two all-gathers and one "
+                        f"reduce-scatter of the padded parameters; DDP would all-reduce {psi}).")
+    return None
+
+
+def _judge_fsdp_memory(x, ranks) -> str | None:
+    world, numels = x["world"], _unit_numels(x)
+    shard_numel = sum(-(-n // world) for n in numels)
+    smallest, plain = 4 * min(numels), _plain_residency(x)
+    for r, o in enumerate(ranks):
+        held = o["wrapped"] - plain
+        if held >= smallest / 2:
+            return (f"rank {r}: once forward has returned, it holds {held} bytes more than the unwrapped model does, "
+                    f"while its layers hold {[4 * n for n in numels]} bytes of parameters: gathered parameters were "
+                    "not freed after their layer's forward (a reference kept: in a cache, on the module, or saved by "
+                    f"autograd for backward). Resident parameters between layers must be about 1/{world} of the "
+                    f"model, {4 * shard_numel} bytes: free the full vector after each layer and all-gather it again "
+                    "in backward.")
+        if o["param_numel"] > shard_numel:
+            return (f"rank {r}: FSDP(...).parameters() holds {o['param_numel']} trainable elements; the shards hold "
+                    f"{shard_numel} (the model {sum(numels)}): the optimizer must step on this rank's shards only.")
+        if o["state_numel"] > shard_numel:
+            return (f"rank {r}: the optimizer holds {o['state_numel']} elements of state (SGD momentum), about the "
+                    f"whole model ({sum(numels)}); over the shards it would hold {shard_numel}: the optimizer must "
+                    "step on this rank's shards only.")
+    return None
+
+
+def _fsdp_judge(case, obs):
+    x, ranks = case.inputs, obs["ranks"]
+    ref = _reference_training(x, _sgd)
+    ref["init_params"] = {n: ref["init"][n] for n, _ in ref["model"].named_parameters()}
+    if bad := _judge_fsdp_training(x, ranks, range(x["world"]), ref, "FSDP"):
+        return bad
+    if bad := _judge_fsdp_memory(x, ranks) or _judge_fsdp_comm(x, ranks):
+        return bad
+    for g, members in enumerate(x.get("groups") or []):
+        xg = _subgroup_inputs(x, g)
+        sub = _reference_training(dict(xg, seed=x["seed"] + members[0]), _sgd)
+        sub["init_params"] = {n: sub["init"][n] for n, _ in sub["model"].named_parameters()}
+        if bad := _judge_fsdp_training(xg, [ranks[r]["sub"] for r in members], members, sub,
+                                       f"FSDP(model, process_group=dist.new_group({members}))"):
+            return (f"{bad}\nWith a process_group: broadcast from its first rank, shard over "
+                    "dist.get_world_size(process_group) ranks at dist.get_rank(process_group), pass "
+                    "group=process_group to every collective and divide by the group's size.")
+    return None
+
+
+FSDP_EXERCISE = Exercise(
+    "fsdp", 6, ("FSDP",), _fsdp_cases, _launch_run("FSDP", _fsdp_rank), _fsdp_judge,
+    title="FSDP (ZeRO-3): shard the parameters, gather them per layer, reduce-scatter the gradients",
+    hint="Per unit: flatten, pad to a multiple of p, keep chunk `rank`. An autograd.Function per unit: forward "
+         "all-gathers, runs the unit under no_grad and frees; backward all-gathers again, recomputes the unit with "
+         "a graph, reduce-scatters the flat gradient and divides by p.")
+
+
 EXERCISES = [COLLECTIVE_COST, RING_ALL_REDUCE, DDP_FROM_SCRATCH, DDP_OVERLAP, BUCKET_ASSIGNMENT, BUCKETED_DDP,
-             SHARDED_OPTIMIZER]
+             SHARDED_OPTIMIZER, FSDP_EXERCISE]
 
 # No BENCHMARKS: `grader bench` times one function in one process, and collectives need several
 # ranks; on CPU (gloo) their timings say nothing about NCCL. The lesson measures volumes instead.
