@@ -493,3 +493,10 @@ def test_expert_parallel_exchange_without_a_backward_exchange_fails(sol12):
 
     r = _grade_expert_parallel(AllToAll=NoBackwardExchange)
     assert r.status == "failed" and ("x.grad" in r.message or "expert" in r.message), r.message
+
+
+def test_moe_routing_do_nothing_answers_score_zero():
+    from grader.checks import exercises
+    from tests.graderkit import assert_do_nothing_scores_zero
+
+    assert_do_nothing_scores_zero(exercises(STEM)["moe_routing"])
