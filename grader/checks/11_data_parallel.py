@@ -23,7 +23,7 @@ from grader.kit.close import ACCUMULATED, close
 from grader.kit.ranks import launch_ranks, probe_on_one_rank
 
 LAB = "11_data_parallel"
-TITLE = "Data parallelism: collectives, ring all-reduce, DDP, bucketing, ZeRO-1"
+TITLE = "Data parallelism: collectives, ring all-reduce, DDP, bucketing, ZeRO-1, FSDP"
 
 LAUNCH_TIMEOUT_S = 30.0   # per launch: the process group's timeout; a hung rank ends after it
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
