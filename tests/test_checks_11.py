@@ -718,3 +718,12 @@ def test_fsdp_dividing_by_the_world_instead_of_its_group_fails(sol11):
     ex, cases = _hidden_case("fsdp", "every rank, then two sub-groups")
     r = evaluate(ex, with_answer(sol11, FSDP=_fsdp_variant(sol11, "global_size")), "cpu", cases)
     assert r.status == "failed" and "divide by the group's size" in r.message, r.message
+
+
+def test_a_bucket_that_completes_with_the_last_gradient_is_not_late():
+    """Two buckets, the second holding a parameter without gradient: the first completes only with the
+    last gradient, so launching it then is all the overlap there is (a seed of the grader drew this)."""
+    lab = load_lab(STEM)
+    events = [("mark", 0, False, "grad:b"), ("mark", 0, False, "grad:a"), ("all_reduce", 5, True, ""),
+              ("mark", 0, False, "finish"), ("all_reduce", 3, True, "")]
+    assert lab._judge_schedule(events, [[2, 1], [0]], [3, 2, 3], may_wait=1) is None

@@ -555,7 +555,8 @@ def _judge_per_parameter(events, sizes, names, may_wait: int) -> str | None:
                     "its own hook, as soon as it is ready (one all-reduce per parameter; buckets come in section 5).")
         return (f"all-reduces of {sorted(e[1] for _, e in launches)} elements; the trainable parameters {names} hold "
                 f"{sorted(sizes)}: all-reduce each gradient exactly once per step (frozen parameters have none).")
-    return _judge_overlap(launches, finish, grad_marks, may_wait, len(sizes) > 1, "gradient", "of its parameter",
+    return _judge_overlap(launches, finish, grad_marks, may_wait, len(sizes) - may_wait > 1, "gradient",
+                          "of its parameter",
                           "it")
 
 
@@ -733,7 +734,8 @@ def _judge_schedule(events, buckets, sizes, may_wait: int = 0) -> str | None:
             return (f"one all-reduce per parameter ({len(numels)}), expected one per bucket: {rule}. Flatten each "
                     "bucket's gradients into one buffer.")
         return f"all-reduce sizes {numels} elements, expected one per bucket: {rule}; use your assign_buckets."
-    return _judge_overlap(launches, finish, grad_marks, may_wait, len(buckets) > 1, "bucket",
+    # a bucket holding a parameter without gradient completes only at the finish: it cannot start early
+    return _judge_overlap(launches, finish, grad_marks, may_wait, len(buckets) - may_wait > 1, "bucket",
                           "of its last gradient", "its last gradient")
 
 
@@ -741,7 +743,7 @@ def _judge_overlap(launches, finish: int, grad_marks, may_wait: int, several: bo
                    hook: str, ready: str) -> str | None:
     """The all-reduces (``(position, event)`` in one step's events) of a wrapper overlapping backward:
     asynchronous, launched from the hooks before ``finish`` (but ``may_wait`` of them), the first
-    one before the last gradient mark when there are ``several``."""
+    one before the last gradient mark when ``several`` of them can start during backward."""
     if not all(e[2] for _, e in launches):
         return ("an all-reduce was blocking; launch each with async_op=True from the hook and wait() on the handles "
                 f"in finish_gradient_synchronization(), so backward goes on computing while the {unit} is on the "
