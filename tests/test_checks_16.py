@@ -386,3 +386,109 @@ def test_hostile_plans_fail_cleanly_without_simulating_them(sol16):
     r = _public("plan_training", with_answer(sol16, plan_training=lambda *a: (Layout(16, 8, 8, zero=7),
                                                                              "ZeRO stage seven shards everything")), 1)
     assert r.status == "failed" and "positive ints" in r.message, r.message
+
+
+# --- review: wrong answers that passed before, and mistakes now named ------------------------------------------
+
+@pytest.mark.parametrize("drop, rule", [("GB per GPU", "over the 90% headroom"), ("batch", "a batch that does not"),
+                                        ("heads", "heads that do not split"), ("stages", "more stages than layers")])
+def test_feasibility_that_skips_a_rule_fails(sol16, drop, rule):
+    def layout_problems(spec, seq_len, global_batch, layout, cluster):  # BUG: one rule never checked
+        found = [p for p in sol16["layout_problems"](spec, seq_len, global_batch, layout, cluster) if drop not in p]
+        if drop == "GB per GPU" and sol16["training_memory"](spec, seq_len, layout)["total"] > cluster.gpu_bytes:
+            found.append("does not fit in the whole GPU")  # (the whole GPU, no headroom)
+        return found
+    r = _public("layout_problems", with_answer(sol16, layout_problems=layout_problems))
+    assert r.status == "failed" and rule in r.message, r.message
+    if drop == "GB per GPU":
+        assert "Your training_memory is right" in r.message and "ONE GPU" in r.message, r.message
+
+
+def test_feasibility_against_a_nodes_memory_is_not_blamed_on_the_memory_model(sol16):
+    def layout_problems(spec, seq_len, global_batch, layout, cluster):  # BUG: a node's memory, not one GPU's
+        found = [p for p in sol16["layout_problems"](spec, seq_len, global_batch, layout, cluster) if "GB" not in p]
+        if sol16["training_memory"](spec, seq_len, layout)["total"] > 0.9 * cluster.gpu_bytes * cluster.gpus_per_node:
+            found.append("does not fit in the node")
+        return found
+    r = _public("layout_problems", with_answer(sol16, layout_problems=layout_problems))
+    assert r.status == "failed" and "not a node's memory" in r.message and "Yours accepts" not in r.message, r.message
+
+
+def _memory_review(bug):
+    def training_memory(spec, seq_len, layout):
+        out = dict(CHECKS.ref_training_memory(spec, seq_len, layout))
+        share, dp, z = spec.n_params / (layout.tp * layout.pp), layout.dp, layout.zero
+        if bug == "adam 16":
+            out["optimizer"] = 16 * share / (dp if z >= 1 else 1)
+        if bug == "ZeRO-3 shards the gradients":
+            out["grads"] = 2 * share / (dp if z >= 3 else 1)
+        if bug == "recompute ignored":
+            sbh = seq_len * layout.micro_batch * spec.d_model
+            out["activations"] = layout.pp * math.ceil(spec.n_layers / layout.pp) * 34 * sbh / layout.tp
+        out["total"] = sum(v for k, v in out.items() if k != "total")
+        return out
+    return training_memory
+
+
+@pytest.mark.parametrize("bug, says", [("adam 16", "16 is the whole model state"),
+                                       ("ZeRO-3 shards the gradients", "ZeRO-2"),
+                                       ("recompute ignored", "each layer keeps only its input")])
+def test_more_memory_mistakes_are_named_in_public_cases(sol16, bug, says):
+    r = _public("training_memory", with_answer(sol16, training_memory=_memory_review(bug)))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def test_a_bubble_taken_as_its_share_of_the_step_is_named(sol16):
+    def step_time(spec, seq_len, global_batch, layout, cluster):
+        out = dict(sol16["step_time"](spec, seq_len, global_batch, layout, cluster))
+        m = global_batch // (layout.dp * layout.micro_batch)
+        out["bubble"] = (out["compute"] + out["tp_comm"] + out["pp_comm"]) * (layout.pp - 1) / (m + layout.pp - 1)
+        out["total"] = sum(v for k, v in out.items() if k != "total")
+        return out
+    r = _public("step_time", with_answer(sol16, step_time=step_time))
+    assert r.status == "failed" and "the bubble's share of the whole step" in r.message, r.message
+
+
+def test_serving_weights_per_replica_not_per_gpu_is_named(sol16):
+    def serving_memory(spec, tp, batch, context, weight_bytes, kv_bytes):
+        out = dict(sol16["serving_memory"](spec, tp, batch, context, weight_bytes, kv_bytes))
+        out["weights"] = spec.n_params * weight_bytes  # BUG: not divided by tp
+        out["total"] = out["weights"] + out["kv"]
+        return out
+    r = _public("serving_memory", with_answer(sol16, serving_memory=serving_memory))
+    assert r.status == "failed" and "TP gives each GPU 1/tp" in r.message, r.message
+
+
+def test_a_serving_plan_sized_on_the_median_is_named(sol16):
+    def plan_serving(spec, work, cluster):  # BUG: replicas until the median (not the p99) meets the target
+        for replicas in range(1, 33):
+            if CHECKS.simulate_replicas(spec, cluster, work, 8, replicas, 256)["p50"] <= work.p99_s:
+                return {"tp": 8, "replicas": replicas, "max_batch": 256}
+    r = _public("plan_serving", with_answer(sol16, plan_serving=plan_serving), 1)
+    assert r.status == "failed" and "not the median or the mean" in r.message, r.message
+
+
+def test_a_dropped_report_is_not_a_hang(sol16):
+    def find_stragglers(times):  # BUG: any rank with a NaN last step counts as hung
+        out = sol16["find_stragglers"](times)
+        hung = [r for r in range(times.shape[1]) if torch.isnan(times[-1, r])]
+        return {"stragglers": [r for r in out["stragglers"] if r not in hung], "hung": hung}
+    r = _public("find_stragglers", with_answer(sol16, find_stragglers=find_stragglers))
+    assert r.status == "failed" and "not a hang" in r.message, r.message
+
+
+def test_a_checklist_of_everything_but_the_anti_patterns_fails(sol16):
+    everything = [i for i in CHECKS.MLOPS_ITEMS if i not in CHECKS.MLOPS_HARMFUL]
+    r = _public("mlops", with_answer(sol16, mlops_checklist=lambda scenario: everything))
+    assert r.status == "failed" and "belong to another pipeline" in r.message, r.message
+
+
+@pytest.mark.parametrize("factor", [1.0, 2.0, 5.0])
+def test_a_canary_judged_by_a_fixed_multiple_of_the_error_rate_fails(sol16, factor):
+    def rollout_decision(baseline, canary, slo):  # BUG: errors over factor x the baseline's rate, no standard error
+        if sol16["rollout_decision"](baseline, dict(canary, errors=0), slo) != "promote":
+            return sol16["rollout_decision"](baseline, canary, slo)
+        rate = baseline["errors"] / baseline["requests"]
+        return "rollback" if canary["errors"] / canary["requests"] > factor * rate else "promote"
+    r = _public("mlops", with_answer(sol16, rollout_decision=rollout_decision))
+    assert r.status == "failed" and "not a fixed multiple of p" in r.message, r.message

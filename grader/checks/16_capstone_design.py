@@ -109,16 +109,20 @@ def ref_training_memory(spec: ModelSpec, seq_len: int, layout: Layout, *, bug: s
     plus one layer's 34 s b h / tp during its recomputed backward. ``bug`` names a variant (diagnoses)."""
     per_gpu = spec.n_params / (layout.tp * layout.pp)
     dp, z = layout.dp, layout.zero
-    weights = 2 * per_gpu / (dp if z >= 3 else 1)
-    grads = 2 * per_gpu / (dp if z >= 2 else 1)
-    optimizer = 0.0 if bug == "no optimizer" else 12 * per_gpu / (dp if z >= 1 or bug == "zero shards all" else 1)
-    if bug == "adam without master":
-        optimizer *= 8 / 12
+    early = 1 if bug == "zero one stage early" else 0  # ZeRO-1 sharding the gradients, ZeRO-2 the weights
+    weights = 2 * per_gpu / (dp if z + early >= 3 else 1)
+    grads = 2 * per_gpu / (dp if z + early >= 2 else 1)
+    optimizer = 0.0 if bug == "no optimizer" else 12 * per_gpu / (dp if z >= 1 else 1)
+    optimizer *= {"adam without master": 8 / 12, "adam 16": 16 / 12}.get(bug, 1.0)
+    if bug == "per node":
+        weights, grads, optimizer = 8 * weights, 8 * grads, 8 * optimizer
     sbh = seq_len * layout.micro_batch * spec.d_model
     layers = math.ceil(spec.n_layers / layout.pp)
     in_flight = 1 if bug == "one microbatch" else layout.pp
-    per_layer = (2 if layout.recompute else 34) * sbh / layout.tp
-    activations = in_flight * layers * per_layer + (34 * sbh / layout.tp if layout.recompute else 0.0)
+    recompute = layout.recompute and bug != "recompute ignored"
+    per_layer = (2 if recompute else 34) * sbh / layout.tp
+    activations = in_flight * layers * per_layer + (34 * sbh / layout.tp if recompute and bug != "no recompute "
+                                                    "peak" else 0.0)
     if bug == "no activations":
         activations = 0.0
     return {"weights": weights, "grads": grads, "optimizer": optimizer, "activations": activations,
@@ -128,6 +132,15 @@ def ref_training_memory(spec: ModelSpec, seq_len: int, layout: Layout, *, bug: s
 _MEM_VARIANTS = (("no optimizer", "no optimizer states: Adam keeps an fp32 master copy and two fp32 moments, "
                   "12 bytes per parameter, the largest part"),
                  ("adam without master", "Adam's two moments but no fp32 master copy of the weights (4 + 4, not 12)"),
+                 ("adam 16", "16 bytes per parameter of optimizer state: 16 is the whole model state (2 weights + 2 "
+                  "gradients + 12 optimizer); the optimizer's share is the fp32 master copy and two moments, 12"),
+                 ("zero one stage early", "ZeRO sharding one stage early: stage 1 shards only the optimizer states, "
+                  "stage 2 adds the gradients, only stage 3 the weights"),
+                 ("per node", "a node's 8 GPUs together: the question is bytes per GPU"),
+                 ("recompute ignored", "the activations without recomputation: with it each layer keeps only its "
+                  "input, 2 s b h / tp"),
+                 ("no recompute peak", "no recomputation peak: while a layer recomputes, its full 34 s b h / tp "
+                  "activations live again"),
                  ("one microbatch", "the activations of one microbatch: under 1F1B the first stage holds pp "
                   "microbatches in flight"),
                  ("no activations", "no activations at all"))
@@ -155,7 +168,8 @@ def _random_layout(gen):
 def _training_memory_cases(gen, public):
     if public:
         return _published_cases(("ZeRO-1, no recompute", GPT3_175B, 2048, 1536, A100, Layout(32, 8, 4, 1, 1, False)),
-                                ("ZeRO-3, recompute", LLAMA3_405B, 8192, 2048, H100, Layout(1024, 8, 1, 2, 3, True)))
+                                ("ZeRO-3, recompute", LLAMA3_405B, 8192, 2048, H100, Layout(1024, 8, 1, 2, 3, True)),
+                                ("ZeRO-2, no recompute", GPT3_175B, 2048, 1536, A100, Layout(16, 8, 8, 1, 2, False)))
     cases = []
     for zero in range(4):
         lay = dataclasses.replace(_random_layout(gen), zero=zero)
@@ -217,10 +231,11 @@ def ref_step_time(spec: ModelSpec, seq_len: int, global_batch: int, layout: Layo
         tp /= 2
     alpha, bw = group_link(cluster, layout.tp * layout.dp, layout.pp)
     pp = 0.0 if layout.pp == 1 else 2 * m * (alpha + act / bw)
-    bubble = 0.0 if bug == "no bubble" else (compute + tp + pp) * (layout.pp - 1) / m
+    bubble = 0.0 if bug == "no bubble" else (compute + tp + pp) * (layout.pp - 1) / (
+        m + layout.pp - 1 if bug == "bubble share" else m)
     alpha, bw = group_link(cluster, layout.tp, layout.dp)
     grads = 2 * spec.n_params / (layout.tp * layout.pp)
-    dp = ring_allreduce_time(grads, layout.dp, alpha, bw) * (1.5 if layout.zero == 3 else 1.0)
+    dp = ring_allreduce_time(grads, layout.dp, alpha, bw) * (1.5 if layout.zero == 3 and bug != "zero3 as ddp" else 1)
     if bug == "dp no factor 2":
         dp /= 2
     return {"compute": compute, "tp_comm": tp, "pp_comm": pp, "bubble": bubble, "dp_comm": dp,
@@ -232,7 +247,11 @@ _TIME_VARIANTS = (("no bubble", "no pipeline bubble: (p - 1) / m of the pipeline
                    "per-layer all-reduces on the network"),
                   ("no recompute flops", "no extra forward for recomputation (8 N, not 6 N, FLOPs per token)"),
                   ("tp half", "half the TP all-reduces: 2 in the forward and 2 in the backward per layer"),
-                  ("dp no factor 2", "a ring all-reduce without its factor 2 (reduce-scatter + all-gather)"))
+                  ("dp no factor 2", "a ring all-reduce without its factor 2 (reduce-scatter + all-gather)"),
+                  ("bubble share", "the bubble's share of the whole step, (p - 1) / (m + p - 1), applied to the "
+                   "pipelined work: the idle time is (p - 1) / m of that work"),
+                  ("zero3 as ddp", "ZeRO-3 priced as DDP: it also all-gathers the weights again for the backward, "
+                   "1.5 x DDP's traffic"))
 
 
 def _step_time_cases(gen, public):
@@ -319,18 +338,33 @@ def _layout_problems_cases(gen, public):
                                              ("no room for Adam", *gpt3, Layout(32, 8, 4, 1, 0, False)),
                                              ("activations of pp microbatches", *gpt3, Layout(16, 8, 8, 8, 1, False)),
                                              ("pure data parallel", *gpt3, Layout(1024, 1, 1, 1, 0, False)),
-                                             ("the wrong GPU count", *gpt3, Layout(8, 8, 8, 1, 0, True)))
+                                             ("the wrong GPU count", *gpt3, Layout(8, 8, 8, 1, 0, True)),
+                                             ("heads that do not split", *gpt3[:3], A100.with_gpus(640),
+                                              Layout(16, 5, 8, 1, 1, True)),
+                                             ("more stages than layers", *gpt3, Layout(1, 8, 128, 1, 1, True)),
+                                             ("a batch that does not divide", *gpt3, Layout(16, 8, 8, 5, 1, True)),
+                                             ("over the 90% headroom", *gpt3[:3], A100.with_gpus(64),
+                                              Layout(4, 8, 2, 1, 1, True)))
         llama = wrong.pop(0)
         return [_with_control(published, across, a100), _with_control(llama, Layout(32, 16, 16, 1, 1, True), H100)] + \
             [_with_control(c, gpt3_layout, a100) for c in wrong]
-    dp = choice(gen, (2, 4, 8))
+    dp, odd_tp = choice(gen, (2, 4, 8)), choice(gen, (5, 7))
     cases = [
         _layout_case("a feasible layout", gpt3_spec, seq, batch, a100.with_gpus(dp * 64),
                      dataclasses.replace(gpt3_layout, dp=dp)),
         _layout_case("TP across nodes", gpt3_spec, seq, batch, a100.with_gpus(dp * 128), Layout(dp, 16, 8, 1, 1, True)),
         _layout_case("no room for Adam", gpt3_spec, seq, batch, a100.with_gpus(dp * 32), Layout(dp, 8, 4, 1, 0, False)),
         _layout_case("activations of pp microbatches", gpt3_spec, seq, batch, a100.with_gpus(dp * 64),
-                     Layout(dp, 8, 8, choice(gen, (8, 16)), 1, False))]
+                     Layout(dp, 8, 8, choice(gen, (8, 16)), 1, False)),
+        _layout_case("heads that do not split", gpt3_spec, seq, batch, a100.with_gpus(dp * odd_tp * 8),
+                     Layout(dp, odd_tp, 8, 1, 1, True)),
+        _layout_case("more stages than layers", gpt3_spec, seq, batch, a100.with_gpus(dp * 1024),
+                     Layout(dp, 8, 128, 1, 1, True)),
+        _layout_case("a batch that does not divide", gpt3_spec, seq, batch, a100.with_gpus(dp * 64),
+                     Layout(dp, 8, 8, choice(gen, (5, 7)), 1, True)),
+        # 77 and 75 GB per GPU: over 90% of 80 GB, under 100% (a test against the whole GPU accepts them)
+        _layout_case("over the 90% headroom", gpt3_spec, seq, batch, a100.with_gpus(64),
+                     choice(gen, (Layout(4, 8, 2, 1, 1, True), Layout(2, 8, 4, 2, 1, False))))]
     return [_with_control(cases[0], across, a100)] + [_with_control(c, gpt3_layout, a100) for c in cases[1:]]
 
 
@@ -341,11 +375,18 @@ def _layout_problems_run(ns, case, device):
     def ask(layout, cluster):
         got = fn(_spec(x["spec"]), x["seq_len"], x["global_batch"], _layout(layout), _cluster(cluster))
         return [str(p) for p in got] if isinstance(got, (list, tuple)) else repr(got)
-    return {"problems": ask(x["layout"], x["cluster"]),
-            "control": ask(x["control"]["layout"], x["control"]["cluster"])}
+
+    def memory(layout):  # the learner's own memory model (exercise 1), to name a memory mistake; None without it
+        try:
+            return float(ns["training_memory"](_spec(x["spec"]), x["seq_len"], _layout(layout))["total"])
+        except Exception:  # noqa: BLE001 (not written yet, or wrong: the verdict does not depend on it)
+            return None
+    return {"problems": ask(x["layout"], x["cluster"]), "memory": memory(x["layout"]),
+            "control": ask(x["control"]["layout"], x["control"]["cluster"]),
+            "control_memory": memory(x["control"]["layout"])}
 
 
-def _judge_problems(x, layout, cluster, got, name) -> str | None:
+def _judge_problems(x, layout, cluster, got, name, memory) -> str | None:
     args = (_spec(x["spec"]), x["seq_len"], x["global_batch"], layout, cluster)
     want = ref_layout_problems(*args)
     if not isinstance(got, list):
@@ -353,12 +394,20 @@ def _judge_problems(x, layout, cluster, got, name) -> str | None:
     if bool(got) == bool(want):
         return None
     if want:
-        why = "; ".join(want)
-        for bug, label in (("tp across nodes", "TP groups across nodes: tensor parallelism's per-layer all-reduces "
-                                                 "belong on NVLink, inside a node"),) + _MEM_VARIANTS:
-            if not ref_layout_problems(*args, bug=bug):
-                return f"layout_problems returned [] for {name}, which cannot run: {why}. Yours accepts {label}."
-        return f"layout_problems returned [] for {name}, which cannot run: {why}."
+        why = f"layout_problems returned [] for {name}, which cannot run: {'; '.join(want)}."
+        if not ref_layout_problems(*args, bug="tp across nodes"):
+            return f"{why} Yours accepts TP groups across nodes: tensor parallelism's per-layer all-reduces belong " \
+                   "on NVLink, inside a node."
+        mem = ref_training_memory(*args[:2], layout)["total"]
+        for bug, label in _MEM_VARIANTS:  # named only when the learner's training_memory makes that mistake
+            wrong = ref_training_memory(*args[:2], layout, bug=bug)["total"]
+            if memory is not None and not close(wrong, mem, 1e-6) and close(memory, wrong, 1e-6):
+                return f"{why} Yours accepts {label}."
+        if mem > HEADROOM * cluster.gpu_bytes and memory is not None and close(memory, mem, 1e-6):
+            return (f"{why} Your training_memory is right ({mem / 1e9:.1f} GB): compare it with {HEADROOM} x "
+                    f"gpu_bytes of ONE GPU ({HEADROOM * cluster.gpu_bytes / 1e9:.0f} GB), not the whole GPU and not "
+                    "a node's memory.")
+        return f"{why} Check every rule: GPU count, TP within a node, heads % tp, pp <= layers, the batch, memory."
     published = any(layout == lay and cluster == cl for _, _, _, cl, lay, _ in PUBLISHED.values())
     return (f"layout_problems rejected {name} ({got}), but it fits and can run"
             f"{' (it is the layout the published run used)' if published else ''}: "
@@ -369,8 +418,10 @@ def _judge_problems(x, layout, cluster, got, name) -> str | None:
 def _layout_problems_judge(case, obs):
     x, control = case.inputs, case.inputs["control"]
     lay, cl = _layout(control["layout"]), _cluster(control["cluster"])
-    return _judge_problems(x, _layout(x["layout"]), _cluster(x["cluster"]), obs["problems"], case.name) or \
-        _judge_problems(x, lay, cl, obs["control"], f"{lay} on {cl.n_gpus} GPUs (the same model and batch)")
+    return _judge_problems(x, _layout(x["layout"]), _cluster(x["cluster"]), obs["problems"], case.name,
+                           obs.get("memory")) or \
+        _judge_problems(x, lay, cl, obs["control"], f"{lay} on {cl.n_gpus} GPUs (the same model and batch)",
+                        obs.get("control_memory"))
 
 
 # --- 4. the planner ------------------------------------------------------------------------------------------
@@ -476,15 +527,19 @@ SERVE_KEYS = ("weights", "kv", "total")
 def ref_serving_memory(spec, tp, batch, context, weight_bytes, kv_bytes, *, bug: str = "") -> dict:
     """Bytes per GPU of a replica sharded ``tp`` ways: its share of the weights, and the KV cache of ``batch``
     sequences of ``context`` tokens for its ceil(n_kv_heads / tp) key/value heads (replicated below one head)."""
-    weights = spec.n_params * weight_bytes / tp
-    heads = {"": math.ceil(spec.n_kv_heads / tp), "no kv": 0, "kv not split": spec.n_kv_heads,
-             "query heads": math.ceil(spec.n_heads / tp), "kv floor": spec.n_kv_heads / tp}[bug]
-    kv = batch * context * 2 * spec.n_layers * heads * spec.head_dim * kv_bytes
+    weights = spec.n_params * weight_bytes / (1 if bug == "weights not split" else tp)
+    heads = {"no kv": 0, "kv not split": spec.n_kv_heads, "query heads": math.ceil(spec.n_heads / tp),
+             "kv floor": spec.n_kv_heads / tp}.get(bug, math.ceil(spec.n_kv_heads / tp))
+    kv = batch * context * (1 if bug == "k or v" else 2) * spec.n_layers * heads * spec.head_dim * kv_bytes
     return {"weights": weights, "kv": kv, "total": weights + kv}
 
 
-_SERVE_HINTS = {"kv": "batch x context x 2 x n_layers x ceil(n_kv_heads / tp) x head_dim x kv_bytes.",
-                "_variants": (("no kv", "no KV cache: every running sequence keeps K and V of all its tokens"),
+_SERVE_HINTS = {"weights": "n_params x weight_bytes / tp: each GPU of the replica holds 1/tp of the weights.",
+                "kv": "batch x context x 2 x n_layers x ceil(n_kv_heads / tp) x head_dim x kv_bytes.",
+                "_variants": (("weights not split", "the whole replica's weights on one GPU (per replica or per "
+                               "node, not per GPU): TP gives each GPU 1/tp of them"),
+                              ("k or v", "one of K and V: the cache holds both, a factor 2"),
+                              ("no kv", "no KV cache: every running sequence keeps K and V of all its tokens"),
                    ("kv not split", "the whole cache on every GPU: TP splits the key/value heads too"),
                    ("query heads", "the query heads: only the n_kv_heads key/value heads are cached"),
                    ("kv floor", "a fraction of a head: with fewer KV heads than GPUs each GPU keeps a whole "
@@ -603,11 +658,15 @@ def _plan_serving_judge(case, obs):
     if tp * replicas > SERVE_SLACK * best[0]:
         return (f"plan_serving uses {tp * replicas} GPUs ({replicas} x TP={tp}); {best[2]} replicas of TP={best[1]} "
                 f"({best[0]} GPUs) also meet p99 < {work.p99_s:g} s. Search for the fewest replicas per TP degree.")
-    p99 = _p99(spec, cluster, work, tp, replicas, max_batch)
-    if p99 > work.p99_s:
-        return (f"plan_serving: {replicas} replicas of TP={tp}, max_batch={max_batch} give p99 = {p99:.3f} s in the "
-                f"simulation, over the {work.p99_s:g} s target for {case.name}. Add replicas (queueing), or use "
-                f"more TP per replica (each step faster). The reference meets it with {best[2]} x TP={best[1]}.")
+    run = simulate_replicas(spec, cluster, work, tp, replicas, max_batch)
+    if run["p99"] > work.p99_s:
+        message = (f"plan_serving: {replicas} replicas of TP={tp}, max_batch={max_batch} give p99 = {run['p99']:.3f} s "
+                   f"in the simulation, over the {work.p99_s:g} s target for {case.name}. Add replicas (queueing), or "
+                   f"use more TP per replica (each step faster). The reference meets it with {best[2]} x TP={best[1]}.")
+        if run["p50"] <= work.p99_s:
+            message += (f" Its median (p50 = {run['p50']:.3f} s) meets the target: the target is on the 99th "
+                        "percentile, read simulate_replicas(...)['p99'], not the median or the mean.")
+        return message
     return None
 
 
@@ -887,17 +946,20 @@ def ref_find_stragglers(times: torch.Tensor) -> dict:
 
 
 def _find_stragglers_cases(gen, public):
-    def case(rule, ranks, stragglers, hung, hiccups):
+    def case(rule, ranks, stragglers, hung, hiccups, dropped=None):
         seed = randint(gen, 0, 2**31)
         times = make_step_times(seed, 40, ranks, stragglers, hung, hiccups=hiccups)
+        if dropped is not None:  # one report lost (the last step's, and one mid-run): late, not hung
+            times[-1, dropped] = times[20, dropped] = float("nan")
         return Case(f"{rule}: {ranks} ranks, 40 steps", dict(times=times))
     if public:
         return [case("one straggler", 16, [5], [], 0), case("a hang", 8, [], [3], 2),
-                case("hiccups and a straggler", 32, [30], [], 12)]
+                case("hiccups and a straggler", 32, [30], [], 12), case("a dropped report", 8, [1], [6], 0, 2)]
     ranks = choice(gen, (16, 32, 64))
     return [case("one straggler", ranks, [randint(gen, 0, ranks - 1)], [], 3),
             case("a hang and a straggler", ranks, [0], [randint(gen, 1, ranks - 1)], 3),
-            case("hiccups and a straggler", ranks, [randint(gen, 0, ranks - 1)], [], 2 * ranks)]
+            case("hiccups and a straggler", ranks, [randint(gen, 0, ranks - 1)], [], 2 * ranks),
+            case("a dropped report", ranks, [], [1], 3, randint(gen, 2, ranks - 1))]
 
 
 def _find_stragglers_run(ns, case, device):
@@ -914,7 +976,8 @@ def _find_stragglers_judge(case, obs):
         return f"find_stragglers must return {{'stragglers': [...], 'hung': [...]}}, got {got}."
     if got["hung"] != want["hung"]:
         return (f"find_stragglers: hung = {got['hung']}, expected {want['hung']} for {case.name}: a rank that "
-                f"reported nothing (NaN) for its last {HUNG_STEPS} steps is hung (dump its stack, restart it).")
+                f"reported nothing (NaN) for its last {HUNG_STEPS} steps is hung (dump its stack, restart it); one "
+                "missing report (a NaN here and there, even the last step's) is a late log line, not a hang.")
     if got["stragglers"] != want["stragglers"]:
         means = torch.nanmean(times, dim=0)
         mean_rule = [r for r in range(times.shape[1]) if r not in want["hung"]
@@ -1009,6 +1072,18 @@ MLOPS_REQUIRED = {
     "rollout": {"model_registry", "pinned_artifacts", "canary_slice", "compare_to_baseline", "automatic_rollback"},
 }
 MLOPS_HARMFUL = {"full_rollout_at_once", "mean_latency_only", "overwrite_in_place", "retrain_on_every_alert"}
+# Items of another pipeline: a checklist that selects everything but the anti-patterns has not chosen.
+MLOPS_OFF_TOPIC = {
+    "serving": {"loss_and_grad_norm", "per_rank_step_time", "checkpoint_health"},
+    "training": {"latency_percentiles", "canary_slice", "shadow_traffic", "automatic_rollback"},
+    "rollout": {"loss_and_grad_norm", "per_rank_step_time", "checkpoint_health"},
+}
+
+
+def _error_limit(baseline: dict, canary: dict) -> float:
+    """The baseline's error rate p plus 3 standard errors of the canary's rate, sqrt(p (1 - p) / n_canary)."""
+    p = baseline["errors"] / baseline["requests"]
+    return p + 3 * math.sqrt(max(p * (1 - p), 1e-12) / canary["requests"])
 
 
 def ref_rollout_decision(baseline: dict, canary: dict, slo: dict) -> str:
@@ -1017,25 +1092,34 @@ def ref_rollout_decision(baseline: dict, canary: dict, slo: dict) -> str:
     (PSI) is 0.25 or more; else ``"promote"``."""
     if canary["requests"] < slo["min_requests"]:
         return "wait"
-    p = baseline["errors"] / baseline["requests"]
-    stderr = math.sqrt(max(p * (1 - p), 1e-12) / canary["requests"])
-    if canary["p99_ms"] > slo["p99_ms"] or canary["errors"] / canary["requests"] > p + 3 * stderr or \
+    if canary["p99_ms"] > slo["p99_ms"] or canary["errors"] / canary["requests"] > _error_limit(baseline, canary) or \
             canary["psi"] >= 0.25:
         return "rollback"
     return "promote"
 
 
 def _mlops_cases(gen, public):
-    def canary(rule, **changes):
-        base = dict(requests=100_000, errors=randint(gen, 50, 200), p99_ms=uniform(gen, 200, 400), psi=0.02)
+    def canary(rule, base=(100_000, None), **changes):
+        base = dict(requests=base[0], errors=base[1] or randint(gen, 50, 200), p99_ms=uniform(gen, 200, 400),
+                    psi=0.02)
         can = dict(requests=randint(gen, 2000, 5000), errors=0, p99_ms=base["p99_ms"] * uniform(gen, 0.9, 1.1),
                    psi=uniform(gen, 0.0, 0.1))
         can["errors"] = round(can["requests"] * base["errors"] / base["requests"])
         can.update(changes)
         slo = dict(p99_ms=500.0, min_requests=1000)
         return Case(f"canary {rule}: a canary against its baseline", dict(baseline=base, canary=can, slo=slo))
+
+    def errors_at(rule, k):
+        """A canary erring at the baseline's rate p plus k of its standard errors (k = 1.5: noise, promote; k = 4.5:
+        a real rise, rollback). With p n >= 25, a limit of 2 p or more misses the rise, one of 1.2 p or less flags
+        the noise, and the standard error of the baseline's million requests (not the canary's) flags it too."""
+        base_errors, n = randint(gen, 1000, 2000), randint(gen, 25_000, 50_000)
+        p = base_errors / 1_000_000
+        errors = (math.floor if k < 3 else math.ceil)(n * p + k * math.sqrt(p * (1 - p) * n))
+        return canary(rule, (1_000_000, base_errors), requests=n, errors=errors)
     cases = [Case(f"checklist for {s}: what to select", dict(scenario=s)) for s in MLOPS_REQUIRED]
     cases += [canary("healthy"), canary("too few requests", requests=randint(gen, 50, 900)),
+              errors_at("errors within noise", 1.5), errors_at("errors over 3 standard errors", 4.5),
               canary("latency over the target", p99_ms=uniform(gen, 520, 900)),
               canary("more errors", errors=randint(gen, 60, 120)), canary("input drift", psi=uniform(gen, 0.3, 0.6))]
     return cases
@@ -1057,11 +1141,16 @@ def _mlops_judge(case, obs):
         unknown = [i for i in got if i not in MLOPS_ITEMS]
         missing = sorted(MLOPS_REQUIRED[x["scenario"]] - set(got))
         harmful = sorted(MLOPS_HARMFUL & set(got))
+        off_topic = sorted(MLOPS_OFF_TOPIC[x["scenario"]] & set(got))
         if unknown:
             return f"mlops_checklist({x['scenario']!r}): unknown ids {unknown}; use the keys of MLOPS_ITEMS."
         if harmful:
             return (f"mlops_checklist({x['scenario']!r}) selects {harmful}: "
                     + "; ".join(MLOPS_ITEMS[i] for i in harmful) + " — each is an anti-pattern. Leave it out.")
+        if off_topic:
+            return (f"mlops_checklist({x['scenario']!r}) selects {off_topic}, which belong to another pipeline: "
+                    + "; ".join(MLOPS_ITEMS[i] for i in off_topic) + ". Select what a "
+                    f"{x['scenario']} pipeline needs, not every item that is not an anti-pattern.")
         if missing:
             return (f"mlops_checklist({x['scenario']!r}) misses {len(missing)} item(s) a {x['scenario']} pipeline "
                     "needs: " + "; ".join(MLOPS_ITEMS[i] for i in missing) + ".")
@@ -1072,7 +1161,8 @@ def _mlops_judge(case, obs):
     c, b = x["canary"], x["baseline"]
     return (f"rollout_decision = {got!r}, expected {want!r} for {case.name}: canary {c['requests']} requests, "
             f"{c['errors']} errors ({c['errors'] / c['requests']:.3%} vs baseline {b['errors'] / b['requests']:.3%}), "
-            f"p99 {c['p99_ms']:.0f} ms (target {x['slo']['p99_ms']:.0f}), PSI {c['psi']:.2f}. Too few requests: "
+            f"p99 {c['p99_ms']:.0f} ms (target {x['slo']['p99_ms']:.0f}), PSI {c['psi']:.2f}; the error limit p + 3 "
+            f"sqrt(p (1 - p) / n_canary) is {_error_limit(b, c):.3%}, not a fixed multiple of p. Too few requests: "
             "wait; an SLO, error-rate (over 3 standard errors) or drift (PSI >= 0.25) breach: rollback; else promote.")
 
 
