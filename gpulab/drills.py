@@ -85,6 +85,7 @@ and what limits it?
 - TP inside an NVLink node, PP across nodes: message size and frequency decide
 - Bottlenecks: per-layer all-reduce latency; stage imbalance; activation memory of in-flight microbatches
 - Hybrid 3D: TP x PP x DP (plus sequence/expert parallelism), with a worked layout
+- Cites measurements: lab 13's measured bubble against (p-1)/(m+p-1), lab 16's planner layout for GPT-3 175B
 
 ## Q-E2E-1 | 15 min | labs 01 06 07 10 11 16
 A large training job runs at 25% MFU. Optimize it end to end: what do you measure first and what do you try
@@ -129,6 +130,7 @@ Design distributed training of a 13B model on 64 GPUs: DDP, FSDP or ZeRO? Show t
 - Overlap and bucketing; prefetching the next FSDP unit
 - Activations: checkpointing, microbatch size; when TP within the node helps
 - Sharded checkpoints; restart on a different GPU count
+- Cites lab 16's memory per GPU by ZeRO stage (training_memory) and lab 11's measured all-reduce bytes
 
 ## Q-DIST-2 | 12 min | labs 16 11 07
 A 2000-GPU run fails every few hours and diverged twice. What do you build and what do you look at?
@@ -137,6 +139,7 @@ A 2000-GPU run fails every few hours and diverged twice. What do you build and w
 - Stragglers and hangs: per-rank step times (medians), NCCL timeouts, a watchdog, stack dumps
 - Divergence: first spike, per-layer gradient norms against their own history, loss scale, batch ids
 - Fixes: skip/replay a bad batch, lower LR or longer warm-up, clipping, bf16, QK-norm
+- Cites lab 16's checkpoint interval for 16384 GPUs and its diagnosis of the supplied divergence traces
 
 ## Q-SERVE-1 | 15 min | labs 14 16 12 08
 Serve a 175B model at 100 requests/s with p99 latency under 500 ms on 8-GPU nodes.
@@ -146,6 +149,7 @@ Serve a 175B model at 100 requests/s with p99 latency under 500 ms on 8-GPU node
 - Prefill vs decode: chunked prefill or separate prefill replicas so decodes do not stall
 - Continuous batching; replicas from a queueing model or simulation, with headroom for p99
 - What to monitor: TTFT, per-token latency, p99, queue length, KV occupancy
+- Cites lab 16's simulated plan (replicas x TP, its p99 from the simulation, not a mean) and KV GB per GPU
 
 ## Q-SERVE-2 | 10 min | labs 16 08 06 02
 Design a ResNet-152 image-classification service with a latency target.
@@ -161,6 +165,7 @@ A 7B LLM on 4 GPUs at low latency: TP, PP or replicas?
 - TP=4 cuts each decode step's weight reads by 4, plus 2 all-reduces per layer on NVLink
 - PP does not reduce a token's latency; it adds throughput only with microbatches in flight
 - Choose by the latency target: TP for the lowest per-token latency, replicas otherwise
+- Cites lab 16's four_gpu_options latencies and tokens/s for the three choices
 
 ## Q-SERVE-4 | 10 min | labs 16 06 11 01
 A multi-GPU deployment is much slower than expected. Debug it methodically.
@@ -275,14 +280,19 @@ class Drill:
         state = "not started" if self.started_at is None else ("over time" if sign else "left")
         return f"{sign}{int(left) // 60:02d}:{int(left) % 60:02d} {state}"
 
+    def _timing(self) -> dict:
+        """The time taken, when this session timed the drill; {} otherwise, so that editing an answer or revealing
+        the rubric again in a later session keeps the time recorded when the drill was done."""
+        return {} if self.started_at is None else {"elapsed_s": round(self.elapsed(), 1)}
+
     def save(self, answer: str) -> None:
-        self.store.update(self.question.qid, answer=answer, elapsed_s=round(self.elapsed(), 1))
+        self.store.update(self.question.qid, answer=answer, **self._timing())
 
     def reveal(self) -> tuple:
         """Stop the clock and return the rubric."""
         if self.started_at is not None and self.stopped_at is None:
             self.stopped_at = self.clock()
-        self.store.update(self.question.qid, revealed=True, elapsed_s=round(self.elapsed(), 1))
+        self.store.update(self.question.qid, revealed=True, **self._timing())
         return self.question.rubric
 
     def check(self, indices) -> dict:

@@ -115,3 +115,17 @@ def test_outside_a_notebook_a_drill_prints_its_question(capsys):
     drills.show_drill("Q-MLOPS-1")
     out = capsys.readouterr().out
     assert "Q-MLOPS-1" in out and "16_capstone_design" in out
+
+
+def test_a_later_session_keeps_the_time_the_drill_took(store):
+    clock = FakeClock()
+    d = Drill("Q-DIST-1", store, clock)
+    d.start()
+    clock.now += 600
+    d.save("ZeRO-3: 16 bytes per parameter / 64")
+    d.reveal()
+    again = Drill("Q-DIST-1", store, clock)  # a new kernel: the learner edits the answer and reveals the rubric again
+    again.save("ZeRO-3: 16 bytes per parameter / 64, plus activations")
+    again.reveal()
+    assert store.get("Q-DIST-1")["elapsed_s"] == 600 and store.get("Q-DIST-1")["answer"].endswith("activations")
+    assert {r["qid"]: r for r in drills.progress_rows(store)}["Q-DIST-1"]["minutes"] == 10.0
