@@ -295,6 +295,12 @@ def test_a_bubble_formula_without_v_is_rejected_on_interleaved_schedules(sol13):
     assert [c.name for c in r.cases if c.status != "passed"] == [c.name for c in r.cases if "interleaved" in c.name]
 
 
+def test_a_bubble_formula_taken_from_the_course_helpers_is_rejected(sol13):
+    from gpulab.planning import bubble_fraction  # lab 16's model of (p-1)/(m+p-1)
+    r = grade(STEM, "bubble_fraction", with_answer(sol13, bubble_formula=bubble_fraction))
+    assert r.status == "failed" and "gpulab.planning.bubble_fraction, a course helper" in r.message, r.message
+
+
 def test_peak_activations_per_virtual_stage_is_rejected(sol13):
     def peak_activations(schedule, p):  # BUG: one count per (virtual) stage, not per device
         n = 1 + max(s for slot in schedule for s, _, _ in slot)
