@@ -488,3 +488,22 @@ def test_a_canary_judged_by_a_fixed_multiple_of_the_error_rate_fails(sol16, fact
         return "rollback" if canary["errors"] / canary["requests"] > factor * rate else "promote"
     r = _public("mlops", with_answer(sol16, rollout_decision=rollout_decision))
     assert r.status == "failed" and "not a fixed multiple of p" in r.message, r.message
+
+
+def test_stragglers_against_the_mean_of_the_medians_miss_a_slow_group(sol16):
+    def find_stragglers(times):  # BUG: a mean, which a group of slow ranks pulls up
+        out = sol16["find_stragglers"](times)
+        medians = torch.nanmedian(times, dim=0).values
+        ok = [r for r in range(times.shape[1]) if r not in out["hung"]]
+        return {"stragglers": [r for r in ok if medians[r] > 1.2 * medians[ok].mean()], "hung": out["hung"]}
+    r = _public("find_stragglers", with_answer(sol16, find_stragglers=find_stragglers))
+    assert r.status == "failed" and "not their mean" in r.message, r.message
+
+
+def test_a_batch_latency_with_a_full_batch_wait_says_how_latency_is_counted(sol16):
+    def resnet_batch(t_fixed, t_per_item, rate, slo):  # BUG: the first image waits b / rate, not (b - 1) / rate
+        out = dict(sol16["resnet_batch"](t_fixed, t_per_item, rate, slo))
+        out["latency_s"] += 1 / rate if out["batch"] else 0.0
+        return out
+    r = _public("resnet_batch", with_answer(sol16, resnet_batch=resnet_batch))
+    assert r.status == "failed" and "waits for the b - 1 after it" in r.message, r.message
