@@ -507,3 +507,11 @@ def test_a_batch_latency_with_a_full_batch_wait_says_how_latency_is_counted(sol1
         return out
     r = _public("resnet_batch", with_answer(sol16, resnet_batch=resnet_batch))
     assert r.status == "failed" and "waits for the b - 1 after it" in r.message, r.message
+
+
+def test_a_serving_plan_from_decode_throughput_alone_is_named(sol16):
+    def plan_serving(spec, work, cluster):  # BUG: replicas = decode tokens needed / decode tokens a replica makes
+        step = CHECKS.replica_step_time(spec, 8, cluster, work, 0, 64)
+        return {"tp": 8, "replicas": math.ceil(work.rate * sum(work.new_tokens) / 2 / (64 / step)), "max_batch": 64}
+    r = _public("plan_serving", with_answer(sol16, plan_serving=plan_serving), 1)
+    assert r.status == "failed" and "prefill" in r.message and "decode throughput alone" in r.message, r.message

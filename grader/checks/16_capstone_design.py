@@ -663,6 +663,9 @@ def _plan_serving_judge(case, obs):
         message = (f"plan_serving: {replicas} replicas of TP={tp}, max_batch={max_batch} give p99 = {run['p99']:.3f} s "
                    f"in the simulation, over the {work.p99_s:g} s target for {case.name}. Add replicas (queueing), or "
                    f"use more TP per replica (each step faster). The reference meets it with {best[2]} x TP={best[1]}.")
+        if tp == best[1] and replicas < best[2]:
+            message += (" Every replica also spends steps on the prompts' prefill, and queues need headroom: size "
+                        "the replicas with simulate_replicas, not from decode throughput alone.")
         if run["p50"] <= work.p99_s:
             message += (f" Its median (p50 = {run['p50']:.3f} s) meets the target: the target is on the 99th "
                         "percentile, read simulate_replicas(...)['p99'], not the median or the mean.")
