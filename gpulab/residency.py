@@ -54,15 +54,16 @@ def _saved_by_graph(roots, found: dict) -> None:
         stack.extend(fn for fn, _ in node.next_functions)
 
 
-def live_storages(roots=()) -> dict:
-    """``{storage address: bytes}`` of every tensor storage reachable from Python or saved by the
-    autograd graph behind ``roots`` (tensors); CPU and GPU storages alike."""
+def live_storages(roots=(), python: bool = True) -> dict:
+    """``{storage address: bytes}`` of every tensor storage reachable from Python (unless ``python`` is
+    False: then only ``roots`` themselves) or saved by the autograd graph behind ``roots`` (tensors);
+    CPU and GPU storages alike."""
     import torch
 
     found: dict = {}
     with warnings.catch_warnings():  # isinstance on every live object touches deprecated module attributes
         warnings.simplefilter("ignore")
-        for obj in gc.get_objects():
+        for obj in gc.get_objects() if python else roots:
             if isinstance(obj, torch.Tensor):
                 _add(found, obj)
     _saved_by_graph(roots, found)

@@ -313,8 +313,8 @@ def test_overlap_blocking_late_or_flat_all_reduces_fail(sol11, mistake, message)
 
 @slow
 def test_overlap_ignoring_its_process_group_fails(sol11):
-    ex, cases = _hidden_case("ddp_overlap", "every rank, then two sub-groups")
-    r = evaluate(ex, with_answer(sol11, DDPIndividualParameters=_overlap_variant(sol11, everyone=True)), "cpu", cases)
+    r = grade(STEM, "ddp_overlap", with_answer(sol11, DDPIndividualParameters=_overlap_variant(sol11, everyone=True)),
+              hidden=False)  # each rank a group of its own
     assert r.status == "failed" and "ignored the process_group" in r.message, r.message
 
 
@@ -715,9 +715,8 @@ def test_fsdp_mistakes_fail(sol11, mistake, message):
 
 @slow
 def test_fsdp_dividing_by_the_world_instead_of_its_group_fails(sol11):
-    ex, cases = _hidden_case("fsdp", "every rank, then two sub-groups")
-    r = evaluate(ex, with_answer(sol11, FSDP=_fsdp_variant(sol11, "global_size")), "cpu", cases)
-    assert r.status == "failed" and "divide by the group's size" in r.message, r.message
+    r = grade(STEM, "fsdp", with_answer(sol11, FSDP=_fsdp_variant(sol11, "global_size")), hidden=False)
+    assert r.status == "failed" and "divide by the group's size" in r.message, r.message  # groups of one rank
 
 
 def test_a_bucket_that_completes_with_the_last_gradient_is_not_late():

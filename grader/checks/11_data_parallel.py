@@ -1012,8 +1012,9 @@ def _fsdp_train(rank, cls, x, data_rank, data_world, measure, **kwargs) -> dict:
 
 
 def _fsdp_rank(rank, world_size, cls, x):
-    obs = _fsdp_train(rank, cls, x, rank, world_size, measure=True)
-    if x.get("groups") and world_size == x["world"]:  # not in the single-rank probe for a stub
+    launched = world_size == x["world"]  # not the single-rank probe for a stub
+    obs = _fsdp_train(rank, cls, x, rank, world_size, measure=launched)
+    if x.get("groups") and launched:
         import torch.distributed as dist
 
         handles = [dist.new_group(members) for members in x["groups"]]  # every rank creates every group
@@ -1025,17 +1026,20 @@ def _fsdp_rank(rank, world_size, cls, x):
 
 
 def _plain_residency(x) -> int:
-    """What the unwrapped model holds once forward has returned (its saved activations), measured here."""
+    """What the unwrapped model holds once forward has returned, measured here: its output and the
+    activations autograd saved (nothing else of a plain model's forward outlives it)."""
+    from gpulab.residency import extra_bytes, live_storages
     from gpulab.toy import shard
 
     model = _toy_model(x, x["seed"])
     xb = shard(_step_batch(x, 0)[0], 0, x["world"])
-    return _residency(lambda: model(xb))[0]
+    before = live_storages([*model.parameters(), *model.buffers(), xb], python=False)
+    return extra_bytes(live_storages([model(xb)], python=False), before)
 
 
 def _fsdp_case(name, world, seed, data_seed, hidden, d_in, d_out, **extra):
-    return Case(name, dict(world=world, seed=seed, data_seed=data_seed, d_in=d_in, hidden=hidden, d_out=d_out,
-                           batch_per_rank=2, steps=3, **extra))
+    return Case(name, dict(dict(world=world, seed=seed, data_seed=data_seed, d_in=d_in, hidden=hidden, d_out=d_out,
+                                batch_per_rank=2, steps=3), **extra))
 
 
 def _unit_numels(x) -> list:
@@ -1045,8 +1049,8 @@ def _unit_numels(x) -> list:
 
 def _fsdp_cases(gen, public):
     if public:  # units of 135, 384 and 125 elements: two of them need one element of padding on 2 ranks
-        return [_fsdp_case("2 ranks, 3 SGD steps, layers of 135, 384 and 125 parameters (padding)", 2, 5, 50,
-                           [15, 24], 8, 5)]
+        return [_fsdp_case("2 ranks, 3 SGD steps, layers of 135, 384 and 125 parameters (padding); then each rank a "
+                           "sub-group of its own", 2, 5, 50, [15, 24], 8, 5, groups=[[0], [1]])]
     world = 4
     while True:  # widths of at least 12 (a layer's parameters outweigh the activations held beside them)
         hidden, d_out = [randint(gen, 12, 28) for _ in range(randint(gen, 1, 2))], randint(gen, 4, 9)
@@ -1056,7 +1060,7 @@ def _fsdp_cases(gen, public):
     pairs = choice(gen, [[[0, 1], [2, 3]], [[0, 2], [1, 3]], [[0, 3], [1, 2]]])
     return [_fsdp_case(f"every rank, then two sub-groups: 4 ranks, groups {pairs}, layers of {numels} parameters "
                        "(a padding tail)", 4, randint(gen, 0, 10**6), randint(gen, 0, 10**6), hidden, 8, d_out,
-                       groups=pairs)]
+                       groups=pairs, steps=2)]
 
 
 def _judge_fsdp_params(got, want, where: str) -> str | None:
