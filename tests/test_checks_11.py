@@ -638,6 +638,19 @@ def test_sharded_optimizer_ignoring_a_param_group_added_later_fails(sol11):
 
 # --- FSDP (ZeRO-3) ---------------------------------------------------------------------------------
 
+class _GatherScatter(torch.autograd.Function):
+    """All-gather a shard in forward, reduce-scatter the gradient in backward (a tempting FSDP unit)."""
+
+    @staticmethod
+    def forward(ctx, fsdp, shard):
+        ctx.fsdp = fsdp
+        return fsdp._all_gather(shard)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None, ctx.fsdp._reduce_scatter(grad)
+
+
 def _fsdp_variant(sol11, mistake):
     """The solution's FSDP, broken in one way."""
     base = sol11["FSDP"]
@@ -654,6 +667,14 @@ def _fsdp_variant(sol11, mistake):
                     self.numels[k] = numel
             if mistake == "full_optimizer":  # BUG: the optimizer steps on full copies of the parameters
                 self.full = nn.ParameterList(nn.Parameter(base._all_gather(self, s)) for s in self.shards)
+            if mistake == "kept_by_autograd":  # BUG: forward records a graph that saves the gathered vector
+                for i, m in enumerate(self.units):
+                    m.forward = lambda *inputs, i=i: self._kept(i, inputs)
+
+        def _kept(self, i, inputs):
+            out = self._run_unit(i, _GatherScatter.apply(self, self.shards[i]), inputs)  # F.linear saves its weight
+            self._free(i)  # drops the module's views only: autograd still holds the full vector until backward
+            return out
 
         def _all_gather(self, shard):
             full = super()._all_gather(shard)
@@ -705,6 +726,7 @@ def _fsdp_variant(sol11, mistake):
 @pytest.mark.parametrize("mistake, message", [
     ("all_reduce", "FSDP reduce-scatters each layer's gradient"),
     ("never_free", "gathered parameters were not freed after their layer's forward"),
+    ("kept_by_autograd", "saved by autograd for backward"),
     ("summed", "as if the gradients were summed"),
     ("drop_tail", "Pad the flat vector with zeros"),
     ("full_optimizer", "the optimizer must step on this rank's shards only")])
