@@ -11,9 +11,14 @@ Inductor compile in a child process.
 - :func:`start_inductor_demo` compiles one tiny function with Inductor in a child process (a cold Inductor
   compile on a CPU takes tens of seconds; the lesson overlaps it with its other sections) and
   :func:`inductor_demo` is what that process runs: generated source, compile time, steady-state times.
+- :func:`default_settings` runs a block with every Dynamo and symbolic-shape setting at its default and
+  names the settings the block changed; :func:`no_inductor` refuses Inductor inside a block (lab 06's
+  checks: a count of graph breaks or compilations means what it says, and a check takes milliseconds).
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import os
 import subprocess
@@ -33,6 +38,7 @@ class CountingBackend:
     def __init__(self):
         self.graphs: list = []   # one torch.fx.GraphModule per compilation
         self.runs = 0            # calls of any compiled graph
+        self.unguarded = 0       # calls with a tensor of another shape than a static graph was compiled for
 
     @property
     def compiles(self) -> int:
@@ -40,9 +46,16 @@ class CountingBackend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list):
         self.graphs.append(gm)
+        # the static shapes of the graph's inputs (None where a size is symbolic): Dynamo's guards never hand a
+        # static graph another shape, so a call that does went around them
+        fakes = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+        static = [tuple(t.shape) if isinstance(t, torch.Tensor) and all(isinstance(d, int) for d in t.shape)
+                  else None for t in fakes]
 
         def run(*args):
             self.runs += 1
+            if any(s is not None and isinstance(a, torch.Tensor) and tuple(a.shape) != s for a, s in zip(args, static)):
+                self.unguarded += 1
             return gm.forward(*args)
         return run
 
@@ -96,6 +109,66 @@ class BreakyNet(nn.Module):
             h = h / float(np.std(h.detach().cpu().numpy()) + 1.0)  # leaves PyTorch for NumPy and back
         h = self.fc2(h).relu()                                    # (B, d_hidden)
         return self.fc3(h)                                        # (B, d_out)
+
+
+def _settings_modules() -> list:
+    """The config modules that decide what Dynamo captures and how it specialises sizes."""
+    import torch._dynamo.config
+    import torch.fx.experimental._config
+
+    return [torch._dynamo.config, torch.fx.experimental._config]
+
+
+def _live(module) -> list[str]:
+    """The names of a config module's settings (deprecated and alias names left out)."""
+    return [n for n, e in module._config.items() if not (e.deprecated or e.alias is not None or e.hide)]
+
+
+def _changed(modules) -> list[str]:
+    """``module.name`` of every live setting whose value is not its default."""
+    return [f"{m.__name__}.{n}" for m in modules for n in _live(m) if getattr(m, n) != m._config[n].default]
+
+
+@contextlib.contextmanager
+def default_settings():
+    """Run the block with every Dynamo (``torch._dynamo.config``) and symbolic-shape
+    (``torch.fx.experimental._config``) setting at its default, and restore them all after it; yield a
+    list that, at the end of the block, names the settings not at their default (changed by code inside
+    the block, or forced by the environment). A flag such as ``capture_scalar_outputs`` or
+    ``reorderable_logging_functions`` removes graph breaks from the count without removing their cause."""
+    modules = _settings_modules()
+    changed: list = []
+    with contextlib.ExitStack() as stack:
+        for m in modules:  # every setting patched, so every one is restored on the way out
+            stack.enter_context(m.patch({n: copy.deepcopy(m._config[n].default) for n in _live(m)}))
+        yield changed
+        changed.extend(_changed(modules))
+
+
+class InductorRefused(RuntimeError):
+    """Raised by :func:`no_inductor` where code asks ``torch.compile`` for Inductor."""
+
+
+INDUCTOR_REFUSED = ("Inductor is off in this check (a CPU compile with it takes ~20 s): pass a backend to "
+                    "torch.compile: the one you were given, a counting backend of your own, or backend=\"eager\".")
+
+
+@contextlib.contextmanager
+def no_inductor():
+    """Inside the block, ``torch.compile(fn)`` (Inductor, the default backend) and ``backend="inductor"``
+    raise :class:`InductorRefused` instead of compiling: no check pays for Inductor."""
+    from torch._dynamo.backends import registry
+
+    def refuse(*args, **kwargs):
+        raise InductorRefused(INDUCTOR_REFUSED)
+
+    registry.lookup_backend("inductor")  # registered lazily: register it now, then swap it
+    saved = torch._TorchCompileInductorWrapper, registry._COMPILER_FNS["inductor"]
+    torch._TorchCompileInductorWrapper, registry._COMPILER_FNS["inductor"] = refuse, refuse
+    try:
+        yield
+    finally:
+        torch._TorchCompileInductorWrapper, registry._COMPILER_FNS["inductor"] = saved
 
 
 def inductor_demo(out_path: str) -> dict:

@@ -7,6 +7,7 @@ gradients or counts a skipped loss; a graph runner that captures on every call, 
 or writes into the caller's examples; a trace reader that does not add kernels up, counts host events, ignores
 copies or does not merge overlapping streams."""
 import json
+import time
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from gpulab.syncs import train_step_with_syncs
 from grader.checks import exercises, load_lab
 from grader.exercise import evaluate
 from tests import graderkit as kit
-from tests.conftest import grade, public, solution_namespace, with_answer
+from tests.conftest import failed_rules, grade, public, solution_namespace, with_answer
 
 STEM = "06_compile_and_graphs"
 CHECKS = load_lab(STEM)
@@ -110,6 +111,47 @@ def test_capturing_scalar_outputs_does_not_count_as_a_fix(sol06):
     assert r.status == "failed" and "graph break" in r.message, r.message
 
 
+def test_a_forward_that_cheats_only_when_compiling_fails(sol06):
+    def smooth_forward(model, x):  # the clean forward where Dynamo looks, the breaky model everywhere else
+        if torch.compiler.is_compiling():
+            return _forward(clip=False)(model, x)
+        return model(x)
+    r = public(STEM, "graph_breaks", with_answer(sol06, smooth_forward=smooth_forward), 1)
+    assert r.status == "failed" and "smooth_forward(model, x), compiled" in r.message, r.message
+    assert "is_compiling" in r.message and "the `if` was deleted" in r.message, r.message
+
+
+def _keeps_the_print(model, x):
+    h = model.fc1(x).relu()
+    if model.log:
+        print("hidden mean", h.mean())
+    return _forward()(model, x)
+
+
+def test_a_flag_that_reorders_the_print_does_not_count_as_a_fix(sol06):
+    def smooth_forward(model, x):  # sets the flag itself, while the check runs
+        torch._dynamo.config.reorderable_logging_functions.add(print)
+        return _keeps_the_print(model, x)
+    r = public(STEM, "graph_breaks", with_answer(sol06, smooth_forward=smooth_forward), 1)
+    assert r.status == "failed" and "changed compiler settings: torch._dynamo.config.reorderable_logging_functions" \
+        in r.message, r.message
+    assert print not in torch._dynamo.config.reorderable_logging_functions  # undone after the check
+    torch._dynamo.config.reorderable_logging_functions.add(print)  # set in an earlier cell: Dynamo's defaults count
+    try:
+        r = public(STEM, "graph_breaks", with_answer(sol06, smooth_forward=_keeps_the_print), 1)
+    finally:
+        torch._dynamo.config.reorderable_logging_functions.discard(print)
+    assert r.status == "failed" and "still has 1 graph break(s)" in r.message, r.message
+
+
+@pytest.mark.parametrize("knobs, says", [(dict(flags=False), "the model's flags ignored"),
+                                         (dict(per_row=True), "a std per row")])
+def test_a_forward_that_ignores_the_flags_or_takes_a_std_per_row_is_named(sol06, knobs, says):
+    wrong = lambda model, x: CHECKS.ref_smooth(model, x, **knobs)  # noqa: E731
+    r = public(STEM, "graph_breaks", with_answer(sol06, smooth_forward=wrong))
+    assert r.status == "failed" and says in r.message, r.message
+
+
 def test_reference_equals_the_breaky_model():
     for flags in ({}, {"log": False}, {"clip": False}, {"numpy_scale": False}):
         model = BreakyNet(d_in=5, d_hidden=7, d_out=3, seed=4, **flags).double()
@@ -131,6 +173,47 @@ def test_counting_distinct_shapes_is_named(sol06):
         return len({tuple(x.shape) for x in inputs})
     r = public(STEM, "count_compiles", with_answer(sol06, count_compiles=count_compiles))
     assert r.status == "failed" and "the number of distinct shapes" in r.message, r.message
+
+
+def _count(reset=True, pass_dynamic=True, backend=None):
+    def count_compiles(fn, inputs, dynamic=None):
+        if reset:
+            torch._dynamo.reset()
+        graphs = []
+
+        def counting(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+        compiled = torch.compile(fn, backend=backend or counting, **({"dynamic": dynamic} if pass_dynamic else {}))
+        for x in inputs:
+            compiled(x)
+        return len(graphs)
+    return count_compiles
+
+
+@pytest.mark.parametrize("bug, n, says", [
+    (dict(reset=False), 1, "Yours counts compilations without a torch._dynamo.reset() first"),
+    (dict(pass_dynamic=False), 2, "Yours counts compilations with `dynamic` ignored: pass dynamic=False"),
+])
+def test_a_count_without_reset_or_without_dynamic_is_named(sol06, bug, n, says):
+    r = evaluate(EX["count_compiles"], with_answer(sol06, count_compiles=_count(**bug)), "cpu",
+                 EX["count_compiles"].cases()[n - 1:n])
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def test_inductor_is_refused_in_every_check(sol06):
+    """torch.compile without a backend would spend ~20 s in Inductor per case: the checks refuse it at once."""
+    r = public(STEM, "count_compiles", with_answer(sol06, count_compiles=_count(backend="inductor")), 1)
+    assert r.status == "error" and "Inductor is off in this check" in r.message, r.message
+
+    class CompiledRunner:  # CUDA graphs by torch.compile(mode="reduce-overhead"): Inductor too
+        def __init__(self, fn, example_inputs, api):
+            self.fn = torch.compile(fn, mode="reduce-overhead")
+
+        def __call__(self, *inputs):
+            return self.fn(*inputs)
+    r = public(STEM, "graph_runner", with_answer(sol06, GraphRunner=CompiledRunner), 1)
+    assert r.status == "error" and "Inductor is off in this check" in r.message, r.message
 
 
 # --- 3. one compilation across sizes -------------------------------------------------------------------------------
@@ -178,6 +261,54 @@ def test_ignoring_the_given_backend_fails(sol06):
     r = public(STEM, "compile_once", with_answer(
         sol06, compile_once=lambda fn, backend: torch.compile(fn, backend="eager", dynamic=True)), 1)
     assert r.status == "failed" and "Nothing was compiled with the backend you were given" in r.message, r.message
+
+
+def _once_with_setting(module, name, value):
+    def compile_once(fn, backend):  # BUG: a compiler setting instead of padding
+        setattr(module, name, value)
+        compiled = torch.compile(fn, backend=backend)
+
+        def call(x):
+            torch._dynamo.mark_dynamic(x, 0)
+            return compiled(x)
+        return call
+    return compile_once
+
+
+@pytest.mark.parametrize("module, name, value", [
+    ("torch.fx.experimental._config", "backed_size_oblivious", True),  # size 1 no longer specialised
+    ("torch._dynamo.config", "recompile_limit", 1),                    # recompiles fall back to eager
+])
+def test_a_compiler_setting_in_compile_once_is_named(sol06, module, name, value):
+    import importlib
+
+    mod = importlib.import_module(module)
+    r = public(STEM, "compile_once", with_answer(sol06, compile_once=_once_with_setting(mod, name, value)), 1)
+    assert r.status == "failed" and f"changed compiler settings: {module}.{name}" in r.message, r.message
+    assert getattr(mod, name) == mod._config[name].default  # undone after the check
+
+
+def test_a_bucket_sized_from_the_public_cases_fails_the_growing_batches(sol06):
+    def compile_once(fn, backend):
+        compiled = torch.compile(fn, backend=backend)
+
+        def call(x):  # BUG: one bucket of 64 rows, a guess from the sizes seen so far
+            return compiled(torch.cat([x, x.new_zeros(64 - x.shape[0], x.shape[1])]))[:x.shape[0]]
+        return call
+    r = grade(STEM, "compile_once", with_answer(sol06, compile_once=compile_once))
+    assert r.cases[0].status == "passed" and failed_rules(r) == ["growing batches"], r.message
+
+
+def test_calling_the_backends_graph_directly_is_named(sol06):
+    def compile_once(fn, backend):
+        graphs = []
+        compiled = torch.compile(fn, backend=lambda gm, ex: graphs.append(backend(gm, ex)) or graphs[-1])
+
+        def call(x):  # BUG: after the first call, bypasses Dynamo (and its guards)
+            return compiled(x) if not graphs else graphs[0](x)[0]
+        return call
+    r = public(STEM, "compile_once", with_answer(sol06, compile_once=compile_once), 1)
+    assert r.status == "failed" and "called directly, around Dynamo's guards" in r.message, r.message
 
 
 # --- 4. the step without syncs ----------------------------------------------------------------------------------------
@@ -371,6 +502,18 @@ def test_the_compile_counted_in_the_average_is_named(sol06):
                 "compiled_ms": out["compiled"], "speedup": out["eager"] / out["compiled"]}
     r = public(STEM, "compile_win", with_answer(sol06, measure_compile_win=measure_compile_win))
     assert r.status == "failed" and "includes the compile" in r.message, r.message
+
+
+def test_a_timer_on_its_own_clock_or_without_warm_up_is_named(sol06):
+    def perf_counter_timer(fn, compile_fn, x, clock, sync, **kw):  # BUG: the real clock, not the one given
+        return sol06["measure_compile_win"](fn, compile_fn, x, clock=time.perf_counter, sync=sync, **kw)
+
+    def no_warmup(fn, compile_fn, x, clock, sync, warmup=3, repeats=20):  # BUG: a median does not replace warm-up
+        return sol06["measure_compile_win"](fn, compile_fn, x, clock=clock, sync=sync, warmup=0, repeats=repeats)
+    r = public(STEM, "compile_win", with_answer(sol06, measure_compile_win=perf_counter_timer), 1)
+    assert r.status == "failed" and "never read the clock it was given" in r.message, r.message
+    r = public(STEM, "compile_win", with_answer(sol06, measure_compile_win=no_warmup), 1)
+    assert r.status == "failed" and "includes the compile or the first calls" in r.message, r.message
 
 
 def test_a_correct_variant_of_the_timer_passes(sol06):

@@ -4,7 +4,9 @@ an opaque ``allow_in_graph`` call fails), compilations counted with a backend, o
 sizes (counted by the check's own backend, every call through the compiled graph), a training step with no
 host sync (``gpulab.syncs.SyncDetector``) that still skips non-finite batches, a graph captured once and
 replayed (``gpulab.graphs``: CUDA graphs on a GPU, the recording stand-in on a CPU), and a profiler trace read.
-No check runs Inductor: the compile checks use counting and eager backends, milliseconds per graph.
+No check runs Inductor (``gpulab.compiler.no_inductor``: a learner's torch.compile without a backend is refused
+with a message): the compile checks use counting and eager backends, milliseconds per graph. Dynamo runs at its
+default settings (``gpulab.compiler.default_settings``): a flag set to hide a break or a recompile is named.
 Hidden cases: one per rule (a case's name starts with its rule, before ':'), the same rules on every seed.
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpulab.compare import compare
-from gpulab.compiler import BreakyNet, CountingBackend, graph_ops, op_module
+from gpulab.compiler import BreakyNet, CountingBackend, default_settings, graph_ops, no_inductor, op_module
 from gpulab.graphs import graph_api
 from gpulab.syncs import SyncDetector, make_classifier, new_stats, train_step_with_syncs
 from grader.exercise import Case, Exercise, entry, to_cpu
@@ -35,12 +37,21 @@ _TORCH_MODULES = {"torch", "operator", "builtins", "math", "_operator"}
 
 @contextlib.contextmanager
 def _quiet_fresh_dynamo():
-    """A clean Dynamo (no cached graphs, default settings that hide nothing) and no printing."""
+    """A clean Dynamo (no cached graphs, every setting at its default), no Inductor and no printing; yields the
+    list of the settings the block changed (filled at its end), and restores them all."""
     torch._dynamo.reset()
-    with torch._dynamo.config.patch(capture_scalar_outputs=False, suppress_errors=False), \
-            contextlib.redirect_stdout(io.StringIO()):
-        yield
+    with default_settings() as changed, no_inductor(), contextlib.redirect_stdout(io.StringIO()):
+        yield changed
     torch._dynamo.reset()
+
+
+def _settings_verdict(obs: dict, what: str) -> str | None:
+    """A message when the learner's code changed Dynamo's settings while the check ran."""
+    if obs.get("settings"):
+        return (f"your code changed compiler settings: {', '.join(obs['settings'][:4])}. The check {what} with "
+                "Dynamo's defaults, as a fresh process does: a flag that makes a graph break or a recompile "
+                "disappear from the count is not a fix. Remove the setting and fix the code.")
+    return None
 
 
 # --- exercise 1: a forward with no graph breaks --------------------------------------------------------------
@@ -68,25 +79,29 @@ def _breaks_cases(gen, public):
 def _breaks_run(ns, case, device):
     fn, cfg = entry(ns, "smooth_forward"), case.inputs["cfg"]
     model, x = BreakyNet(**cfg).to(device), case.inputs["x"].to(device)
-    with _quiet_fresh_dynamo():
+    with _quiet_fresh_dynamo() as changed:
         explained = torch._dynamo.explain(lambda x: fn(model, x))(x)
         ops = [(graph_ops(gm), [op_module(n.target) for n in gm.graph.nodes if n.op == "call_function"])
                for gm in explained.graphs]
-        out = fn(model, x)
+        torch._dynamo.reset()
+        # the output of the compiled program (what explain counted) and of the eager call: both must be right
+        outs = {"compiled": torch.compile(lambda x: fn(model, x), backend=CountingBackend())(x), "eager": fn(model, x)}
     return {"breaks": int(explained.graph_break_count), "graphs": int(explained.graph_count),
             "reasons": [str(r.reason).split("\n")[0][:160] for r in explained.break_reasons][:4],
             "ops": [names for names, _ in ops], "modules": sorted({m for _, mods in ops for m in mods}),
-            "out": to_cpu(out) if isinstance(out, torch.Tensor) else type(out).__name__}
+            "outs": {k: to_cpu(v) if isinstance(v, torch.Tensor) else type(v).__name__ for k, v in outs.items()},
+            "settings": changed}
 
 
 def ref_smooth(model: BreakyNet, x: torch.Tensor, clip: bool = True, scale: bool = True,
-               correction: int = 0) -> torch.Tensor:
+               correction: int = 0, flags: bool = True, per_row: bool = False) -> torch.Tensor:
     """BreakyNet's output computed branch-free (the reference, and the usual mistakes through the knobs)."""
     h = model.fc1(x).relu()
-    if model.clip and clip:
+    if (model.clip or not flags) and clip:
         h = h.clamp(max=model.limit)  # clamping below the limit changes nothing: the branch was never needed
-    if model.numpy_scale and scale:
-        h = h / (h.std(correction=correction) + 1.0)
+    if (model.numpy_scale or not flags) and scale:
+        std = h.std(dim=-1, keepdim=True, correction=correction) if per_row else h.std(correction=correction)
+        h = h / (std + 1.0)
     return model.fc3(model.fc2(h).relu())
 
 
@@ -95,6 +110,9 @@ def _breaks_judge(case, obs):
     model = BreakyNet(**cfg).double()
     n_linear = 3
     linears = sum(names.count("linear") for names in obs["ops"])
+    settings = _settings_verdict(obs, "counts graph breaks")
+    if settings:
+        return settings
     if linears < n_linear:
         return (f"only {linears} of the model's {n_linear} Linear layers ran inside the captured graph "
                 f"({obs['graphs']} graph(s)): the rest ran in eager Python. torch._dynamo.disable, a try/except "
@@ -110,10 +128,20 @@ def _breaks_judge(case, obs):
     if foreign:
         return (f"the captured graph calls Python code from {foreign} as an opaque node (allow_in_graph or a "
                 "custom op wrapping the break): the compiler cannot see inside it. Write the forward in torch ops.")
-    got = obs["out"]
     with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
         want = model(x)
-        report = compare(got, want, name="smooth_forward(model, x)", **OUT)
+        for how, got in obs["outs"].items():
+            report = compare(got, want, name=f"smooth_forward(model, x), {how}", **OUT)
+            if report:
+                return _breaks_mistake(report + (" The compiled program and the eager call must compute the same: "
+                                                 "no torch.compiler.is_compiling() branches." if how == "compiled"
+                                                 else ""), got, model, x)
+    return None
+
+
+def _breaks_mistake(report: str, got, model: BreakyNet, x: torch.Tensor) -> str:
+    """The message for a wrong output, naming the usual mistake it matches."""
+    with torch.no_grad():
         return diagnose(report, got, [
             ("the forward without the clip: the `if` was deleted, not made branch-free (h.clamp(max=limit) "
              "is the same whether or not the max is above the limit)", lambda: ref_smooth(model, x, clip=False)),
@@ -121,6 +149,10 @@ def _breaks_judge(case, obs):
              lambda: ref_smooth(model, x, scale=False)),
             ("a std with Bessel's correction: np.std is the population std, torch.std's default divides by n - 1 "
              "(use correction=0)", lambda: ref_smooth(model, x, correction=1)),
+            ("the model's flags ignored: clip only if model.clip, scale only if model.numpy_scale (Python flags "
+             "are fine in a graph: Dynamo specialises on them)", lambda: ref_smooth(model, x, flags=False)),
+            ("a std per row: np.std of the whole array is one number over every element (h.std(correction=0), "
+             "no dim)", lambda: ref_smooth(model, x, per_row=True)),
         ], tensor_match(**OUT))
 
 
@@ -141,12 +173,22 @@ FUNCTIONS = {  # row-wise functions of x (N, D) float32 -> (N, D) float32: paddi
 KEY_OP = {"gelu_mlp": "gelu", "layer_norm": "layer_norm", "softmax": "softmax"}
 
 
+def _seen_before(fn, shapes) -> None:
+    """Compile ``fn`` once, eagerly, on a shape none of ``shapes`` has: as in a notebook that used ``fn`` before,
+    Dynamo now remembers a size, and only a count that starts from torch._dynamo.reset() is right."""
+    first = list(shapes[0])
+    torch.compile(fn, backend="eager")(torch.randn(max(s[0] for s in shapes) + 7, *first[1:]))
+
+
 @functools.lru_cache(maxsize=256)
-def ref_count_compiles(name: str, shapes: tuple, dynamic=None) -> int:
+def ref_count_compiles(name: str, shapes: tuple, dynamic=None, reset: bool = True) -> int:
     """Compilations of torch.compile(FUNCTIONS[name], dynamic=dynamic) called on inputs of `shapes` in turn,
-    counted by a backend (a count depends on the shapes only: cached)."""
+    counted by a backend (a count depends on the shapes only: cached); ``reset=False``: without a reset after
+    :func:`_seen_before` (the mistake)."""
     fn, inputs = FUNCTIONS[name], [torch.randn(*s) for s in shapes]
     with _quiet_fresh_dynamo():
+        if not reset:
+            _seen_before(fn, shapes)
         counter = CountingBackend()
         compiled = torch.compile(fn, backend=counter, dynamic=dynamic)
         for x in inputs:
@@ -178,21 +220,30 @@ def _count_cases(gen, public):
 def _count_run(ns, case, device):
     fn = FUNCTIONS[case.inputs["fn"]]
     inputs = [torch.randn(*s, device=device) for s in case.inputs["shapes"]]
-    with contextlib.redirect_stdout(io.StringIO()):
+    with _quiet_fresh_dynamo() as changed:
+        _seen_before(fn, case.inputs["shapes"])
         got = entry(ns, "count_compiles")(fn, inputs, dynamic=case.inputs["dynamic"])
-    torch._dynamo.reset()
-    return {"count": got}
+    return {"count": got, "settings": changed}
 
 
 def _count_judge(case, obs):
     shapes, dynamic, got = case.inputs["shapes"], case.inputs["dynamic"], obs["count"]
+    settings = _settings_verdict(obs, "counts compilations")
+    if settings:
+        return settings
     if not isinstance(got, int) or isinstance(got, bool):
         return f"count_compiles must return the number of compilations as an int, got {got!r}."
     want = ref_count_compiles(case.inputs["fn"], tuple(tuple(s) for s in shapes), dynamic)
     if got == want:
         return None
     message = f"count_compiles returned {got!r}; Dynamo compiled {want} time(s) for these shapes."
+    key = (case.inputs["fn"], tuple(tuple(s) for s in shapes))
     return diagnose(message, got, [
+        ("compilations without a torch._dynamo.reset() first: the check compiled fn once before calling you (as a "
+         "notebook that used fn earlier does), and Dynamo remembered its size",
+         lambda: ref_count_compiles(*key, dynamic, False)),
+        (f"compilations with `dynamic` ignored: pass dynamic={dynamic} on to torch.compile",
+         lambda: ref_count_compiles(*key) if dynamic is not None else None),
         ("the number of calls: count in the backend, which Dynamo calls once per compilation, not per call",
          len(shapes)),
         ("the number of distinct shapes: after one recompile, automatic dynamic shapes make a generic graph "
@@ -220,7 +271,9 @@ def _once_cases(gen, public):
         return [case("", [4, 6, 9, 12], 8), case("", [8, 3, 5], 8), case("", [5, 1, 7], 8)]
     sizes = sorted({randint(gen, 2, 64) for _ in range(10)})
     width = randint(gen, 3, 12)
-    return [case("growing batches", sizes[:4], width), case("shrinking batches", sizes[:4][::-1], width),
+    # growing past any bucket sized from the public cases (at most 12 rows)
+    return [case("growing batches", sizes[:3] + [randint(gen, 100, 300)], width),
+            case("shrinking batches", sizes[:4][::-1], width),
             case("a batch of one", [sizes[0], 1, sizes[1], 1], width),
             case("repeated sizes", [sizes[0], sizes[1], sizes[0], sizes[1]], width)]
 
@@ -232,15 +285,19 @@ def _once_inputs(case, device="cpu") -> list:
 
 def _once_run(ns, case, device):
     fn = FUNCTIONS[case.inputs["fn"]]
-    with _quiet_fresh_dynamo():
+    with _quiet_fresh_dynamo() as changed:
         counter = CountingBackend()
         compiled = entry(ns, "compile_once")(fn, counter)
         outs = [to_cpu(compiled(x)) for x in _once_inputs(case, device)]
-    return {"outs": outs, "compiles": counter.compiles, "runs": counter.runs, "ops": counter.ops()}
+    return {"outs": outs, "compiles": counter.compiles, "runs": counter.runs, "ops": counter.ops(),
+            "unguarded": counter.unguarded, "settings": changed}
 
 
 def _once_judge(case, obs):
     fn, name, n = FUNCTIONS[case.inputs["fn"]], case.inputs["fn"], len(case.inputs["rows"])
+    settings = _settings_verdict(obs, "counts compilations")
+    if settings:
+        return settings
     if obs["compiles"] != 1:
         return (f"the backend compiled {obs['compiles']} time(s) for rows {case.inputs['rows']}; the target is 1. "
                 + ("Nothing was compiled with the backend you were given: pass it to torch.compile(..., backend=)."
@@ -248,9 +305,16 @@ def _once_judge(case, obs):
                    "Mark the batch dimension dynamic before the first call (torch._dynamo.mark_dynamic(x, 0)), and "
                    "remember that sizes 0 and 1 are always specialised: pad a batch of one to two rows and slice "
                    "the result; or pad every batch to one bucket."))
-    if obs["runs"] != n:
+    if obs["runs"] < n:
         return (f"only {obs['runs']} of the {n} calls ran the compiled graph: the others ran eagerly. Every call "
                 "must go through the one compiled graph.")
+    if obs.get("unguarded"):
+        return (f"{obs['unguarded']} call(s) ran the graph compiled for another shape: the backend's output was called "
+                "directly, around Dynamo's guards (they check every input against what the graph assumed). Call the "
+                "compiled function, and make that one graph dynamic in the batch dimension.")
+    if obs["runs"] > n:
+        return (f"the compiled graph ran {obs['runs']} times for {n} calls: call the compiled function once per "
+                "call (and never the backend's output directly: Dynamo's guards must see every input).")
     if KEY_OP[name] not in obs["ops"]:
         return (f"the compiled graph does not contain {KEY_OP[name]}: compile the function you were given, "
                 f"not a wrapper around part of it (graph ops: {obs['ops'][:12]}).")
@@ -302,7 +366,7 @@ def _step_model(case, device="cpu"):
 def _step_run(ns, case, device):
     fn, x = entry(ns, "train_step"), case.inputs
     model, stats = _step_model(case, device), new_stats(device)
-    with SyncDetector() as syncs, contextlib.redirect_stdout(io.StringIO()):
+    with _quiet_fresh_dynamo(), SyncDetector() as syncs:
         for xb, yb in zip(x["xs"], x["ys"]):
             fn(model, xb.to(device), yb.to(device), x["lr"], x["max_norm"], stats)
     return {"syncs": [f"{s.call} at {s.where}" for s in syncs.found][:6],
@@ -407,12 +471,13 @@ def _graph_run(ns, case, device):
     dev_fn = _graph_model(case, device=device)
     example = [t.to(device) for t in _graph_inputs(case, 0)]
     kept = [t.clone() for t in example]
-    runner = cls(dev_fn, tuple(example), api)
+    with _quiet_fresh_dynamo():
+        runner = cls(dev_fn, tuple(example), api)
     after_init = {"captures": api.captures, "replays": api.replays}
     outs, eager = [], []
     for k in range(1, case.inputs["calls"] + 1):
         inputs = [t.to(device) for t in _graph_inputs(case, k)]
-        with _EagerOps(api) as seen:
+        with _quiet_fresh_dynamo(), _EagerOps(api) as seen:
             out = runner(*inputs)
         eager += seen.computed
         outs.append(to_cpu(out).clone() if isinstance(out, torch.Tensor) else type(out).__name__)
@@ -581,16 +646,22 @@ TRACE_SUMMARY = Exercise(
 
 # --- exercise 7: measuring a compiler win honestly -------------------------------------------------------------
 
+WARMUP, REPEATS = 3, 5  # what the check asks measure_compile_win for
+
+
 class VirtualDevice:
     """An asynchronous device on a virtual clock (seconds): a call costs the host `host_s` at once and queues its
     work; ``sync()`` waits for the queue. The compiled function's first call compiles on the host first
-    (`compile_s`), and its next two calls record/autotune (extra work), as ``mode="reduce-overhead"`` does."""
+    (`compile_s`), and its next WARMUP calls record/autotune (extra work), as ``mode="reduce-overhead"`` does; eager's
+    first WARMUP calls initialise caches. With WARMUP calls of warm-up the timed calls are all steady; without, most of
+    REPEATS are not, and even a median shows it."""
 
     def __init__(self, p: dict, x: torch.Tensor):
         self.p, self.x, self.now, self.free_at = p, x, 0.0, 0.0
-        self.calls = {"eager": 0, "compiled": 0, "compile_fn": 0, "other_input": 0}
+        self.calls = {"eager": 0, "compiled": 0, "compile_fn": 0, "other_input": 0, "clock": 0}
 
     def clock(self) -> float:
+        self.calls["clock"] += 1
         return self.now
 
     def sync(self) -> None:
@@ -605,7 +676,7 @@ class VirtualDevice:
         return arg * 2.0
 
     def eager(self, x):
-        first = self.calls["eager"] == 0
+        first = self.calls["eager"] < WARMUP
         return self._run("eager", x, self.p["eager_s"] * (self.p["eager_first"] if first else 1.0))
 
     def compile_fn(self, fn):
@@ -615,7 +686,7 @@ class VirtualDevice:
             n = self.calls["compiled"]
             if n == 0:
                 self.now += self.p["compile_s"]            # compiling: host time, before any work is queued
-            return self._run("compiled", x, self.p["compiled_s"] * (self.p["record"] if n in (1, 2) else 1.0))
+            return self._run("compiled", x, self.p["compiled_s"] * (self.p["record"] if 1 <= n <= WARMUP else 1.0))
         return compiled
 
 
@@ -638,7 +709,7 @@ def _win_cases(gen, public):
 def _win_run(ns, case, device):
     dev = VirtualDevice(case.inputs["params"], case.inputs["x"])
     got = entry(ns, "measure_compile_win")(dev.eager, dev.compile_fn, case.inputs["x"], clock=dev.clock,
-                                            sync=dev.sync)
+                                            sync=dev.sync, warmup=WARMUP, repeats=REPEATS)
     return {"result": got if isinstance(got, dict) else type(got).__name__, "calls": dev.calls}
 
 
@@ -646,6 +717,9 @@ def _win_judge(case, obs):
     p, calls, got = case.inputs["params"], obs["calls"], obs["result"]
     if not isinstance(got, dict) or not {"compile_s", "eager_ms", "compiled_ms", "speedup"} <= set(got):
         return f"measure_compile_win must return a dict with compile_s, eager_ms, compiled_ms, speedup; got {got!r}."
+    if not calls["clock"]:
+        return ("measure_compile_win never read the clock it was given: time with clock() and sync() (the "
+                "arguments; the check's device runs on a virtual clock), not time.perf_counter directly.")
     if calls["compile_fn"] != 1:
         return (f"compile_fn was called {calls['compile_fn']} times: compile once, and time the function it returns "
                 "(each call of compile_fn is a new compilation).")
