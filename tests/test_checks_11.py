@@ -3,7 +3,12 @@ gradients all-reduced twice, all-reduces after backward (or blocking, or launche
 is over), buckets ignoring their limit, a ring without its all-gather phase (or sending whole
 tensors), a sharded optimizer keeping the whole state, a bucket left unlaunched because a parameter got
 no gradient, a param group added after construction left without owners and a hung rank are all
-rejected; the solution itself trains right with an unused parameter and with a late param group.
+rejected; so are a per-parameter DDP that blocks in its hook, all-reduces after backward, flattens
+everything into one all-reduce, ignores its process_group or forgets a parameter without gradient,
+and an FSDP that all-reduces its gradients, never frees what it gathered (or lets autograd keep it),
+sums instead of averaging, drops the padding tail, divides by the world instead of its group, or lets
+the optimizer step on full parameters. The solution itself trains right with an unused parameter and
+with a late param group.
 
 Each distributed case is one launch of real gloo ranks (2 to 4 processes importing torch: about
 2-3 s of CPU per rank), so wrong answers are graded on the public case only, and every test that
