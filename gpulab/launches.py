@@ -412,11 +412,13 @@ def record_torch_ops(watch: LaunchWatch, allowed: frozenset | set = frozenset())
 @dataclass
 class Allocations:
     """What :func:`record_allocations` saw: elements of floating-point tensors created, the biggest,
-    and the distinct shapes created (lesson 05: no ``(seq_q, seq_k)`` score matrix in a tiled loop)."""
+    the distinct shapes created (lesson 05: no ``(seq_q, seq_k)`` score matrix in a tiled loop) and
+    their dtypes (lesson 07: no float32 accumulator next to float16 data)."""
 
     float_elements: int = 0
     biggest: tuple = (0, "", ())    # (numel, op, shape)
     shapes: set = field(default_factory=set)
+    dtypes: set = field(default_factory=set)  # "torch.float32" ...
 
 
 @contextlib.contextmanager
@@ -439,6 +441,7 @@ def record_allocations():
                         seen.float_elements += o.numel()
                         seen.biggest = max(seen.biggest, (o.numel(), str(func), tuple(o.shape)))
                         seen.shapes.add(tuple(o.shape))
+                        seen.dtypes.add(str(o.dtype))
             return out
 
     with _Mode():

@@ -2,8 +2,12 @@
 that names them: an exponent bias off by one, e4m3fn's maximum taken from the IEEE rule, epsilon confused with
 the unit roundoff, subnormals forgotten; a cast report that ignores the scale or casts first; a loss scaler that
 grows one step late or early, keeps its counter through an overflow, never backs off, steps on inf, skips one
-step too many, or unscales twice; a training step with fp16 master weights, without autocast, clipping the
-scaled gradients or stepping past the scaler; naive fp16 summation, a cast to fp32 or torch.sum passed as Kahan."""
+step too many, unscales twice, zeroes the gradients instead of skipping, or is GradScaler itself (subclassed,
+wrapped, its kernels); limits looked up in torch.finfo; a cast report that scales its input in place; a training
+step with fp16 master weights, without autocast, clipping the scaled gradients, stepping past the scaler, without
+zero_grad, update() or the scaler given; naive fp16 summation, a cast to fp32, torch.sum, a wide accumulator copied
+back or the compensation's sign flipped passed as Kahan."""
+import functools
 import json
 
 import pytest
@@ -78,6 +82,24 @@ def test_forgetting_e4m3fns_special_max_fails_on_the_fp8_rules(sol07):
     assert set(failed_rules(r)) == {"fp8 e4m3fn (finite only)", "a finite-only format", "fp8 e4m3fn (e4m3)"}
 
 
+def _finfo_limits(e, m, finite_only=False):
+    """torch.finfo where a dtype has this layout, tf32 typed in: no bit layout computed (BUG)."""
+    if (e, m) == (8, 10):
+        return {"max": (2 - 2.0 ** -10) * 2.0 ** 127, "min_normal": 2.0 ** -126, "min_subnormal": 2.0 ** -136,
+                "eps": 2.0 ** -10}
+    fmt = next(f for f in FORMATS.values() if (f.exp_bits, f.mantissa_bits, f.finite_only) == (e, m, finite_only))
+    fi = torch.finfo(fmt.dtype)
+    return {"max": fi.max, "min_normal": fi.tiny, "min_subnormal": fi.tiny * fi.eps, "eps": fi.eps}
+
+
+def test_limits_looked_up_in_torch_finfo_fail_every_seed(sol07):
+    ns, ex = with_answer(sol07, format_limits=_finfo_limits), EX["format_limits"]
+    assert evaluate(ex, ns, "cpu", ex.cases()).status == "passed"  # every public format has a dtype, or is typed in
+    for seed in range(20):  # the two drawn layouts are never a torch dtype's
+        r = evaluate(ex, ns, "cpu", ex.cases(seed, public=False))
+        assert set(failed_rules(r)) == {"an IEEE-style format", "a finite-only format"}, (seed, r.message)
+
+
 # --- 2. cast report ---------------------------------------------------------------------------------------
 
 def _report(bug):
@@ -94,6 +116,13 @@ def _report(bug):
                 "subnormal": int(((y != 0) & (y.abs() < tiny)).sum()) / n,
                 "overflow": int((~torch.isfinite(y) & nonzero).sum()) / n}
     return cast_report
+
+
+def test_a_cast_report_that_scales_its_input_in_place_fails(sol07):
+    def cast_report(x, dtype, scale=1.0):  # BUG: scales the caller's tensor
+        return _report("")(x.mul_(scale), dtype, 1.0)
+    r = public(STEM, "cast_report", with_answer(sol07, cast_report=cast_report))
+    assert r.status == "failed" and "changed its input x in place" in r.message, r.message
 
 
 # --- 3. the loss scaler -----------------------------------------------------------------------------------
@@ -184,11 +213,61 @@ def test_the_scaler_skips_exactly_the_overflowing_steps(sol07, bug, says):
     assert r.status == "failed" and says in r.message, r.message
 
 
+class _SubclassedGradScaler(torch.amp.GradScaler):
+    def __init__(self, **kwargs):
+        super().__init__("cpu", **kwargs)
+
+
+class _WrappedGradScaler:
+    def __init__(self, **kwargs):
+        self.inner = torch.amp.GradScaler("cpu", **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _on_gradscalers_kernels(sol):
+    """The solution's scaler with its update rule replaced by GradScaler's own kernel."""
+    class LossScaler(sol["LossScaler"]):
+        def update(self):
+            scale, growth = torch.tensor([self.scale_value]), torch.tensor([self.clean_steps], dtype=torch.int32)
+            found = torch.tensor([float(bool(self.found_inf))])
+            torch._amp_update_scale_(scale, growth, found, self.growth_factor, self.backoff_factor,
+                                     self.growth_interval)
+            self.scale_value, self.clean_steps, self.found_inf = float(scale), int(growth), None
+    return LossScaler
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda sol: _SubclassedGradScaler, "is a torch.amp.GradScaler (_SubclassedGradScaler)"),
+    (lambda sol: functools.partial(torch.amp.GradScaler, "cpu"), "is a torch.amp.GradScaler (GradScaler)"),
+    (lambda sol: _WrappedGradScaler, "a wrapper around a torch.amp.GradScaler (self.inner)"),
+    (_on_gradscalers_kernels, "built on GradScaler's kernels (aten._amp_update_scale_)"),
+])
+def test_gradscaler_passed_off_as_the_learners_scaler_fails(sol07, make, says):
+    r = public(STEM, "loss_scaler", with_answer(sol07, LossScaler=make(sol07)), 1)
+    assert r.status == "failed" and says in r.message and "written from scratch" in r.message, r.message
+
+
+def test_a_scaler_that_zeroes_the_grads_instead_of_skipping_fails(sol07):
+    class LossScaler(sol07["LossScaler"]):
+        def step(self, optimizer):  # BUG: never skips; an overflowing step "does nothing" with zero gradients
+            self.unscale_(optimizer)
+            if self.found_inf:
+                optimizer.zero_grad(set_to_none=False)
+            optimizer.step()
+    r = public(STEM, "loss_scaler", with_answer(sol07, LossScaler=LossScaler), 2)
+    assert r.status == "failed" and "step 4 ran optimizer.step, but its scaled gradients hold inf" in r.message
+
+
 # --- 4. the autocast training step ------------------------------------------------------------------------
 
 def _step(bug):
     def amp_train_step(model, optimizer, scaler, x, y, dtype, max_norm):
-        optimizer.zero_grad(set_to_none=True)
+        if bug != "no zero_grad":  # BUG: gradients summed over the steps
+            optimizer.zero_grad(set_to_none=True)
+        if bug == "own scaler":  # BUG: a new GradScaler, not the one given
+            scaler = torch.amp.GradScaler(x.device.type)
         if bug == "half model":  # BUG: fp16 master weights
             model.to(dtype)
             loss = F.mse_loss(model(x.to(dtype)).float(), y)
@@ -205,7 +284,8 @@ def _step(bug):
             optimizer.step()
         else:
             scaler.step(optimizer)
-        scaler.update()
+        if bug != "no update":  # BUG: the scale never adapts, the step's state is never cleared
+            scaler.update()
         if bug == "fp16-rounded weights":  # BUG: the master copy kept at fp16 precision
             with torch.no_grad():
                 for p in model.parameters():
@@ -243,7 +323,27 @@ def test_a_float32_result_is_rejected(sol07):
             s = s + x[:, j]
         return s
     r = public(STEM, "kahan_sum", with_answer(sol07, kahan_sum=kahan_sum), 1)
-    assert r.status == "failed" and "expected (4,) torch.float16" in r.message, r.message
+    assert r.status == "failed" and "made torch.float32 tensors: a wider accumulator" in r.message, r.message
+
+
+def _wide_accumulator(dtype):
+    def kahan_sum(x):  # BUG: a wide accumulator, copied back into x.dtype (no cast op, no torch.sum)
+        s = torch.zeros(x.shape[0], dtype=dtype)
+        for j in range(x.shape[1]):
+            s.add_(x[:, j])
+        return torch.empty(x.shape[0], dtype=x.dtype).copy_(s)
+    return kahan_sum
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_wide_accumulator_copied_back_is_rejected(sol07, dtype):
+    r = public(STEM, "kahan_sum", with_answer(sol07, kahan_sum=_wide_accumulator(dtype)), 1)
+    assert r.status == "failed" and f"made {dtype} tensors: a wider accumulator" in r.message, r.message
+
+
+def test_the_compensation_added_instead_of_subtracted_is_named(sol07):
+    r = public(STEM, "kahan_sum", with_answer(sol07, kahan_sum=lambda x: CHECKS.ref_naive_sum(x, 1)), 1)
+    assert r.status == "failed" and "Yours matches Kahan with the compensation added" in r.message, r.message
 
 
 # --- every wrong answer, named by its mistake (public cases: the message, quickly) --------------------------------
@@ -265,6 +365,10 @@ WRONG = [  # (exercise, the answer's name, wrong answer from the solution's name
     ("cast_report", "cast_report", lambda sol: _report("cast first"), "casting before scaling"),
     ("cast_report", "cast_report", lambda sol: _report("all elements"), "fractions of all the elements"),
     ("cast_report", "cast_report", lambda sol: _report("below min normal"), "everything below min normal counted"),
+    ("cast_report", "cast_report", lambda sol: lambda x, dtype, scale=1.0: CHECKS.ref_cast_report(
+        x, dtype, scale, variant="zeros subnormal"), "the values flushed to 0 counted as subnormal"),
+    ("cast_report", "cast_report", lambda sol: lambda x, dtype, scale=1.0: CHECKS.ref_cast_report(
+        x, dtype, scale, variant="float32 tiny"), "float32's smallest normal"),
     ("loss_scaler", "LossScaler", lambda sol: _scaler(sol, "late"), "growth after growth_interval + 1 clean steps"),
     ("loss_scaler", "LossScaler", lambda sol: _scaler(sol, "early"), "growth after growth_interval - 1 clean steps"),
     ("loss_scaler", "LossScaler", lambda sol: _scaler(sol, "no reset"), "the clean-step counter not reset"),
@@ -279,6 +383,9 @@ WRONG = [  # (exercise, the answer's name, wrong answer from the solution's name
     ("amp_train_step", "amp_train_step", lambda sol: _step("steps directly"), "call scaler.step(optimizer)"),
     ("amp_train_step", "amp_train_step", lambda sol: _step("fp16-rounded weights"), "rounded to fp16"),
     ("amp_train_step", "amp_train_step", lambda sol: _step("norm after clip"), "Yours is the norm after clipping"),
+    ("amp_train_step", "amp_train_step", lambda sol: _step("no zero_grad"), "zero the gradients at the start"),
+    ("amp_train_step", "amp_train_step", lambda sol: _step("own scaler"), "on the scaler you were given"),
+    ("amp_train_step", "amp_train_step", lambda sol: _step("no update"), "never called scaler.update()"),
     ("kahan_sum", "kahan_sum", lambda sol: CHECKS.ref_naive_sum, "Yours matches naive left-to-right summation"),
     ("kahan_sum", "kahan_sum", lambda sol: lambda x: x.float().sum(1).to(x.dtype), "a cast (.float(), .double()"),
     ("kahan_sum", "kahan_sum", lambda sol: lambda x: x.sum(1), "torch.sum"),

@@ -12,10 +12,10 @@ import math
 
 import torch
 
-from gpulab.launches import record_torch_ops, watch_launches
+from gpulab.launches import record_allocations, record_torch_ops, watch_launches
 from gpulab.precision import FORMATS, overflows, replay_scaler
 from gpulab.toy import ToyMLP, toy_batch
-from grader.exercise import Case, Exercise, entry, to_cpu
+from grader.exercise import Case, Exercise, borrowed, entry, to_cpu
 from grader.kit.cases import choice, randint, uniform
 from grader.kit.close import close
 from grader.kit.variants import diagnose
@@ -41,6 +41,9 @@ def _number(x):
 # --- exercise 1: format limits from the bit layout ---------------------------------------------------
 
 LIMITS = ("max", "min_normal", "min_subnormal", "eps")
+# (exponent, mantissa) bits of the named formats: torch's float dtypes (e4m3fnuz and e5m2fnuz share e4m3fn's and
+# e5m2's) and tf32. The drawn hidden formats avoid them: a torch.finfo lookup or a typed-in table must fail there.
+_KNOWN_LAYOUTS = {(f.exp_bits, f.mantissa_bits) for f in FORMATS.values()}
 
 
 def ref_format_limits(exp_bits: int, mantissa_bits: int, finite_only: bool = False, *, variant: str = "") -> dict:
@@ -85,11 +88,18 @@ def _limits_cases(gen, public):
         f = FORMATS[name]
         return case(rule, f.exp_bits, f.mantissa_bits, f.finite_only, f"{name} (e{f.exp_bits}m{f.mantissa_bits})")
 
+    def unknown(e_range, m_range):
+        """(e, m) of no named format: only the bit layout gives its limits."""
+        while True:
+            e, m = randint(gen, *e_range), randint(gen, *m_range)
+            if (e, m) not in _KNOWN_LAYOUTS:
+                return e, m
+
     if public:
         return [named("", n) for n in ("fp32", "fp16", "bf16", "tf32", "fp8 e5m2", "fp8 e4m3fn")]
     return [named("fp16", "fp16"), named("bf16", "bf16"), named("fp8 e4m3fn (finite only)", "fp8 e4m3fn"),
-            case("an IEEE-style format", randint(gen, 3, 8), randint(gen, 1, 12)),
-            case("a finite-only format", randint(gen, 3, 6), randint(gen, 2, 5), True)]
+            case("an IEEE-style format", *unknown((3, 8), (1, 12))),
+            case("a finite-only format", *unknown((3, 6), (2, 5)), True)]
 
 
 def _fields(got, keys) -> dict:
@@ -147,12 +157,13 @@ def ref_cast_report(x: torch.Tensor, dtype: torch.dtype, scale: float = 1.0, *, 
     scaled = x * scale
     nonzero = x != 0
     n = x.numel() if variant == "all elements" else int(nonzero.sum())
-    tiny = torch.finfo(dtype).tiny
+    tiny = torch.finfo(torch.float32 if variant == "float32 tiny" else dtype).tiny
     zero = (scaled.abs() < tiny) if variant == "below min normal" else (y == 0)
     if not n:
         return dict.fromkeys(REPORT, 0.0)
+    kept = nonzero if variant == "zeros subnormal" else (y != 0)
     return {"underflow": int((zero & nonzero).sum()) / n,
-            "subnormal": int(((y != 0) & (y.abs() < tiny) & torch.isfinite(y)).sum()) / n,
+            "subnormal": int((kept & (y.abs() < tiny) & torch.isfinite(y)).sum()) / n,
             "overflow": int((~torch.isfinite(y) & nonzero).sum()) / n}
 
 
@@ -163,6 +174,8 @@ _REPORT_VARIANTS = [
     ("all elements", "fractions of all the elements; count over the nonzero ones (a zero cannot underflow)"),
     ("below min normal", "everything below min normal counted as underflow; subnormals are not 0, count only "
                          "values the cast turns into 0"),
+    ("zeros subnormal", "the values flushed to 0 counted as subnormal too: a subnormal is nonzero (0 < |y| < tiny)"),
+    ("float32 tiny", "float32's smallest normal (1.2e-38): use torch.finfo(dtype).tiny of the target dtype"),
 ]
 
 
@@ -195,11 +208,16 @@ def _report_cases(gen, public):
 
 def _report_run(ns, case, device):
     x = case.inputs
-    return _fields(entry(ns, "cast_report")(x["x"].to(device), _DTYPES[x["dtype"]], x["scale"]), REPORT)
+    grads = x["x"].to(device).clone()  # the learner's own copy: an in-place scale must show
+    got = _fields(entry(ns, "cast_report")(grads, _DTYPES[x["dtype"]], x["scale"]), REPORT)
+    return {**got, "mutated": not torch.equal(grads.cpu(), x["x"])}
 
 
 def _report_judge(case, obs):
     x, dtype = case.inputs["x"], _DTYPES[case.inputs["dtype"]]
+    if obs.pop("mutated", False):
+        return ("cast_report changed its input x in place (x *= scale, x.mul_): the caller's gradients must not "
+                "move. Scale a copy: y = (x.float() * scale).to(dtype).")
     variants = [(why, lambda v=v: ref_cast_report(x, dtype, case.inputs["scale"], variant=v))
                 for v, why in _REPORT_VARIANTS]
     return _judge_fields("cast_report", obs, ref_cast_report(x, dtype, case.inputs["scale"]), variants, whole=True,
@@ -259,11 +277,30 @@ def _scaler_cases(gen, public):
             case("unscale_() before step()", _stream(gen, 8, {t: "inf"}), 2.0 ** 12, 2, unscale_first=True)]
 
 
+# GradScaler's own kernels: the unscale-and-check and the update rule the exercise writes
+_GRADSCALER_OPS = {"aten._amp_foreach_non_finite_check_and_unscale_", "aten._amp_update_scale_"}
+
+
+def _borrowed_scaler(scaler, ops: list) -> str | None:
+    """What of GradScaler (or of a course helper) a learner's scaler is, holds or runs, if anything."""
+    if isinstance(scaler, torch.amp.GradScaler):
+        return f"a torch.amp.GradScaler ({type(scaler).__name__})"
+    held = [name for name, v in vars(scaler).items() if isinstance(v, torch.amp.GradScaler)]
+    if held:
+        return f"a wrapper around a torch.amp.GradScaler (self.{held[0]})"
+    used = sorted(_GRADSCALER_OPS.intersection(ops))
+    if used:
+        return f"built on GradScaler's kernels ({', '.join(used)})"
+    return borrowed(type(scaler))
+
+
 def _scaler_run(ns, case, device):
     x = case.inputs
     scaler = entry(ns, "LossScaler")(init_scale=x["init_scale"], growth_factor=x["growth"],
                                      backoff_factor=x["backoff"], growth_interval=x["interval"])
-    return replay_scaler(scaler, list(x["grads"]), device=device, unscale_first=x["unscale_first"])
+    with watch_launches(check_bounds=False) as watch, record_torch_ops(watch) as ops:
+        out = replay_scaler(scaler, list(x["grads"]), device=device, unscale_first=x["unscale_first"])
+    return {**out, "borrowed": _borrowed_scaler(scaler, ops)}
 
 
 def ref_scales(grads, init_scale, interval, growth=2.0, backoff=0.5, *, variant: str = "") -> list:
@@ -294,6 +331,10 @@ _SCALE_VARIANTS = [
 
 def _scaler_judge(case, obs):
     x = case.inputs
+    if obs["borrowed"]:
+        return (f"your LossScaler is {obs['borrowed']}: the exercise is the scaler written from scratch (the check "
+                "compares it with GradScaler, so GradScaler itself proves nothing). Keep the scale, the clean-step "
+                "count and found_inf yourself, with plain tensor operations.")
     grads = list(x["grads"])
     ref = replay_scaler(torch.amp.GradScaler("cpu", init_scale=x["init_scale"], growth_factor=x["growth"],
                                              backoff_factor=x["backoff"], growth_interval=x["interval"]),
@@ -349,8 +390,10 @@ D_IN, HIDDEN, D_OUT, BATCH = 16, (32, 32), 4, 32
 
 
 def ref_amp_step(model, optimizer, scaler, x, y, dtype, max_norm, *, variant: str = ""):
-    """The reference step; ``variant`` "clip scaled": clipping before unscale_ (the classic mistake)."""
-    optimizer.zero_grad(set_to_none=True)
+    """The reference step; ``variant`` "clip scaled": clipping before unscale_ (the classic mistake); "no zero_grad":
+    gradients accumulated across steps."""
+    if variant != "no zero_grad":
+        optimizer.zero_grad(set_to_none=True)
     with torch.autocast(device_type=x.device.type, dtype=dtype):
         loss = torch.nn.functional.mse_loss(model(x), y)
     scaler.scale(loss).backward()
@@ -416,6 +459,10 @@ def _record_steps(step_fn, case, device) -> dict:
             if "unscale FP16 gradients" not in str(exc):
                 raise
             return {"fp16_grads": True}
+        except RuntimeError as exc:  # GradScaler's: the previous step's state was never cleared by update()
+            if "unscale_() is being called after step()" not in str(exc):
+                raise
+            return {"no_update": True}
         if not isinstance(ret, (tuple, list)) or len(ret) != 2:
             return {"bad": type(ret).__name__}
         out["returned"].append([_number(v) for v in ret])
@@ -435,6 +482,9 @@ def _train_judge(case, obs):
     x = case.inputs
     if "bad" in obs:
         return f"amp_train_step returned a {obs['bad']}; return the pair (loss, grad_norm) as floats."
+    if "no_update" in obs:
+        return ("GradScaler refused to unscale: the previous step never called scaler.update(). Call it at the end "
+                "of every step, after scaler.step(optimizer): it adjusts the scale and clears the step's state.")
     if "fp16_grads" in obs:
         return ("GradScaler refused to unscale float16 gradients: your weights are float16, and the master weights "
                 "must stay float32. Do not convert the model (model.half()); run the forward under torch.autocast "
@@ -458,7 +508,8 @@ def _train_judge(case, obs):
             if not ref["stepped"][t]:
                 scale = ref["scale"][t - 1] if t else x["init_scale"]
                 return (f"step {t} overflowed (inf/NaN in the fp16 gradients at scale {scale:g}) but optimizer.step "
-                        "ran: call scaler.step(optimizer), which skips such steps.")
+                        "ran: call scaler.step(optimizer) on the scaler you were given (a new GradScaler has a "
+                        "scale of its own), which skips such steps.")
             return f"step {t} has finite gradients but optimizer.step did not run: call scaler.step(optimizer)."
         (loss, norm), (want_loss, want_norm) = obs["returned"][t], ref["returned"][t]
         if loss is None or not close(loss, want_loss, rel=1e-2):
@@ -472,6 +523,10 @@ def _train_judge(case, obs):
                        "clip_grad_norm_, or the clip threshold is compared with gradients `scale` times too big.")
             elif norm is not None and close(norm, min(want_norm, x["max_norm"]), rel=1e-2):
                 why = "\n  Yours is the norm after clipping: return what clip_grad_norm_ returns (the norm before)."
+            elif norm is not None and close(norm, _record_steps(lambda *a: ref_amp_step(*a, variant="no zero_grad"),
+                                                                case, device)["returned"][t][1], rel=1e-2):
+                why = ("\n  Yours is the norm of gradients summed over the steps: zero the gradients at the start of "
+                       "each step (optimizer.zero_grad(set_to_none=True)).")
             return f"step {t}: grad_norm {norm!r}, expected {want_norm:.6g} (unscaled, before clipping).{why}"
         prev = ref["params"][t - 1] if t else ref["init"]
         bad = _params_differ(obs["params"][t], ref["params"][t], prev)
@@ -531,11 +586,14 @@ def kahan_tolerance(x: torch.Tensor) -> torch.Tensor:
     return ref_ulp(x.double().sum(1), x.dtype) + 2 * u * x.double().abs().sum(1)
 
 
-def ref_naive_sum(x: torch.Tensor) -> torch.Tensor:
-    """Left to right in x.dtype, no compensation (the mistake)."""
-    s = torch.zeros(x.shape[0], dtype=x.dtype)
+def ref_naive_sum(x: torch.Tensor, compensation_sign: int = 0) -> torch.Tensor:
+    """Left to right in x.dtype, no compensation (the mistake); ``compensation_sign=1``: Kahan with the
+    compensation added to the next term instead of subtracted (the other mistake)."""
+    s = c = torch.zeros(x.shape[0], dtype=x.dtype)
     for j in range(x.shape[1]):
-        s = s + x[:, j]
+        y = x[:, j] + c if compensation_sign else x[:, j]
+        t = s + y
+        c, s = (t - s) - y, t
     return s
 
 
@@ -562,10 +620,11 @@ def _kahan_cases(gen, public):
 def _kahan_run(ns, case, device):
     x = case.inputs["x"].to(device)
     fn = entry(ns, "kahan_sum")
-    with watch_launches(check_bounds=False) as watch, record_torch_ops(watch) as ops:
+    with watch_launches(check_bounds=False) as watch, record_torch_ops(watch) as ops, record_allocations() as made:
         got = fn(x)
     forbidden = sorted({op for op in ops if op in _FORBIDDEN})
-    return {"out": to_cpu(got) if isinstance(got, torch.Tensor) else repr(got)[:80], "forbidden": forbidden}
+    return {"out": to_cpu(got) if isinstance(got, torch.Tensor) else repr(got)[:80], "forbidden": forbidden,
+            "dtypes": sorted(made.dtypes - {str(x.dtype)})}
 
 
 def _kahan_judge(case, obs):
@@ -574,6 +633,10 @@ def _kahan_judge(case, obs):
         used = ", ".join(_FORBIDDEN.get(op, op) for op in obs["forbidden"])
         return (f"kahan_sum used {used}: keep every operation in {x.dtype} (elementwise +, - on columns). The "
                 "point is that the compensation recovers the accuracy without a wider accumulator.")
+    if obs.get("dtypes"):
+        return (f"kahan_sum made {', '.join(obs['dtypes'])} tensors: a wider accumulator (torch.zeros(..., "
+                f"dtype=torch.float32), or type promotion when a float32 tensor meets {x.dtype} columns). Keep "
+                f"every tensor in {x.dtype}: the compensation, not a wider type, recovers the accuracy.")
     got = obs["out"]
     if not isinstance(got, torch.Tensor) or got.shape != (x.shape[0],) or got.dtype != x.dtype:
         what = f"{tuple(got.shape)} {got.dtype}" if isinstance(got, torch.Tensor) else got
@@ -589,7 +652,9 @@ def _kahan_judge(case, obs):
            "plus 2u sum|x|).")
     naive = ("naive left-to-right summation: carry the compensation c (the low-order bits each addition lost, "
              "c = (t - s) - y) and subtract it from the next term", lambda: ref_naive_sum(x))
-    return diagnose(msg, got, [naive], torch.equal, "\n  Yours matches {}.")
+    flipped = ("Kahan with the compensation added to the next term: c = (t - s) - y is the error negated, so "
+               "y = x_j - c", lambda: ref_naive_sum(x, compensation_sign=1))
+    return diagnose(msg, got, [naive, flipped], torch.equal, "\n  Yours matches {}.")
 
 
 KAHAN = Exercise("kahan_sum", 2, ("kahan_sum",), _kahan_cases, _kahan_run, _kahan_judge,
