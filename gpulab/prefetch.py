@@ -74,13 +74,19 @@ class RecordingTransfers:
     ``("step", i, ready, source)``: ``i`` the step's number, ``source`` the batch index its input
     was copied from (``None`` for a tensor that is no device copy), ``ready`` whether a wait on the
     copy's stream came after the copy was issued (on a GPU, reading it earlier is a race).
+    A pinned buffer written in place (``buf.copy_(batch)``) after a copy from it was issued, with no
+    ``synchronize()`` since, logs ``("overwrite", j, i)`` when it is copied again, for batch ``i``:
+    the copy of batch ``j`` may still be reading it (a race on a GPU); its batch is then found by
+    content.
     """
 
     def __init__(self, batches: list):
         self.copy_stream = RecordedStream("copy")
         self.log: list[tuple] = []
+        self._batches = list(batches)
         self._host = {id(b): i for i, b in enumerate(batches)}   # host tensor -> batch index
         self._pinned: dict[int, int] = {}                         # pinned copy -> batch index
+        self._in_flight: dict[int, tuple] = {}                    # pinned copy -> (its version, batch) when copied
         self._device: dict[int, tuple] = {}                       # device copy -> (batch index, log position)
         self._keep: list = []                                     # keeps ids unique while the loop runs
         self._steps = 0
@@ -101,6 +107,14 @@ class RecordingTransfers:
     def to_device(self, t: torch.Tensor, *, non_blocking: bool = False, stream=None) -> torch.Tensor:
         out = t.clone()
         index, pinned = self._batch_of(t)
+        if pinned and id(t) in self._in_flight:   # a pinned buffer copied before: reused
+            version, earlier = self._in_flight[id(t)]
+            if t._version != version:             # rewritten since: which batch it holds now, by content
+                index = next((i for i, b in enumerate(self._batches) if b.shape == t.shape and torch.equal(b, t)),
+                             None)
+                self.log.append(("overwrite", earlier, index))
+        if pinned:
+            self._in_flight[id(t)] = (t._version, index)
         name = stream.name if isinstance(stream, RecordedStream) else ("current" if stream is None else repr(stream))
         self._device[id(out)] = (index, len(self.log), name)
         self._keep.append(out)
@@ -108,9 +122,14 @@ class RecordingTransfers:
         return out
 
     def wait(self, stream) -> None:
-        self.log.append(("wait", stream.name if isinstance(stream, RecordedStream) else repr(stream)))
+        if isinstance(stream, RecordedStream):
+            name = stream.name
+        else:
+            name = "None" if stream is None else type(stream).__name__
+        self.log.append(("wait", name))
 
     def synchronize(self) -> None:
+        self._in_flight.clear()   # every copy issued so far has finished
         self.log.append(("sync",))
 
     def step(self, compute):

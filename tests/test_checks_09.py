@@ -3,7 +3,10 @@ with a message that names them: a sparsity off by one (int() truncation, `<=` or
 magnitude when magnitudes tie), per-layer and global confused, signed values ranked; rows zeroed instead of
 removed, the next layer not shrunk or shrunk with the wrong columns; N:M groups along the wrong dim or per
 row; pruned weights resurrected by the optimizer's state; a distillation loss without T^2, with the KL
-swapped, the temperature on one side, the wrong reduction or a teacher that receives gradients."""
+swapped, the temperature on one side, the wrong reduction or a teacher that receives gradients. Also: a quantile
+threshold, exactly k pruned but not the smallest; fc1's rows and fc2's columns in different orders, L1 or max
+norms, float64 layers; reduction='sum', T instead of T^2, log-probabilities without log_target=True, probabilities
+as kl_div's input, the soft cross-entropy for the KL, nll_loss on raw logits, a float64 loss."""
 import pytest
 import torch
 import torch.nn as nn
@@ -75,6 +78,13 @@ def _masks(bug: str = ""):
     """The solution's magnitude_masks with one plausible bug."""
     def ranked_together(weights, sparsity):
         mags = torch.cat([(w if bug == "signed" else w.abs()).flatten() for w in weights])
+        if bug == "quantile":  # BUG: a threshold at the sparsity quantile, ties all pruned
+            return _split(mags > torch.quantile(mags, sparsity), weights)
+        if bug == "ties to the largest":  # BUG: exactly k, but the shortfall below the tie taken from the largest
+            k = round(sparsity * mags.numel())
+            keep = mags >= (mags.kthvalue(k).values if k else -1)
+            keep[mags.argsort(descending=True)[:k - int((~keep).sum())]] = False
+            return _split(keep, weights)
         k = {"int": int(sparsity * mags.numel()), "plus one": round(sparsity * mags.numel()) + 1}.get(
             bug, round(sparsity * mags.numel()))
         if bug in ("<=", "<") and k:
@@ -98,13 +108,21 @@ def _masks(bug: str = ""):
     return magnitude_masks
 
 
+def _split(keep, weights):
+    """A flat mask (n,) split back into one per weight."""
+    return [p.view(w.shape) for p, w in zip(keep.split([w.numel() for w in weights]), weights)]
+
+
 # --- structured pruning ------------------------------------------------------------------------------
 
 def _prune_units(bug: str = ""):
     """The solution's prune_hidden_units with one plausible bug."""
     def prune_hidden_units(fc1, fc2, keep):
-        norms = (fc2.weight.norm(dim=0) if bug == "fc2 norms" else fc1.weight.norm(dim=1)).detach()
-        idx = (-norms if bug == "smallest" else norms).topk(keep).indices
+        p = {"L1": 1, "max": float("inf")}.get(bug, 2)
+        norms = (fc2.weight.norm(dim=0) if bug == "fc2 norms" else fc1.weight.norm(p=p, dim=1)).detach()
+        idx = (-norms if bug == "smallest" else norms).topk(keep).indices   # topk's order: any order of units passes
+        if bug == "reversed":  # not a bug: the units in another order, the same order for both layers
+            idx = idx.flip(0)
         if bug == "zeroed":
             new1, new2 = nn.Linear(fc1.in_features, fc1.out_features), nn.Linear(fc2.in_features, fc2.out_features)
             mask = torch.zeros(fc1.out_features, 1)
@@ -123,12 +141,14 @@ def _prune_units(bug: str = ""):
                 new1.bias.copy_(fc1.bias[idx])
         if bug == "fc2 kept":
             return new1, fc2
-        cols = torch.arange(keep) if bug == "first columns" else idx
+        cols = {"first columns": torch.arange(keep), "columns sorted": idx.sort().values}.get(bug, idx)
         new2 = nn.Linear(keep, fc2.out_features, bias=fc2.bias is not None)
         with torch.no_grad():
             new2.weight.copy_(fc2.weight[:, cols])
             if fc2.bias is not None:
                 new2.bias.copy_(fc2.bias)
+        if bug == "float64":
+            return new1.double(), new2.double()
         if bug == "in place":
             with torch.no_grad():
                 fc1.weight.zero_()
@@ -204,12 +224,20 @@ def _distill(bug: str = ""):
             log_t = F.log_softmax(t_ / (1.0 if bug == "student only" else T), -1)
         if bug == "swapped":
             log_s, log_t = log_t, log_s
-        soft = F.kl_div(log_s, log_t, reduction="mean" if bug == "mean" else "batchmean", log_target=True)
-        scale = 1.0 if bug == "no T2" else T * T
-        hard = F.cross_entropy(s / T if bug == "soft ce" else s, y)
+        reduction = {"mean": "mean", "sum": "sum"}.get(bug, "batchmean")
+        if bug == "no log_target":   # BUG: log-probabilities read as probabilities
+            soft = F.kl_div(log_s, log_t, reduction=reduction)
+        elif bug == "probabilities in":
+            soft = F.kl_div(log_s.exp(), log_t.exp(), reduction=reduction)
+        elif bug == "cross-entropy":  # BUG: -sum p_t log p_s, the KL plus the teacher's entropy
+            soft = -(log_t.exp() * log_s).sum(-1).mean()
+        else:
+            soft = F.kl_div(log_s, log_t, reduction=reduction, log_target=True)
+        scale = {"no T2": 1.0, "T": T}.get(bug, T * T)
+        hard = F.nll_loss(s, y) if bug == "nll" else F.cross_entropy(s / T if bug == "soft ce" else s, y)
         a, b = (1 - alpha, alpha) if bug == "alpha" else (alpha, 1 - alpha)
         loss = a * scale * soft + b * hard
-        return loss.item() if bug == "item" else loss
+        return loss.item() if bug == "item" else loss.double() if bug == "float64" else loss
     return distillation_loss
 
 
@@ -227,6 +255,8 @@ WRONG = [  # (exercise, the solution with one bug, the bug, what the message mus
     ("magnitude_prune", _masks, "signed", "rank by w.abs(), not w"),
     ("magnitude_prune", _masks, "float", "return torch.bool masks"),
     ("magnitude_prune", _masks, "in place", "the weights were modified"),
+    ("magnitude_prune", _masks, "quantile", "you pruned all of them (|w| <= threshold)"),
+    ("magnitude_prune", _masks, "ties to the largest", "prune the smallest magnitudes |w|"),
     ("structured_prune", _prune_units, "zeroed", "zeroing rows keeps the dense shape"),
     ("structured_prune", _prune_units, "fc2 kept", "the next layer loses the input columns of the removed units"),
     ("structured_prune", _prune_units, "first columns", "matches the right fc1 rows with fc2's first `keep` columns"),
@@ -234,6 +264,9 @@ WRONG = [  # (exercise, the solution with one bug, the bug, what the message mus
     ("structured_prune", _prune_units, "fc2 norms", "matches units ranked by fc2's column norms"),
     ("structured_prune", _prune_units, "bias", "new_fc2(relu(new_fc1(x)))"),
     ("structured_prune", _prune_units, "in place", "fc1 or fc2 was modified"),
+    ("structured_prune", _prune_units, "columns sorted", "fc1's rows and fc2's columns in different orders"),
+    ("structured_prune", _prune_units, "L1", "units ranked by the L1 norm of fc1's rows"),
+    ("structured_prune", _prune_units, "float64", "new_fc1 holds torch.float64 weights"),
     ("nm_sparsity", _nm, "output dim", "Your mask is 2:4 along the output dim"),
     ("nm_sparsity", _nm, "per row", "not 2 per group: rank inside each group"),
     ("nm_sparsity", _nm, "no check", "Check it first and raise a ValueError"),
@@ -255,6 +288,13 @@ WRONG = [  # (exercise, the solution with one bug, the bug, what the message mus
     ("distillation_loss", _distill, "no detach", "the teacher's logits received a gradient"),
     ("distillation_loss", _distill, "log softmax", "use F.log_softmax"),
     ("distillation_loss", _distill, "item", "return the loss as a scalar tensor"),
+    ("distillation_loss", _distill, "sum", "matches the KL summed over the batch (reduction='sum')"),
+    ("distillation_loss", _distill, "T", "matches the soft term times T, not T^2"),
+    ("distillation_loss", _distill, "no log_target", "needs log_target=True"),
+    ("distillation_loss", _distill, "probabilities in", "its input must be log-probabilities"),
+    ("distillation_loss", _distill, "cross-entropy", "matches the soft cross-entropy -sum p_t log p_s"),
+    ("distillation_loss", _distill, "nll", "matches F.nll_loss on raw logits"),
+    ("distillation_loss", _distill, "float64", "the loss is torch.float64, the logits torch.float32"),
 ]
 
 
@@ -269,6 +309,17 @@ def test_a_wrong_answer_is_named(sol09, eid, answer, bug, says):
                                          ("distillation_loss", _distill)])
 def test_the_test_answers_without_their_bug_pass(sol09, eid, answer):
     assert _public(eid, with_answer(sol09, **{ENTRY[eid]: answer()})).status == "passed"
+
+
+def test_units_ranked_by_their_largest_weight_are_named_on_the_hidden_cases(sol09):
+    r = grade(STEM, "structured_prune", with_answer(sol09, prune_hidden_units=_prune_units("max")))
+    assert r.status == "failed" and "units ranked by the largest |w| of fc1's rows" in r.message, r.message
+
+
+def test_kept_units_in_any_order_pass_when_both_layers_use_it(sol09):
+    """A hidden layer's units are a set: permuting fc1's rows and fc2's columns alike computes the same function,
+    so the check compares outputs, not the order of the kept indices (sorted, topk's order or reversed)."""
+    assert _public("structured_prune", with_answer(sol09, prune_hidden_units=_prune_units("reversed"))).score == 3
 
 
 # --- answers that compute nothing earn nothing; every rule in every hidden set -------------------------

@@ -5,7 +5,13 @@ stream kept whole; a kernel with the wrong tie rule or an unmasked load; k-means
 roofline's factor 2 and distance traffic; recall computed as precision or with the wrong denominator; IVF probing
 the wrong lists; histogram bins off by one at the edges, counts for hessians; splits without lambda, with the wrong
 hessian sum or one bin early; a pipeline that copies after compute, synchronises every step, blocks, skips pinning,
-the copy stream or the wait, or waits too late."""
+the copy stream or the wait, or waits too late.
+Also: a kernel doing a share of the top-k (a copy, one row) next to PyTorch sorting, too few programs, a zero
+padding, rows assumed contiguous; a pipeline waiting on the wrong stream, pinning twice, or rewriting a pinned
+buffer a copy may still read. Pinning every batch before the loop is allowed (each batch pinned once). And: a heap
+that holds the whole stream, float64 values, exact keys that rank -0.0 below 0.0, the (N, K, D) differences,
+recall against every column of truth or as a percentage, an exhaustive IVF search or int32 ids, splits without the
+parent's score or with the last of equal gains."""
 import heapq
 
 import pytest
@@ -62,6 +68,9 @@ def test_the_reference_top_k_orders_ties_by_index():
 
 def _heap(bug):
     def heap_topk(chunks, k):
+        if bug == "whole":  # BUG: every value in a list, sorted once
+            values = [v for chunk in chunks for v in chunk.tolist()]
+            return sorted(((v, i) for i, v in enumerate(values)), key=lambda p: (-p[0], p[1]))[:k]
         heap, offset = [], 0
         for chunk in chunks:
             for j, v in enumerate(chunk.tolist()):
@@ -81,6 +90,7 @@ def _heap(bug):
     ("ties", "the higher index winning ties"),
     ("local", "they are counted inside each chunk"),
     ("ascending", "the pairs smallest first"),
+    ("whole", "heap_topk held the stream (15000 values), not a heap of k = 5 entries"),
 ])
 def test_a_wrong_heap_is_named(sol15, bug, says):
     r = public(STEM, "heap_topk", with_answer(sol15, heap_topk=_heap(bug)))
@@ -103,13 +113,18 @@ def _streaming(bug, sol):
             if best_v is not None:
                 chunk, idx = torch.cat([best_v, chunk], 1), torch.cat([best_i, idx], 1)
             kk = min(k, chunk.shape[1])
-            if bug == "topk":  # BUG: torch.topk on the values, ties in any order
+            if bug == "signed zeros":  # BUG: the exact keys without + 0.0: -0.0 ranks below 0.0
+                bits = chunk.view(torch.int32)
+                keys = (torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long() << 32) | (0xFFFFFFFF - idx)
+                pos = keys.topk(kk, dim=1).indices
+                best_v, best_i = chunk.gather(1, pos), idx.gather(1, pos)
+            elif bug == "topk":  # BUG: torch.topk on the values, ties in any order
                 best_v, pos = torch.topk(chunk, kk, dim=1)
                 best_i = idx.gather(1, pos)
             else:
                 best_v, best_i = sol["exact_topk"](chunk, idx, kk)
             offset += c
-        return best_v, best_i
+        return (best_v.double() if bug == "float64" else best_v), best_i
     return streaming_topk
 
 
@@ -117,6 +132,8 @@ def _streaming(bug, sol):
     ("topk", "torch.topk does not promise which of equal values"),
     ("local", "counted inside each chunk"),
     ("whole", "kept 1 chunk(s) alive"),
+    ("float64", "values must be torch.float32 like the input, got torch.float64"),
+    ("signed zeros", "the indices differ among equal values"),
 ])
 def test_a_wrong_streaming_top_k_is_named(sol15, bug, says):
     r = public(STEM, "streaming_topk", with_answer(sol15, streaming_topk=_streaming(bug, sol15)))
@@ -143,6 +160,8 @@ def _topk_kernel_bug(x_ptr, val_ptr, idx_ptr, n_cols, stride_x, stride_v, stride
     if BUG == 2:  # BUG: no mask on the load
         x = tl.load(x_ptr + row * stride_x + cols)
         x = tl.where(cols < n_cols, x, float("-inf"))
+    elif BUG == 3:  # BUG: the padding is 0, larger than negative values
+        x = tl.load(x_ptr + row * stride_x + cols, mask=cols < n_cols, other=0.0)
     else:
         x = tl.load(x_ptr + row * stride_x + cols, mask=cols < n_cols, other=float("-inf"))
     for j in tl.static_range(K):
@@ -183,6 +202,65 @@ def test_an_unmasked_load_is_caught_on_a_ragged_width(sol15):
     assert "outside" in r.message or "out of bounds" in r.message or "past" in r.message, r.message
 
 
+@triton.jit
+def _copy_rows_kernel(x_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    tl.store(y_ptr + row * stride_y + cols, tl.load(x_ptr + row * stride_x + cols, mask=cols < n_cols),
+             mask=cols < n_cols)
+
+
+def _torch_finishes(share):
+    """A wrapper whose kernel does a share of the work (a copy, the first row, the top-1) and PyTorch the rest."""
+    def topk_rows(x, k, values=None, indices=None):
+        r, n = x.shape
+        if share == "copy":  # the kernel copies x to scratch, a stable sort finds the top k
+            scratch = torch.empty(r, n)
+            _copy_rows_kernel[(r,)](x, scratch, n, x.stride(0), scratch.stride(0), BLOCK_N=triton.next_power_of_2(n))
+            order = torch.sort(scratch, dim=1, descending=True, stable=True).indices[:, :k]
+            values.copy_(scratch.gather(1, order))
+            indices.copy_(order)
+            return values, indices
+        _topk_rows(0)(x[:1], k, values[:1], indices[:1])          # "first row": the kernel does row 0 only
+        if share == "re-sorted":  # the kernel does every row, then torch.topk "tidies" its output
+            _topk_rows(0)(x, k, values, indices)
+            values.copy_(values.topk(k, dim=1).values)
+        else:
+            v, i = CHECKS.ref_topk(x[1:], k)
+            values[1:], indices[1:] = v, i
+        return values, indices
+    return topk_rows
+
+
+@pytest.mark.parametrize("share", ["copy", "first row", "re-sorted"])
+def test_a_kernel_doing_a_share_next_to_pytorch_earns_nothing(sol15, share):
+    r = public(STEM, "topk_kernel", with_answer(sol15, topk_rows=_torch_finishes(share)), 2)
+    assert r.score == 0 and "ran PyTorch operations outside your kernel" in r.message, r.message
+
+
+def test_a_grid_of_too_few_programs_is_named(sol15):
+    def topk_rows(x, k, values=None, indices=None):  # BUG: grid (R // 2,)
+        _topk_rows(0)(x[:max(x.shape[0] // 2, 1)], k, values, indices)
+        return values, indices
+    r = public(STEM, "topk_kernel", with_answer(sol15, topk_rows=topk_rows), 1)
+    assert r.status == "failed" and "were never written (still the poison)" in r.message, r.message
+
+
+def test_a_kernel_padding_with_zeros_and_one_assuming_contiguous_rows_are_named(sol15):
+    def padding(x, k, values=None, indices=None):  # BUG: other=0.0 beats negative values
+        return _topk_rows(3)(x, k, values, indices)
+
+    def contiguous(x, k, values=None, indices=None):  # BUG: rows assumed N apart
+        r, n = x.shape
+        _topk_kernel_bug[(r,)](x, values, indices, n, n, values.stride(0), indices.stride(0),
+                               K=k, BLOCK_N=triton.next_power_of_2(n), BUG=0)
+        return values, indices
+    r = grade(STEM, "topk_kernel", with_answer(sol15, topk_rows=padding))
+    assert failed_rules(r) == ["negative values"] and "padded with zeros" in _messages(r), _messages(r)
+    r = public(STEM, "topk_kernel", with_answer(sol15, topk_rows=contiguous))
+    assert [c.status for c in r.cases][-1] == "failed" and "pass x.stride(0)" in r.cases[-1].message, _messages(r)
+
+
 def test_pytorch_doing_the_top_k_earns_nothing(sol15):
     def topk_rows(x, k, values=None, indices=None):
         v, i = CHECKS.ref_topk(x, k)
@@ -197,6 +275,10 @@ def test_pytorch_doing_the_top_k_earns_nothing(sol15):
 
 def _assign(bug):
     def kmeans_assign(x, c):
+        if bug == "broadcast":  # BUG: the (N, K, D) differences, no matmul
+            d2 = ((x[:, None] - c[None]) ** 2).sum(-1)
+            labels = d2.argmin(1)
+            return labels, d2.gather(1, labels[:, None])[:, 0]
         xx, cc, cross = (x * x).sum(1, keepdim=True), (c * c).sum(1), x @ c.T
         d2 = {"sign": xx + 2 * cross + cc, "no c norm": xx - 2 * cross}.get(bug, xx - 2 * cross + cc)
         labels = d2.argmax(1) if bug == "argmax" else d2.argmin(1)
@@ -212,6 +294,7 @@ def _assign(bug):
     ("no c norm", "the ||c||^2 term is missing"),
     ("argmax", "argmax instead of argmin"),
     ("no x norm", "the distances without ||x||^2"),
+    ("broadcast", "kmeans_assign built a (40, 5, 3) tensor"),
 ])
 def test_a_wrong_assignment_is_named(sol15, bug, says):
     r = public(STEM, "kmeans_assign", with_answer(sol15, kmeans_assign=_assign(bug)))
@@ -290,6 +373,11 @@ def _recall(bug):
             return (top[:, :, None] == truth[:, None, :k]).any(-1).sum().item() / (q * k)
         if bug == "sum":
             return (truth[:, :k, None] == top[:, None, :]).any(-1).sum().item() / k
+        hits = (truth[:, :, None] == top[:, None, :]).any(-1)   # every column of truth (the "all truth" bug)
+        if bug == "all truth":
+            return hits.sum().item() / (q * k)
+        if bug == "percent":
+            return 100 * hits[:, :k].sum().item() / (q * k)
         raise AssertionError(bug)
     return recall_at_k
 
@@ -299,6 +387,8 @@ def _recall(bug):
     ("denominator m", "a denominator of the ids returned"),
     ("duplicates", "a repeated id counted twice"),
     ("sum", "the sum over queries"),
+    ("all truth", "hits against every column of truth"),
+    ("percent", "a percentage"),
 ])
 def test_a_wrong_recall_is_named(sol15, bug, says):
     r = grade(STEM, "recall_at_k", with_answer(sol15, recall_at_k=_recall(bug)))
@@ -310,9 +400,15 @@ def test_a_wrong_recall_is_named(sol15, bug, says):
     ({"probe": "one"}, "one list probed whatever nprobe is"),
     ({"ties": "higher"}, "ties going to the higher id"),
     ({"local": True}, "positions inside the lists"),
+    ({"exhaustive": True}, "every list probed (an exhaustive search)"),
+    ({"int32": True}, "ivf_search must return int64 ids"),
 ])
 def test_a_wrong_ivf_search_is_named(sol15, mistake, says):
     def ivf_search(x, centroids, lists, queries, k, nprobe):
+        if mistake.get("exhaustive"):
+            return CHECKS.ref_ivf(x, centroids, queries, k, len(lists))[1]
+        if mistake.get("int32"):
+            return CHECKS.ref_ivf(x, centroids, queries, k, nprobe)[1].int()
         return CHECKS.ref_ivf(x, centroids, queries, k, nprobe, **mistake)[1]
     r = grade(STEM, "ivf_search", with_answer(sol15, ivf_search=ivf_search))
     assert r.status == "failed" and says in r.message, r.message
@@ -359,9 +455,13 @@ def test_wrong_histograms_are_named(sol15, bug, says):
     ({"no_gamma": True}, "gains without subtracting gamma", "gamma"),
     ({"half": False}, "gains without the factor 1/2", "gamma"),
     ({"after": False}, "the split point one bin early", "many bins"),
+    ({"parent": False}, "gains without the parent's score", "gamma"),
+    ({"last": True}, "the last of equal gains", "equal features"),
 ])
 def test_a_wrong_split_is_named(sol15, mistake, says, rule):
     def best_split(G, H, lam, gamma):
+        if mistake.get("last"):
+            return tuple(CHECKS._best(CHECKS.ref_gains(G, H, lam, gamma), last=True))
         return tuple(CHECKS._best(CHECKS.ref_gains(G, H, lam, gamma, **mistake)))
     r = grade(STEM, "best_split", with_answer(sol15, best_split=best_split))
     assert r.status == "failed" and says in r.message, r.message
@@ -372,8 +472,18 @@ def test_a_wrong_split_is_named(sol15, mistake, says, rule):
 
 def _loop(bug):
     def prefetch_loop(batches, step, io):
+        pinned = [io.pin(b) for b in batches] if bug == "pinned first" else []   # allowed: each batch pinned once
+
         def fetch(i):
-            src = batches[i] if bug == "pageable" else io.pin(batches[i])
+            if bug == "pinned first":
+                src = pinned[i]
+            elif bug == "pinned twice":    # BUG: a pinned copy of a pinned copy
+                src = io.pin(io.pin(batches[i]))
+            elif bug == "reused buffers" and i >= 2:  # BUG: two pinned buffers rewritten while a copy may read them
+                src = pinned[i % 2].copy_(batches[i])
+            else:
+                src = batches[i] if bug == "pageable" else io.pin(batches[i])
+                pinned.append(src)
             return io.to_device(src, non_blocking=bug != "blocking",
                                 stream=None if bug == "default stream" else io.copy_stream)
 
@@ -391,7 +501,7 @@ def _loop(bug):
         nxt = fetch(0)
         for i in range(len(batches)):
             if bug not in ("no wait", "late wait"):
-                io.wait(io.copy_stream)
+                io.wait(None if bug == "wrong stream" else io.copy_stream)
             x = nxt
             if i + 1 < len(batches):
                 nxt = fetch(i + 1)
@@ -400,6 +510,8 @@ def _loop(bug):
             results.append(step(x))
             if bug == "sync":
                 io.synchronize()
+        if bug == "pinned first":
+            io.synchronize()             # once, after the last step: allowed
         return results
     return prefetch_loop
 
@@ -417,6 +529,17 @@ def _loop(bug):
 def test_a_wrong_pipeline_is_named(sol15, bug, says):
     r = public(STEM, "prefetch_loop", with_answer(sol15, prefetch_loop=_loop(bug)), 1)
     assert r.status == "failed" and says in r.message, r.message
+
+
+@pytest.mark.parametrize("bug, says", [
+    ("wrong stream", "Yours waited on None, not on the stream the copies were issued on"),
+    ("pinned twice", "batch 0 was pinned 2 times"),
+    ("reused buffers", "the pinned buffer batch 0 was copied from was overwritten (for batch 2)"),
+    ("pinned first", None),
+])
+def test_pinning_and_waiting_mistakes_are_named(sol15, bug, says):
+    r = public(STEM, "prefetch_loop", with_answer(sol15, prefetch_loop=_loop(bug)), 1)
+    assert (r.status == "passed") if says is None else (r.status == "failed" and says in r.message), r.message
 
 
 def test_a_pipeline_that_skips_a_batch_is_caught(sol15):

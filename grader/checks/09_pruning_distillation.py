@@ -1,14 +1,18 @@
-"""Checks of lab 09, pruning and distillation: magnitude masks, shrinking hidden units, N:M masks, training
-with masks, and the distillation loss.
+"""Checks of lab 09, pruning and distillation: magnitude masks, shrinking hidden units, N:M masks, training with masks,
+and the distillation loss.
 
-Beyond plain output equality (curriculum, lab 09 "C:"): the exact number of pruned weights (``round(s * n)``,
-with ties at the threshold, so ``<=`` and ``<`` against the k-th magnitude both miss it) in the right scope (global
-ranks every layer together, per-layer each alone; layers of different scales tell them apart); structured pruning
-that builds smaller ``nn.Linear`` layers, shrinks the next layer's input to match and computes what the masked model
-computes; N:M masks with exactly N kept in *every* group of M along the input dim; pruned weights that stay zero
-after each optimizer step, starting from an optimizer whose momentum / Adam moments predate the pruning; and a
+Beyond plain output equality (curriculum, lab 09 "C:"): the exact number of pruned weights (``round(s * n)``, with
+ties at the threshold, so ``<=`` and ``<`` against the k-th magnitude both miss it) in the right scope (global ranks
+every layer together, per-layer each alone; layers of different scales tell them apart); structured pruning that
+builds smaller ``nn.Linear`` layers, shrinks the next layer's input to match and computes what the masked model
+computes (the kept units in any order, as long as fc1's rows and fc2's columns share it: a layer's units are a set,
+so the output, not the index order, is compared; rows and columns in different orders, L1 or max norms and float64
+layers are named); N:M masks with exactly N kept in *every* group of M along the input dim; pruned weights that stay
+zero after each optimizer step, starting from an optimizer whose momentum / Adam moments predate the pruning; and a
 distillation loss with the T^2 factor, KL(teacher || student), the temperature on both sides and no gradient into
-the teacher. Hidden cases: one per rule on every seed, named ``"<rule>: details"``.
+the teacher, in the logits' dtype (a float64 loss is rejected; reduction='sum', T for T^2, log-probabilities without
+log_target=True, the soft cross-entropy and nll_loss on raw logits are named). Hidden cases: one per rule on every
+seed, named ``"<rule>: details"``.
 """
 from __future__ import annotations
 
@@ -280,6 +284,10 @@ def _structured_judge(case, obs):
                 "none stays none.")
     if not torch.equal(obs["orig"][0], i["w1"]) or not torch.equal(obs["orig"][1], i["w2"]):
         return "fc1 or fc2 was modified: build new layers and leave the originals unchanged."
+    wrong = next(((name, f["weight"].dtype) for name, f in (("new_fc1", f1), ("new_fc2", f2))
+                  if f["weight"].dtype != i["w1"].dtype), None)
+    if wrong:
+        return f"{wrong[0]} holds {wrong[1]} weights: keep the originals' dtype ({i['w1'].dtype})."
     if "y_error" in obs:
         return f"new_fc2(relu(new_fc1(x))) raised: {obs['y_error']}"
     want_idx = ref_keep_units(i["w1"], keep)
@@ -296,6 +304,13 @@ def _structured_judge(case, obs):
          lambda: ref_pruned_output(i, want_idx, i["x"], first)),
         ("the right fc1 rows with fc2's first `keep` columns (slice fc2's columns with the same indices)",
          lambda: ref_pruned_output(i, i["w1"].norm(dim=1).topk(keep).indices, i["x"], first)),  # topk's order
+        ("fc1's rows and fc2's columns in different orders (index both with the same idx: unit j of new_fc1 must "
+         "feed column j of new_fc2)", lambda: ref_pruned_output(i, i["w1"].norm(dim=1).topk(keep).indices, i["x"],
+                                                               want_idx)),
+        ("units ranked by the L1 norm of fc1's rows (sum |w|): rank by the L2 norm, .norm(dim=1)",
+         lambda: ref_pruned_output(i, ref_keep_units(i["w1"].abs().sum(-1, keepdim=True), keep), i["x"])),
+        ("units ranked by the largest |w| of fc1's rows: rank by the L2 norm, .norm(dim=1)",
+         lambda: ref_pruned_output(i, ref_keep_units(i["w1"].abs().amax(-1, keepdim=True), keep), i["x"])),
     ]
     return diagnose(report, obs["y"], variants, tensor_match(torch.float32))
 
@@ -521,24 +536,36 @@ MASKED_STEP = Exercise("masked_step", 3, ("masked_train_step",), _masked_cases, 
 
 # --- exercise 5: the distillation loss --------------------------------------------------------------
 
-def ref_distillation(s, t, y, T: float, alpha: float, *, t_squared: bool = True, swap: bool = False,
+def ref_distillation(s, t, y, T: float, alpha: float, *, t_power: int = 2, swap: bool = False,
                      on_student: bool = True, on_teacher: bool = True, reduction: str = "batchmean",
-                     alpha_swapped: bool = False, soft_ce: bool = False) -> torch.Tensor:
+                     alpha_swapped: bool = False, soft_ce: bool = False, probs_input: bool = False,
+                     cross_entropy: bool = False, nll_raw: bool = False) -> torch.Tensor:
     """alpha * T^2 * KL(softmax(t / T) || softmax(s / T)) (per sample, averaged over the batch)
     + (1 - alpha) * cross_entropy(s, y), in float64; the keyword flags build the usual mistakes."""
     s, t = s.double(), t.double()
     log_p_s = F.log_softmax(s / (T if on_student else 1.0), dim=-1)
     log_p_t = F.log_softmax(t / (T if on_teacher else 1.0), dim=-1)
     a, b = (log_p_s, log_p_t) if swap else (log_p_t, log_p_s)   # KL(exp(a) || exp(b))
-    kl = (a.exp() * (a - b)).sum(-1)                              # (B,)
-    soft = kl.mean() if reduction == "batchmean" else kl.sum() / s.numel()
-    hard = F.cross_entropy(s / T if soft_ce else s, y)
+    if probs_input:          # F.kl_div(softmax(s / T), ...): it treats its input as log-probabilities
+        b = b.exp()
+    kl = (a.exp() * ((0.0 if cross_entropy else a) - b)).sum(-1)  # (B,); cross_entropy: -sum p_t log p_s
+    soft = {"batchmean": kl.mean(), "sum": kl.sum()}.get(reduction, kl.sum() / s.numel())
+    hard = F.nll_loss(s, y) if nll_raw else F.cross_entropy(s / T if soft_ce else s, y)
     w_soft, w_hard = (1 - alpha, alpha) if alpha_swapped else (alpha, 1 - alpha)
-    return w_soft * (T * T if t_squared else 1.0) * soft + w_hard * hard
+    return w_soft * T ** t_power * soft + w_hard * hard
 
 
 _DISTILL_VARIANTS = [
-    ("the soft term without the T^2 factor (its gradients shrink as 1/T^2)", dict(t_squared=False)),
+    ("the soft term without the T^2 factor (its gradients shrink as 1/T^2)", dict(t_power=0)),
+    ("the soft term times T, not T^2", dict(t_power=1)),
+    ("the KL summed over the batch (reduction='sum'); use 'batchmean', the sum over classes averaged over the batch",
+     dict(reduction="sum")),
+    ("F.kl_div given the student's probabilities: its input must be log-probabilities (F.log_softmax)",
+     dict(probs_input=True)),
+    ("the soft cross-entropy -sum p_t log p_s: the KL subtracts the teacher's entropy, so it is 0 when the student "
+     "matches the teacher", dict(cross_entropy=True)),
+    ("F.nll_loss on raw logits: it expects log-probabilities; use F.cross_entropy(student_logits, labels)",
+     dict(nll_raw=True)),
     ("KL(student || teacher): the KL's arguments are swapped", dict(swap=True)),
     ("the temperature on the student's logits only", dict(on_teacher=False)),
     ("the temperature on the teacher's logits only", dict(on_student=False)),
@@ -605,9 +632,16 @@ def _distill_judge(case, obs):
     report = compare(loss.float(), want.detach().float(), atol=1e-5, rtol=1e-4, name="loss")
     if report:
         if bool(torch.isnan(loss)) or bool(torch.isinf(loss)):
+            log_probs = torch.cat([torch.softmax(v.float() / i["T"], -1).log() for v in (i["s"], i["t"])])
+            if bool(torch.isfinite(log_probs).all()):   # no overflow here: log-probabilities read as probabilities
+                return report + ("\n  F.kl_div(input, target) reads its target as probabilities: a target of "
+                                 "log-probabilities needs log_target=True (or pass softmax(teacher / T)).")
             return report + "\n  log(softmax(x)) overflows for large logits: use F.log_softmax."
         return diagnose(report, loss.float(), variants, tensor_match(torch.float32, atol=1e-5, rtol=1e-4),
                         template="\n  Your loss matches {} instead.")
+    if loss.dtype != i["s"].dtype:
+        return (f"the loss is {loss.dtype}, the logits {i['s'].dtype}: compute it in the logits' dtype (a float64 "
+                "loss in a float32 model runs at float64 speed, and a GPU has far fewer float64 units).")
     g = obs["grad_t"]
     if g is not None and bool((g != 0).any()):
         return ("the teacher's logits received a gradient: the teacher is frozen, so detach teacher_logits "

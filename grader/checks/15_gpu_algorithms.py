@@ -1,23 +1,29 @@
-"""Checks of lab 15, GPU algorithms beyond neural nets: streaming top-K (a heap, batched torch merges, a Triton
-kernel; exact on ties: the lower index wins, across chunk boundaries), k-means with distances as one matmul (equal to
-a reference assignment, ties to the lower centroid; Lloyd's iterations from a seeded start) and its roofline cost,
-recall@k, an IVF index built from the k-means, gradient-boosted trees' histograms and best split, and a prefetching
-loop's transfer contract (read from a recording of its calls, gpulab.prefetch). Wrong answers are named by the mistake
-they match. Hidden cases: one per rule (a case's name starts with its rule, before ':'), the same rules on every seed.
+"""Checks of lab 15, GPU algorithms beyond neural nets: streaming top-K (a heap of k entries, not the stream: Python's
+peak allocation on a long stream; batched torch merges; a Triton kernel that computes every row's top k itself, its
+wrapper running no PyTorch op but allocation and views, rows x.stride(0) apart; exact on ties: the lower index wins,
+across chunk boundaries, -0.0 equal to 0.0; values in the input's dtype), k-means with distances as one matmul (equal
+to a reference assignment, ties to the lower centroid, never the (N, K, D) differences; Lloyd's iterations from a
+seeded start) and its roofline cost, recall@k (true neighbours past the k-th ignored), an IVF index built from the
+k-means, gradient-boosted trees' histograms and best split, and a prefetching loop's transfer contract (read from a
+recording of its calls, gpulab.prefetch: each batch pinned once, before or in the loop; no pinned buffer rewritten
+while a copy may read it; the wait on the copy stream). Wrong answers are named by the mistake they match. Hidden
+cases: one per rule (a case's name starts with its rule, before ':'), the same rules on every seed.
 """
 from __future__ import annotations
 
+import tracemalloc
 import weakref
 
 import torch
 
 from gpulab.compare import compare, padded
+from gpulab.launches import record_allocations
 from gpulab.peaks import Peaks
 from gpulab.prefetch import RecordingTransfers
 from grader.exercise import Benchmark, Case, Exercise, entry, to_cpu
 from grader.kit.cases import choice, randint, randn, uniform
 from grader.kit.close import close
-from grader.kit.kernels import judge_kernel, observe_kernel
+from grader.kit.kernels import judge_kernel, observe_kernel, torch_ops_verdict, wrapper_torch_ops
 from grader.kit.variants import diagnose
 
 LAB = "15_gpu_algorithms"
@@ -51,10 +57,17 @@ def _tie_note(got_v, got_i, want_v, want_i) -> str | None:
 
 
 def _chunked_name(rule, sizes, k, extra=""):
+    sizes = f"{len(sizes)} x [{sizes[0]}]" if len(set(sizes)) == 1 and len(sizes) > 4 else sizes
     return f"{rule}{': ' if rule else ''}chunks of {sizes} columns, k={k}{extra}"
 
 
 # --- exercise 1: streaming top-K with a heap (CPU) -------------------------------------------------------------
+
+# What a heap of k entries and the chunk at hand may take in Python objects: a (value, index) pair with its two
+# numbers is under 200 bytes; the slack covers the interpreter's own allocations. A list of the whole stream needs
+# more than 10x that in the long cases.
+HEAP_BYTES, HEAP_SLACK = 200, 200_000
+
 
 def _heap_cases(gen, public):
     def case(rule, sizes, k, values):
@@ -62,19 +75,43 @@ def _heap_cases(gen, public):
 
     if public:
         return [case("", [5, 5, 5], 4, _ints(gen, 15, hi=2)), case("", [3, 4, 2, 6], 6, _ints(gen, 15, hi=3)),
-                case("", [8], 3, randn(gen, 8)), case("", [4, 4], 8, _ints(gen, 8, lo=-2, hi=1))]
+                case("", [8], 3, randn(gen, 8)), case("", [4, 4], 8, _ints(gen, 8, lo=-2, hi=1)),
+                case("", [500] * 30, 5, randn(gen, 15000))]
     small = [randint(gen, 1, 4) for _ in range(randint(gen, 4, 7))]
     return [case("ties at the k-th place", [6, 6, 6], randint(gen, 2, 5), _ints(gen, 18, hi=2)),
             case("k wider than a chunk", small, randint(gen, max(small) + 1, sum(small)), _ints(gen, sum(small), hi=5)),
             case("distinct values", [7, 9, 5], randint(gen, 1, 6), randn(gen, 21)),
             case("negative values", [5, 5], randint(gen, 2, 6), _ints(gen, 10, lo=-4, hi=-1)),
-            case("the whole stream", [3, 3], 6, _ints(gen, 6, hi=1))]
+            case("the whole stream", [3, 3], 6, _ints(gen, 6, hi=1)),
+            case("a long stream", [500] * 30, randint(gen, 3, 8), randn(gen, 15000))]
+
+
+def _one_at_a_time(chunks: list):
+    """A generator handing out ``chunks`` (which it empties: only the consumer can keep one alive), and a dict whose
+    "kept" is the most chunks kept alive at once besides the current one and the one before it."""
+    alive, state = [], {"kept": 0}   # weak references to the chunks handed out
+
+    def stream():
+        for j in range(len(chunks)):
+            chunk, chunks[j] = chunks[j], None
+            state["kept"] = max(state["kept"], sum(r() is not None for r in alive[:max(0, j - 1)]))
+            alive.append(weakref.ref(chunk))
+            yield chunk
+            del chunk
+
+    return stream(), state
 
 
 def _heap_run(ns, case, device):
-    got = entry(ns, "heap_topk")(iter(case.inputs["chunks"]), case.inputs["k"])
+    stream, state = _one_at_a_time([c.clone() for c in case.inputs["chunks"]])
+    tracemalloc.start()   # Python objects only: a list of every value shows, a heap of k entries does not
     try:
-        return {"pairs": [(float(v), int(i)) for v, i in got]}
+        got = entry(ns, "heap_topk")(stream, case.inputs["k"])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    try:
+        return {"pairs": [(float(v), int(i)) for v, i in got], "kept": state["kept"], "peak": peak}
     except (TypeError, ValueError):
         return {"bad": f"{type(got).__name__}: {str(got)[:80]}"}
 
@@ -87,6 +124,11 @@ def _heap_judge(case, obs):
     want = [(float(v), int(i)) for v, i in zip(*(t[0] for t in ref_topk(values, k)))]
     got = [tuple(p) for p in obs["pairs"]]
     if got == want:
+        n, widest = sum(len(c) for c in chunks), max(len(c) for c in chunks)
+        if obs["kept"] or obs["peak"] > HEAP_BYTES * (k + widest) + HEAP_SLACK and n > 4 * widest:
+            return (f"heap_topk held the stream ({n} values), not a heap of k = {k} entries: Python allocated "
+                    f"{obs['peak'] / 1e6:.1f} MB at its peak (a list of every value, or every chunk kept). Keep only "
+                    "the k best (value, -index) so far, and go through each chunk as it arrives.")
         return None
     widest = max(len(c) for c in chunks)
     if got and all(0 <= i < widest for _, i in got) and any(i >= widest for _, i in want):
@@ -110,35 +152,34 @@ HEAP_TOPK = Exercise("heap_topk", 2, ("heap_topk",), _heap_cases, _heap_run, _he
 
 # --- exercise 2: streaming top-K with batched torch merges ---------------------------------------------------------
 
+def _signed_zeros(gen, rows, cols) -> torch.Tensor:
+    """A few ones among 0.0 and -0.0 (equal values: the lower column wins whatever the sign)."""
+    ones = (torch.rand(rows, cols, generator=gen) < 0.25).float()
+    negative = torch.rand(rows, cols, generator=gen) < 0.5
+    return torch.where(negative & (ones == 0), torch.full_like(ones, -0.0), ones)
+
+
 def _stream_cases(gen, public):
     def case(rule, rows, sizes, k, values):
         return Case(_chunked_name(rule, sizes, k, f", {rows} rows"), dict(chunks=list(values.split(sizes, 1)), k=k))
 
     if public:
         return [case("", 3, [6, 6, 6], 5, _ints(gen, 3, 18, hi=3)), case("", 2, [2, 3, 2], 5, _ints(gen, 2, 7, hi=2)),
-                case("", 4, [16, 16], 4, randn(gen, 4, 32)), case("", 1, [5, 1, 5], 3, _ints(gen, 1, 11, lo=-3, hi=0))]
+                case("", 4, [16, 16], 4, randn(gen, 4, 32)), case("", 1, [5, 1, 5], 3, _ints(gen, 1, 11, lo=-3, hi=0)),
+                case("", 2, [4, 4, 4], 8, _signed_zeros(gen, 2, 12))]
     sizes = [randint(gen, 1, 4) for _ in range(randint(gen, 3, 6))]
     return [case("ties at the k-th place", 4, [8, 8, 8], randint(gen, 3, 7), _ints(gen, 4, 24, hi=2)),
             case("ties across chunk boundaries", 3, sizes, randint(gen, max(sizes) + 1, sum(sizes)),
                  _ints(gen, 3, sum(sizes), hi=1)),
             case("distinct values", 3, [12, 9, 15], randint(gen, 1, 8), randn(gen, 3, 36)),
             case("negative values", 2, [5, 5, 5], randint(gen, 2, 6), _ints(gen, 2, 15, lo=-5, hi=-1)),
-            case("one chunk", 2, [10], randint(gen, 1, 10), _ints(gen, 2, 10, hi=4))]
+            case("one chunk", 2, [10], randint(gen, 1, 10), _ints(gen, 2, 10, hi=4)),
+            case("zeros of both signs", 2, [4, 4, 4], randint(gen, 6, 10), _signed_zeros(gen, 2, 12))]
 
 
 def _stream_run(ns, case, device):
-    chunks = [c.to(device, copy=True) for c in case.inputs["chunks"]]  # owned by the stream alone
-    alive, state = [], {"kept": 0}   # weak references to the chunks handed out; the most kept alive at once
-
-    def stream():
-        for j in range(len(chunks)):
-            chunk, chunks[j] = chunks[j], None   # the stream keeps nothing: only the learner can keep a chunk alive
-            state["kept"] = max(state["kept"], sum(r() is not None for r in alive[:max(0, j - 1)]))
-            alive.append(weakref.ref(chunk))
-            yield chunk
-            del chunk
-
-    got = entry(ns, "streaming_topk")(stream(), case.inputs["k"])
+    stream, state = _one_at_a_time([c.to(device, copy=True) for c in case.inputs["chunks"]])
+    got = entry(ns, "streaming_topk")(stream, case.inputs["k"])
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         return {"bad": type(got).__name__}
     return {"values": to_cpu(got[0]), "indices": to_cpu(got[1]), "kept": state["kept"]}
@@ -152,6 +193,8 @@ def _pair_judge(case, obs, name, values, k):
     got_v, got_i = obs["values"], obs["indices"]
     if not isinstance(got_i, torch.Tensor) or got_i.dtype != torch.int64:
         return f"{name}: indices must be an int64 tensor, got {getattr(got_i, 'dtype', type(got_i).__name__)}."
+    if not isinstance(got_v, torch.Tensor) or got_v.dtype != values.dtype:
+        return f"{name}: values must be {values.dtype} like the input, got {getattr(got_v, 'dtype', type(got_v))}."
     if tuple(got_v.shape) != tuple(want_v.shape) or tuple(got_i.shape) != tuple(want_i.shape):
         return f"{name}: values {tuple(got_v.shape)} and indices {tuple(got_i.shape)}, expected (rows, k) = " \
                f"{tuple(want_v.shape)}."
@@ -192,37 +235,70 @@ STREAMING_TOPK = Exercise("streaming_topk", 3, ("streaming_topk",), _stream_case
 # --- exercise 3: per-row top-K in a Triton kernel ---------------------------------------------------------------
 
 def _kernel_cases(gen, public):
-    def case(rule, r, n, k, values):
-        return Case(f"{rule}{': ' if rule else ''}{r} rows x {n} columns, k={k}", dict(x=values, k=k))
+    def case(rule, r, n, k, values, pad=0):
+        wide = f", rows {n + pad} apart (a slice of a wider tensor)" if pad else ""
+        return Case(f"{rule}{': ' if rule else ''}{r} rows x {n} columns, k={k}{wide}", dict(x=values, k=k, pad=pad))
 
     if public:
         return [case("", 4, 64, 4, _ints(gen, 4, 64, hi=3)), case("", 3, 100, 5, randn(gen, 3, 100)),
-                case("", 2, 37, 1, _ints(gen, 2, 37, lo=-3, hi=0)), case("", 5, 20, 8, _ints(gen, 5, 20, hi=1))]
+                case("", 2, 37, 1, _ints(gen, 2, 37, lo=-3, hi=0)), case("", 5, 20, 8, _ints(gen, 5, 20, hi=1)),
+                case("", 3, 24, 3, randn(gen, 3, 24), pad=8)]
     n, odd = randint(gen, 50, 300), 2 * randint(gen, 20, 60) + 1
     return [case("ties", 3, n, randint(gen, 3, 8), _ints(gen, 3, n, hi=2)),
             case("a width that is not a power of two", 3, odd, randint(gen, 2, 8), randn(gen, 3, odd)),
             case("k = 1", 4, 90, 1, randn(gen, 4, 90)),
             case("negative values", 3, 48, randint(gen, 2, 8), _ints(gen, 3, 48, lo=-6, hi=-1)),
-            case("k close to the width", 2, 9, randint(gen, 6, 9), _ints(gen, 2, 9, hi=3))]
+            case("k close to the width", 2, 9, randint(gen, 6, 9), _ints(gen, 2, 9, hi=3)),
+            case("rows of a wider tensor", 3, 40, randint(gen, 2, 6), randn(gen, 3, 40), pad=randint(gen, 1, 24))]
 
 
 def _kernel_run(ns, case, device):
-    x, k, fn = padded(case.inputs["x"], device), case.inputs["k"], entry(ns, "topk_rows")
-    r = x.shape[0]
-    call = observe_kernel(lambda values, indices: fn(x, k, values=values, indices=indices),
+    x, k, pad, fn = case.inputs["x"], case.inputs["k"], case.inputs.get("pad", 0), entry(ns, "topk_rows")
+    r, n = x.shape
+    # A row-strided view: NaN between the rows, so a kernel that assumes rows n apart reads them.
+    base = padded(torch.cat([x, torch.full((r, pad), float("nan"))], 1), device)   # (R, N + pad)
+    view = base[:, :n]                                                                # (R, N), stride(0) = N + pad
+    call = observe_kernel(lambda values, indices: fn(view, k, values=values, indices=indices),
                           {"values": ((r, k), torch.float32), "indices": ((r, k), torch.int64)}, device,
-                          inputs={"x": x})
-    return call.as_obs()
+                          inputs={"x": base}, watch=lambda bufs: wrapper_torch_ops())
+    obs = {**call.as_obs(), "torch_ops": call.watched}
+    obs["inputs_after"] = {"x": obs["inputs_after"]["x"][:, :n]}   # the (R, N) the learner was given
+    return obs
+
+
+def triton_block(n: int) -> int:
+    """The block a one-program-per-row kernel loads: triton.next_power_of_2(n)."""
+    return 1 << (n - 1).bit_length()
 
 
 def _kernel_judge(case, obs):
     x, k = case.inputs["x"], case.inputs["k"]
+    n_cols = x.shape[1]
+    if obs["own_launches"]:  # a kernel that copies or does a share (one row, the maximum), PyTorch the rest
+        verdict = torch_ops_verdict(obs["torch_ops"], "topk_rows", "every row's top k (values, indices and "
+                                    "the tie rule) is computed in your kernel")
+        if verdict:
+            return verdict
 
     def check(outputs):
         got = {"values": outputs.get("values"), "indices": outputs.get("indices")}
         if got["values"] is None or got["indices"] is None:
             return "topk_rows must fill both `values` and `indices`."
-        return _pair_judge(case, got, "topk_rows", x, k)
+        report = _pair_judge(case, got, "topk_rows", x, k)
+        unwritten = got["values"].isnan().all(1).nonzero()[:, 0].tolist()
+        if report and unwritten:
+            report += (f"\n  Rows {unwritten} of `values` were never written (still the poison): launch one program "
+                       "per row, grid (R,), and index the row with tl.program_id(0).")
+        elif report and case.inputs.get("pad"):
+            report += (f"\n  This input's rows are x.stride(0) = {n_cols + case.inputs['pad']} elements apart, not "
+                       f"N = {n_cols}: if your kernel assumes N, pass x.stride(0) and use it for the row offset.")
+        elif report and n_cols < triton_block(n_cols) and bool((x < 0).any()):
+            zeros = torch.cat([x, torch.zeros(x.shape[0], triton_block(n_cols) - n_cols)], 1)
+            v, _ = ref_topk(zeros, k)
+            if torch.equal(got["values"], v):
+                report += ("\n  Your values match the row padded with zeros: a masked load's `other` must be "
+                           "-inf, or the padding beats negative values.")
+        return report
 
     return judge_kernel(case, obs, "topk_rows", check,
                         returns="topk_rows must write into `values` and `indices` when they are given, and return "
@@ -261,10 +337,11 @@ def _assign_cases(gen, public):
 
 def _assign_run(ns, case, device):
     x, c = case.inputs["x"].to(device), case.inputs["c"].to(device)
-    got = entry(ns, "kmeans_assign")(x, c)
+    with record_allocations() as made:
+        got = entry(ns, "kmeans_assign")(x, c)
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         return {"bad": type(got).__name__}
-    return {"labels": to_cpu(got[0]), "dist2": to_cpu(got[1])}
+    return {"labels": to_cpu(got[0]), "dist2": to_cpu(got[1]), "biggest": made.biggest}
 
 
 def _labels_verdict(name, got, x, c, exact: bool):
@@ -303,6 +380,12 @@ def _assign_judge(case, obs):
     x, c = case.inputs["x"], case.inputs["c"]
     if "bad" in obs:
         return f"kmeans_assign must return (labels, dist2), got {obs['bad']}."
+    (n, d), k = x.shape, c.shape[0]
+    numel, op, shape = obs["biggest"]
+    if k > 1 and d > 1 and numel >= n * k * d:  # the matmul form's biggest tensor is (N, K)
+        return (f"kmeans_assign built a {tuple(shape)} tensor ({op}): the differences of every point with every "
+                "centroid, K times the data. Expand ||x - c||^2 = ||x||^2 - 2 x.c + ||c||^2: the cross terms are one "
+                "matmul x @ c.T, (N, K).")
     exact = bool((x == x.round()).all() and (c == c.round()).all())
     verdict = _labels_verdict("kmeans_assign", obs["labels"], x, c, exact)
     if verdict:
@@ -504,10 +587,13 @@ def _recall_cases(gen, public):
         return Case(f"{rule}{': ' if rule else ''}{found.shape[0]} queries, {found.shape[1]} returned each, k={k}",
                     dict(found=found, truth=truth, k=k))
 
-    def draw(q, m, k, pad=0, dup=False, hit=0.6):
+    def draw(q, m, k, pad=0, dup=False, hit=0.6, beyond=False):
+        """``beyond``: some returned ids are true neighbours past the k-th (truth[:, k:]), which recall@k ignores."""
         truth = torch.stack([torch.randperm(50, generator=gen)[:k + 3] for _ in range(q)])
-        found = torch.where(torch.rand(q, m, generator=gen) < hit, truth[:, torch.randint(0, k, (m,), generator=gen)],
+        cols = torch.randint(0, k + 3 if beyond else k, (m,), generator=gen)
+        found = torch.where(torch.rand(q, m, generator=gen) < hit, truth[:, cols],
                             torch.randint(50, 99, (q, m), generator=gen))
+        found[0, 0] = truth[0, 0]   # at least one hit: a recall of 0 is never right
         if not dup:  # distinct ids per row: replace repeats by ids no query holds
             for row in found:
                 seen = set()
@@ -519,12 +605,13 @@ def _recall_cases(gen, public):
         return found, truth
 
     if public:
-        return [case("", *draw(4, 5, 5, pad=2), 5), case("", *draw(3, 8, 4), 4), case("", *draw(5, 6, 6, dup=True), 6)]
+        return [case("", *draw(4, 5, 5, pad=2), 5), case("", *draw(3, 8, 4, beyond=True), 4),
+                case("", *draw(5, 6, 6, dup=True), 6)]
     k = randint(gen, 3, 8)
     return [case("-1 padding", *draw(randint(gen, 2, 6), k, k, pad=randint(gen, 1, k - 1)), k),
             case("more returned than k", *draw(randint(gen, 2, 6), k + randint(gen, 2, 5), k), k),
             case("repeated ids", *draw(randint(gen, 2, 6), k, k, dup=True, hit=0.9), k),
-            case("truth with more than k columns", *draw(3, k, k, hit=0.3), k)]
+            case("truth with more than k columns", *draw(3, k, k, hit=0.6, beyond=True), k)]
 
 
 def _recall_run(ns, case, device):
@@ -539,12 +626,16 @@ def _recall_judge(case, obs):
     q = found.shape[0]
     hits = (truth[:, :k, None] == found[:, None, :k]).any(-1).sum().item()
     want = hits / (q * k)
+    if isinstance(obs["recall"], str):
+        return f"recall_at_k must return one number, the mean over all queries and their k true neighbours; got " \
+               f"{obs['recall']}."
     if close(obs["recall"], want):
         return None
     top = found[:, :k]
     valid = max(int((top >= 0).sum()), 1)
     counted = sum(v in set(t.tolist()) for r, t in zip(top, truth[:, :k]) for v in r.tolist())  # repeats twice
     every = (truth[:, :k, None] == found[:, None, :]).any(-1).sum().item()
+    all_truth = (truth[:, :, None] == found[:, None, :k]).any(-1).sum().item()
     return diagnose(f"recall_at_k = {obs['recall']!r}, expected {want:.6g}: {hits} of the {q} x {k} true neighbours "
                     f"are among the first {k} returned.", obs["recall"], [
                         ("precision: hits over the ids returned (not -1); recall divides by the k true neighbours",
@@ -554,7 +645,10 @@ def _recall_judge(case, obs):
                         (f"a denominator of the ids returned ({found.shape[1]} per query), not k",
                          hits / (q * found.shape[1])),
                         ("a repeated id counted twice: count each true neighbour once", counted / (q * k)),
-                        ("the sum over queries: average them", hits / k)], close, _YOURS_IS)
+                        ("hits against every column of truth: the true neighbours are its first k, truth[:, :k]",
+                         all_truth / (q * k)),
+                        ("the sum over queries: average them", hits / k),
+                        ("a percentage: return the fraction, between 0 and 1", 100 * want)], close, _YOURS_IS)
 
 
 RECALL = Exercise("recall_at_k", 2, ("recall_at_k",), _recall_cases, _recall_run, _recall_judge,
@@ -633,6 +727,8 @@ def _ivf_judge(case, obs):
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
         return f"ivf_search must return ids of shape (Q, k) = {tuple(want.shape)}, got " \
                f"{tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__}."
+    if got.dtype != torch.int64:
+        return f"ivf_search must return int64 ids (what torch.sort's indices and the lists hold), got {got.dtype}."
     if torch.equal(got, want):
         return None
     row = int((got != want).any(1).nonzero()[0, 0])
@@ -641,6 +737,8 @@ def _ivf_judge(case, obs):
                     "fewer were found).", got, [
                         ("the nprobe farthest centroids probed: take the nearest", lambda: ref(probe="farthest")[1]),
                         ("one list probed whatever nprobe is", lambda: ref(probe="one")[1]),
+                        ("every list probed (an exhaustive search): probe only the nprobe nearest",
+                         lambda: ref_ivf(x, c, q, k, c.shape[0])[1]),
                         ("ties going to the higher id", lambda: ref(ties="higher")[1]),
                         ("positions inside the lists, not the points' ids", lambda: ref(local=True)[1])],
                     lambda a, b: torch.equal(a, b), "\n  Your ids match {} instead.")
@@ -733,7 +831,8 @@ HISTOGRAMS = Exercise("gbdt_histograms", 3, ("bin_features", "grad_histograms"),
 
 # --- exercise 10: the best split ---------------------------------------------------------------------------------
 
-def ref_gains(G, H, lam, gamma, *, no_lam=False, no_gamma=False, half=True, right_h="rest", after=True):
+def ref_gains(G, H, lam, gamma, *, no_lam=False, no_gamma=False, half=True, right_h="rest", after=True,
+              parent=True):
     """Gain of every split (F, B - 1) in float64, with knobs for the classic mistakes."""
     G, H = G.double(), H.double()
     GL, HL = G.cumsum(1)[:, :-1], H.cumsum(1)[:, :-1]
@@ -744,12 +843,14 @@ def ref_gains(G, H, lam, gamma, *, no_lam=False, no_gamma=False, half=True, righ
     HR = Ht - HL if right_h == "rest" else Ht.expand_as(HL)
     lam_ = 0.0 if no_lam else lam
     score = lambda g, h: g * g / (h + lam_)  # noqa: E731
-    gain = (score(GL, HL) + score(Gt - GL, HR) - score(Gt, Ht)) * (0.5 if half else 1.0)
+    gain = (score(GL, HL) + score(Gt - GL, HR) - (score(Gt, Ht) if parent else 0.0)) * (0.5 if half else 1.0)
     return gain - (0.0 if no_gamma else gamma)
 
 
-def _best(gain):
-    flat = int(gain.reshape(-1).argmax())
+def _best(gain, last: bool = False):
+    """(feature, bin, gain) of the first maximum of the (F, B - 1) gains (``last``: the last one, the mistake)."""
+    flat = gain.reshape(-1).flip(0).argmax() if last else gain.reshape(-1).argmax()
+    flat = gain.numel() - 1 - int(flat) if last else int(flat)
     return [flat // gain.shape[1], flat % gain.shape[1], float(gain.reshape(-1)[flat])]
 
 
@@ -797,6 +898,10 @@ def _split_judge(case, obs):
                         ("the right child's hessian = the whole node's (HR = H - HL)", variant(right_h="parent")),
                         ("gains without subtracting gamma", variant(no_gamma=True)),
                         ("gains without the factor 1/2", variant(half=False)),
+                        ("gains without the parent's score: subtract G^2 / (H + lambda) of the whole node",
+                         variant(parent=False)),
+                        ("the last of equal gains: the first maximum (lowest feature, then bin) wins",
+                         _best(ref_gains(G, H, lam, gamma), last=True)),
                         ("the split point one bin early: splitting after bin b puts bins 0..b on the left (cumsum up "
                          "to b included)", variant(after=False))], same, _YOURS_IS.replace("is", "uses"))
 
@@ -840,6 +945,17 @@ def _pipe_judge(case, obs):
             isinstance(r, torch.Tensor) and r.shape == b.sum(0).shape and torch.allclose(r, b.sum(0))
             for r, b in zip(results, batches)):
         return "prefetch_loop must return [step(x) for each batch, in order], each x the device copy of its batch."
+    for event in log:
+        if event[0] == "overwrite":
+            _, earlier, later = event
+            return (f"the pinned buffer batch {earlier} was copied from was overwritten (for batch {later}) before "
+                    "the host knew that copy had finished: a non_blocking copy reads pinned memory later, on the copy "
+                    "engine, so rewriting it is a race. Pin each batch: io.pin(batches[i]).")
+    pins = [e[1] for e in log if e[0] == "pin"]
+    twice = next((i for i in range(n) if pins.count(i) > 1), None)
+    if twice is not None:
+        return (f"batch {twice} was pinned {pins.count(twice)} times: io.pin allocates page-locked memory and copies "
+                "the batch into it each time. Pin each batch once and copy that pinned tensor.")
     for _, i, ready, source in steps:
         if source != i:
             what = "no device copy (io.to_device)" if source is None else f"the copy of batch {source}"
@@ -865,8 +981,11 @@ def _pipe_judge(case, obs):
                     "more batches in flight hold more device memory and overlap nothing more.")
     for _, i, ready, _ in steps:
         if not ready:
+            others = sorted({e[1] for e in log if e[0] == "wait" and e[1] != "copy"})
+            wrong = (f" Yours waited on {', '.join(others)}, not on the stream the copies were issued on: "
+                     "io.wait(io.copy_stream).") if others else ""
             return (f"step {i} used batch {i} with no io.wait(io.copy_stream) after its copy was issued: on a GPU the "
-                    "compute could read the batch before it has arrived (a race). Wait before using it.")
+                    "compute could read the batch before it has arrived (a race). Wait before using it." + wrong)
     for i in range(n - 1):
         between = log[copies[i + 1][0] + 1:at[i]]
         if ("wait", "copy") in between:

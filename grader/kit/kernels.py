@@ -37,7 +37,8 @@ gpulab, the grader or a package. What they do not catch: a wrapper that detects 
 (for instance by inspecting ``KernelInterface.__getitem__`` or the check's frames) and behaves
 differently in it; a learner kernel that does a token share of the work PyTorch's result depends
 on (copying the result into ``out``, or an input into a scratch tensor: without it the ablated
-run is wrong too; 04 and 08 add their own PyTorch-op and allocation rules against that); kernels
+run is wrong too; 04 and 08 add their own PyTorch-op and allocation rules against that, 15 uses
+:func:`wrapper_torch_ops` and :func:`torch_ops_verdict`); kernels
 launched other than by ``kernel[grid](...)`` (``kernel.run``) are not seen at all; reads and
 writes far outside every buffer on a GPU (compiled kernels are not bounds-checked: the guard
 region covers an unmasked 1-D block of any size and 2-D tiles overhanging by less than it). In a
@@ -54,11 +55,20 @@ import torch
 
 from gpulab.compare import compare, guard_elements, guard_report, poisoned
 from gpulab.device import synchronize
-from gpulab.launches import watch_launches
+from gpulab.launches import record_torch_ops, watch_launches
 from grader.exercise import Neutral, changed_inputs
 
 REJECTABLE = (ValueError, TypeError, AssertionError)
 DEFAULT_TASK = "compute its result with your @triton.jit kernel, not with PyTorch operations"
+
+# PyTorch operations a wrapper may run around its kernels (lesson 15): allocation, views, copies,
+# validation. Anything else (sort, topk, max, gather, scatter ...) is work that belongs in the kernel.
+WRAPPER_OPS = frozenset({
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
+    "full", "full_like", "new_full", "ones", "ones_like", "arange", "fill_", "zero_", "detach", "alias", "view",
+    "_unsafe_view", "reshape", "as_strided", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze", "slice",
+    "select", "clone", "_to_copy", "copy_", "contiguous", "lift_fresh", "lift_fresh_copy", "is_same_size",
+    "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "size", "stride"})
 
 
 def _copy_to_cpu(t: torch.Tensor) -> torch.Tensor:
@@ -268,6 +278,24 @@ def final_verdict(case, obs: dict) -> Verdict | None:
                         "memory that is not the tensor's: on a GPU it can fault or read another buffer.")
     changed = changed_inputs(case, obs.get("inputs_after", {}))
     return _verdict("input_modified", changed) if changed else None
+
+
+@contextlib.contextmanager
+def wrapper_torch_ops(allowed: frozenset = WRAPPER_OPS):
+    """For ``observe_kernel(watch=lambda bufs: wrapper_torch_ops())``: yields the list of PyTorch
+    operations (``"aten.<op>"``) the wrapper ran outside its kernels, except ``allowed``."""
+    with watch_launches(check_bounds=False) as seen, record_torch_ops(seen, allowed) as ops:
+        yield ops
+
+
+def torch_ops_verdict(ops: list, fn_name: str, task: str) -> Verdict | None:
+    """The wrapper computed part of the result with PyTorch next to its kernel (the kernel copies or
+    does a token share, PyTorch the rest: ablation alone cannot see it). ``task``: what the kernel does."""
+    if not ops:
+        return None
+    names = _names(list(dict.fromkeys(ops))[:6])
+    return _verdict("torch_ops", f"{fn_name} ran PyTorch operations outside your kernel ({names}): {task}. The "
+                                 "wrapper only checks its arguments, allocates, and launches the kernel.")
 
 
 def outputs_of(obs: dict) -> dict:
