@@ -78,7 +78,12 @@ def graph_ops(gm: torch.fx.GraphModule) -> list[str]:
 
 
 def op_module(target) -> str:
-    """Where an FX node's function comes from (``"torch"``, ``"operator"``, or a user module's name)."""
+    """Where an FX node's function comes from (``"torch"``, ``"operator"``, a user module's name, or
+    ``"torch.ops.<namespace>"`` for a custom operator: an opaque call the compiler cannot see into)."""
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        namespace = target._qualified_op_name.split("::")[0] if hasattr(target, "_qualified_op_name") \
+            else target.namespace
+        return "torch" if namespace in ("aten", "prims") else f"torch.ops.{namespace}"
     module = getattr(target, "__module__", None) or type(target).__module__ or ""
     return module.split(".")[0]
 

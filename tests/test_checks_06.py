@@ -1,8 +1,8 @@
 """Lab 06's checks: the solution passes; the mistakes compile-and-graphs code really has are rejected with a
 message that names them: a forward that keeps its breaks, deletes the branch instead of making it branch-free,
 takes Bessel's std, or hides a break (torch._dynamo.disable, an eager fallback, a flag that captures .item() or
-reorders a print, an is_compiling() branch); compilations counted per call, per shape, without reset or ignoring
-`dynamic`; Inductor refused in every check; a wrapper that recompiles for the batch of one, falls back to eager,
+reorders a print, an is_compiling() branch, a custom op); compilations counted per call, per shape, without
+reset or ignoring `dynamic`; Inductor refused in every check; a wrapper that recompiles for the batch of one, falls back to eager,
 returns padding, changes a compiler setting, calls the graph around Dynamo's guards or guesses a bucket; a
 training step with .item(), an `if` on a tensor or a print, one that updates with NaN gradients or counts a
 skipped loss; a graph runner that captures on every call, rebinds its buffers, runs eagerly
@@ -152,6 +152,24 @@ def test_a_forward_that_ignores_the_flags_or_takes_a_std_per_row_is_named(sol06,
     wrong = lambda model, x: CHECKS.ref_smooth(model, x, **knobs)  # noqa: E731
     r = public(STEM, "graph_breaks", with_answer(sol06, smooth_forward=wrong))
     assert r.status == "failed" and says in r.message, r.message
+
+
+def test_a_custom_op_wrapping_the_numpy_std_fails(sol06):
+    import numpy as np
+
+    @torch.library.custom_op("lab06_test::np_std", mutates_args=())
+    def np_std(h: torch.Tensor) -> torch.Tensor:  # the NumPy round trip, hidden in an opaque operator
+        return torch.tensor(float(np.std(h.detach().cpu().numpy())), dtype=h.dtype)
+
+    np_std.register_fake(lambda h: h.new_empty(()))
+
+    def smooth_forward(model, x):
+        h = model.fc1(x).relu().clamp(max=model.limit) if model.clip else model.fc1(x).relu()
+        if model.numpy_scale:
+            h = h / (np_std(h) + 1.0)
+        return model.fc3(model.fc2(h).relu())
+    r = public(STEM, "graph_breaks", with_answer(sol06, smooth_forward=smooth_forward), 1)
+    assert r.status == "failed" and "from ['torch.ops.lab06_test'] as an opaque node" in r.message, r.message
 
 
 def test_reference_equals_the_breaky_model():
