@@ -1,13 +1,13 @@
-"""Lab 06's checks: the solution passes; the mistakes compile-and-graphs code really has are rejected with a
-message that names them: a forward that keeps its breaks, deletes the branch instead of making it branch-free,
-takes Bessel's std, or hides a break (torch._dynamo.disable, an eager fallback, a flag that captures .item() or
-reorders a print, an is_compiling() branch, a custom op); compilations counted per call, per shape, without
-reset or ignoring `dynamic`; Inductor refused in every check; a wrapper that recompiles for the batch of one, falls back to eager,
-returns padding, changes a compiler setting, calls the graph around Dynamo's guards or guesses a bucket; a
-training step with .item(), an `if` on a tensor or a print, one that updates with NaN gradients or counts a
-skipped loss; a graph runner that captures on every call, rebinds its buffers, runs eagerly
-or writes into the caller's examples; a trace reader that does not add kernels up, counts host events, ignores
-copies or does not merge overlapping streams; a timer on its own clock or without warm-up."""
+"""Lab 06's checks: the solution passes; the mistakes compile-and-graphs code really has are rejected with a message
+that names them: a forward that keeps its breaks, deletes the branch instead of making it branch-free, takes
+Bessel's std, or hides a break (torch._dynamo.disable, an eager fallback, a flag that captures .item() or reorders a
+print, an is_compiling() branch, a custom op); compilations counted per call, per shape, without reset or ignoring
+`dynamic`; Inductor refused in every check; a wrapper that recompiles for the batch of one, falls back to eager,
+returns padding, changes a compiler setting, calls the graph around Dynamo's guards or guesses a bucket; a training
+step with .item(), an `if` on a tensor or a print, one that updates with NaN gradients or counts a skipped loss; a
+graph runner that captures on every call, rebinds its buffers, runs eagerly or writes into the caller's examples; a
+trace reader that does not add kernels up, counts host events, ignores copies or does not merge overlapping streams;
+a timer on its own clock or without warm-up."""
 import json
 import time
 
