@@ -9,7 +9,8 @@ is: copy new inputs *into* the static input buffers, replay, read the static out
 
 - ``api.graph()`` a new graph object with ``replay()``; ``api.capture(g)`` the context that records into it;
   ``api.warmup()`` the context for the warm-up runs CUDA wants before capture (a side stream);
-- ``api.captures`` and ``api.replays`` count what happened.
+- ``api.captures`` and ``api.replays`` count what happened; :func:`eager_ops` lists the compute operators a
+  block ran outside a replay (lab 06's check: a graph runner that computes eagerly).
 
 On CUDA it is ``torch.cuda.CUDAGraph`` and ``torch.cuda.graph``. On a CPU, :class:`RecordingGraph` records
 the ATen operators run during capture (a ``TorchDispatchMode``) with the very tensor objects they read and
@@ -141,3 +142,26 @@ class _CountedCudaGraph:
 def graph_api(device: str):
     """The graph interface for ``device``: CUDA graphs on ``"cuda"``, the recording stand-in on ``"cpu"``."""
     return CudaGraphAPI() if device == "cuda" else RecordingGraphAPI()
+
+
+# Reading and writing buffers, not computing: what a replaying call may run outside the graph.
+BUFFER_OPS = {"copy_", "clone", "_to_copy", "detach", "alias", "empty", "empty_like", "empty_strided", "zeros_like",
+              "lift_fresh", "zero_", "fill_"}
+
+
+@contextlib.contextmanager
+def eager_ops(api):
+    """Yield a list of the ATen compute operators (names, ``"addmm"``...) the block runs outside a replay of
+    ``api``'s graphs (copies and allocations are not computing). A CPU ``RecordingGraphAPI`` marks its replays;
+    on CUDA a replay runs no ATen operator at all."""
+    computed: list = []
+
+    class _Eager(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0]
+            if not getattr(api, "replaying", False) and name not in BUFFER_OPS:
+                computed.append(name)
+            return func(*args, **(kwargs or {}))
+
+    with _Eager():
+        yield computed

@@ -17,11 +17,10 @@ import io
 import math
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpulab.compare import compare
 from gpulab.compiler import BreakyNet, CountingBackend, default_settings, graph_ops, no_inductor, op_module
-from gpulab.graphs import graph_api
+from gpulab.graphs import eager_ops, graph_api
 from gpulab.syncs import SyncDetector, make_classifier, new_stats, train_step_with_syncs
 from grader.exercise import Case, Exercise, entry, to_cpu
 from grader.kit.cases import choice, randint, randn, uniform
@@ -449,23 +448,6 @@ def _graph_inputs(case, k: int) -> list:
     return [torch.randn(*shape, generator=gen) for _ in range(case.inputs["n_inputs"])]
 
 
-class _EagerOps(TorchDispatchMode):
-    """The compute operators run outside a replay (copies and clones are reading and writing buffers)."""
-
-    ALLOWED = {"copy_", "clone", "_to_copy", "detach", "alias", "empty", "empty_like", "empty_strided", "zeros_like",
-               "lift_fresh", "zero_", "fill_"}
-
-    def __init__(self, api):
-        super().__init__()
-        self.api, self.computed = api, []  # (not `.ops`: cloudpickle would ship the torch.ops module along)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.__name__.split(".")[0]
-        if not getattr(self.api, "replaying", False) and name not in self.ALLOWED:
-            self.computed.append(name)
-        return func(*args, **(kwargs or {}))
-
-
 def _graph_run(ns, case, device):
     cls, api = entry(ns, "GraphRunner"), graph_api(device)
     dev_fn = _graph_model(case, device=device)
@@ -477,9 +459,9 @@ def _graph_run(ns, case, device):
     outs, eager = [], []
     for k in range(1, case.inputs["calls"] + 1):
         inputs = [t.to(device) for t in _graph_inputs(case, k)]
-        with _quiet_fresh_dynamo(), _EagerOps(api) as seen:
+        with _quiet_fresh_dynamo(), eager_ops(api) as computed:
             out = runner(*inputs)
-        eager += seen.computed
+        eager += computed
         outs.append(to_cpu(out).clone() if isinstance(out, torch.Tensor) else type(out).__name__)
     return {"init": after_init, "captures": api.captures, "replays": api.replays, "eager": sorted(set(eager)),
             "outs": outs, "example_kept": all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(example, kept))}
