@@ -6,7 +6,7 @@ step too many, unscales twice, zeroes the gradients instead of skipping, or is G
 wrapped, its kernels); limits looked up in torch.finfo; a cast report that scales its input in place; a training
 step with fp16 master weights, without autocast, clipping the scaled gradients, stepping past the scaler, without
 zero_grad, update() or the scaler given; naive fp16 summation, a cast to fp32, torch.sum, a wide accumulator copied
-back or the compensation's sign flipped passed as Kahan."""
+back, the compensation's sign flipped or a write into x passed as Kahan."""
 import functools
 import json
 
@@ -339,6 +339,19 @@ def _wide_accumulator(dtype):
 def test_a_wide_accumulator_copied_back_is_rejected(sol07, dtype):
     r = public(STEM, "kahan_sum", with_answer(sol07, kahan_sum=_wide_accumulator(dtype)), 1)
     assert r.status == "failed" and f"made {dtype} tensors: a wider accumulator" in r.message, r.message
+
+
+def test_a_kahan_sum_that_writes_into_its_input_fails(sol07):
+    def kahan_sum(x):
+        s = torch.zeros(x.shape[0], dtype=x.dtype)
+        c = torch.zeros_like(s)
+        for j in range(x.shape[1]):
+            x[:, j] -= c  # BUG: the corrected term written into the caller's x
+            t = s + x[:, j]
+            c, s = (t - s) - x[:, j], t
+        return s
+    r = public(STEM, "kahan_sum", with_answer(sol07, kahan_sum=kahan_sum), 1)
+    assert r.status == "failed" and "kahan_sum wrote into x" in r.message, r.message
 
 
 def test_the_compensation_added_instead_of_subtracted_is_named(sol07):

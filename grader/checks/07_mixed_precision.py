@@ -618,17 +618,20 @@ def _kahan_cases(gen, public):
 
 
 def _kahan_run(ns, case, device):
-    x = case.inputs["x"].to(device)
+    x = case.inputs["x"].to(device).clone()  # the learner's own copy: a write into it must show
     fn = entry(ns, "kahan_sum")
     with watch_launches(check_bounds=False) as watch, record_torch_ops(watch) as ops, record_allocations() as made:
         got = fn(x)
     forbidden = sorted({op for op in ops if op in _FORBIDDEN})
     return {"out": to_cpu(got) if isinstance(got, torch.Tensor) else repr(got)[:80], "forbidden": forbidden,
-            "dtypes": sorted(made.dtypes - {str(x.dtype)})}
+            "dtypes": sorted(made.dtypes - {str(x.dtype)}), "mutated": not torch.equal(x.cpu(), case.inputs["x"])}
 
 
 def _kahan_judge(case, obs):
     x = case.inputs["x"]
+    if obs.get("mutated"):
+        return ("kahan_sum wrote into x (x[:, j] -= c, or another in-place op on a column view): the caller's data "
+                "must not change. Keep the corrected term in a new tensor: y = x[:, j] - c.")
     if obs["forbidden"]:
         used = ", ".join(_FORBIDDEN.get(op, op) for op in obs["forbidden"])
         return (f"kahan_sum used {used}: keep every operation in {x.dtype} (elementwise +, - on columns). The "
