@@ -957,10 +957,11 @@ def _live_optimizer_state() -> int:
         return _state_numel([o for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer)])
 
 
-def _residency(run_forward) -> tuple:
+def _residency(run_forward, expected: int) -> tuple:
     """Bytes created by ``run_forward()`` and still held once it has returned (:mod:`gpulab.residency`:
     what Python reaches and what autograd saved for backward), and its output. gloo's worker thread
-    may hold the tensors of the last collective a moment longer: a few looks, the least counts."""
+    may hold the tensors of the last collective a moment longer: above ``expected``, a few more looks,
+    the least counts."""
     import time
 
     from gpulab.residency import extra_bytes, live_storages
@@ -969,7 +970,7 @@ def _residency(run_forward) -> tuple:
     out = run_forward()
     held = extra_bytes(live_storages([out]), before)
     for _ in range(3):
-        if not held:
+        if held <= expected:
             break
         time.sleep(0.05)
         held = min(held, extra_bytes(live_storages([out]), before))
@@ -998,7 +999,7 @@ def _fsdp_train(rank, cls, x, data_rank, data_world, measure, **kwargs) -> dict:
     opt = _sgd([p for p in wrapped.parameters() if p.requires_grad])
     if measure:
         xb, yb = batch(0)
-        obs["wrapped"], out = _residency(lambda: wrapped(xb))
+        obs["wrapped"], out = _residency(lambda: wrapped(xb), _plain_residency(x))
         F.mse_loss(out, yb).backward()
         wrapped.finish_gradient_synchronization()
         opt.zero_grad()
@@ -1016,7 +1017,7 @@ def _fsdp_train(rank, cls, x, data_rank, data_world, measure, **kwargs) -> dict:
         obs["comm"].append(log.as_dicts())
         obs["params"].append({n: t.detach().clone() for n, t in wrapped.gather_full_params().items()})
     obs["param_numel"] = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
-    obs["state_numel"] = _live_optimizer_state()
+    obs["state_numel"] = _live_optimizer_state() if measure else None
     return obs
 
 
