@@ -681,8 +681,8 @@ def _fsdp_variant(sol11, mistake):
             self._free(i)  # drops the module's views only: autograd still holds the full vector until backward
             return out
 
-        def _all_gather(self, shard):
-            full = super()._all_gather(shard)
+        def _all_gather(self, shard, dtype=None):
+            full = super()._all_gather(shard, dtype)
             if mistake == "drop_tail":  # the gathered vector padded after the fact, to make the views fit
                 full = torch.nn.functional.pad(full, (0, self.numels[shard.numel()] - full.numel()))
             return full
