@@ -1022,12 +1022,14 @@ def _fsdp_train(rank, cls, x, data_rank, data_world, measure, **kwargs) -> dict:
 
 
 def _fsdp_rank(rank, world_size, cls, x):
-    launched = world_size == x["world"]  # not the single-rank probe for a stub
-    obs = _fsdp_train(rank, cls, x, rank, world_size, measure=launched)
-    if x.get("groups") and launched:
-        import torch.distributed as dist
+    import torch.distributed as dist
 
-        handles = [dist.new_group(members) for members in x["groups"]]  # every rank creates every group
+    launched = world_size == x["world"]  # not the single-rank probe for a stub
+    groups = x.get("groups") if launched else None
+    # every rank creates every group, at once, before the ranks' paces diverge
+    handles = [dist.new_group(members) for members in groups or []]
+    obs = _fsdp_train(rank, cls, x, rank, world_size, measure=launched)
+    if groups:
         g = next(g for g, members in enumerate(x["groups"]) if rank in members)
         members = x["groups"][g]
         obs["sub"] = _fsdp_train(rank, cls, _subgroup_inputs(x, g), members.index(rank), len(members), False,
