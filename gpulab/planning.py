@@ -4,8 +4,11 @@
 - :class:`Cluster`: what a machine offers (GPUs, memory, an assumed TFLOP/s and MFU, HBM bandwidth, the
   alpha-beta figures of the links inside a node and between nodes). :data:`CLUSTERS` holds the two
   clusters of the published runs below; their numbers are datasheet figures, labelled as such.
-- :class:`Layout`: a 3-D training layout, DP x TP x PP, with the microbatch size, the ZeRO stage and
-  activation recomputation. :data:`PUBLISHED` holds layouts published runs used, with their sources.
+- :class:`Layout`: a training layout, DP x TP x PP (and EP, expert parallelism inside the DP group), with the
+  microbatch size, the ZeRO stage and activation recomputation.
+- :class:`MoESpec`: a mixture-of-experts model (every layer's MLP is ``num_experts`` SwiGLU experts, ``top_k``
+  of them per token); :data:`MIXTRAL_8X7B` holds Mixtral's shape, :func:`all_to_all_time` prices its token
+  exchange on the alpha-beta model. :data:`PUBLISHED` holds layouts published runs used, with their sources.
 - The building blocks of earlier labs, as plain formulas: :func:`ring_allreduce_time` (lab 11's alpha-beta
   model of a ring), :func:`bubble_fraction` (lab 13's ``(p-1)/(m+p-1)``), :func:`group_link` (which link
   a process group's ring crosses, from the rank order TP fastest, then DP, then PP, as Megatron-LM orders
@@ -61,10 +64,35 @@ class Layout:
     micro_batch: int = 1
     zero: int = 0
     recompute: bool = False
+    ep: int = 1
 
     def __str__(self) -> str:
-        return (f"DP={self.dp} x TP={self.tp} x PP={self.pp}, microbatch {self.micro_batch}, ZeRO-{self.zero}"
-                f"{', recompute' if self.recompute else ''}")
+        return (f"DP={self.dp} x TP={self.tp} x PP={self.pp}{f' (EP={self.ep} inside DP)' if self.ep > 1 else ''}, "
+                f"microbatch {self.micro_batch}, ZeRO-{self.zero}{', recompute' if self.recompute else ''}")
+
+
+@dataclass(frozen=True)
+class MoESpec(ModelSpec):
+    """A mixture-of-experts model: every layer's MLP is ``num_experts`` SwiGLU experts of width ``expert_hidden``
+    (``3 d_model expert_hidden`` parameters each) and each token goes to ``top_k`` of them. ``n_params`` counts
+    everything; the experts' share is sharded over EP, the rest (attention, embeddings, router) is dense."""
+
+    num_experts: int = 8
+    top_k: int = 2
+    expert_hidden: int = 14336
+
+    @property
+    def expert_params(self) -> float:
+        return self.n_layers * self.num_experts * 3 * self.d_model * self.expert_hidden
+
+    @property
+    def dense_params(self) -> float:
+        return self.n_params - self.expert_params
+
+    @property
+    def active_params(self) -> float:
+        """Parameters one token passes through: the dense part and ``top_k`` experts per layer."""
+        return self.dense_params + self.expert_params * self.top_k / self.num_experts
 
 
 # Datasheet figures (A100 SXM 80 GB and H100 SXM), one NIC per GPU; MFU is an assumption.
@@ -78,6 +106,10 @@ CLUSTERS = {c.name: c for c in [
 # Model shapes of the published runs (from their papers and configs).
 GPT3_175B = ModelSpec("GPT-3-175B", 96, 12288, 96, 96, 128, 175e9)
 LLAMA3_405B = ModelSpec("Llama-3-405B", 126, 16384, 128, 8, 128, 405e9)
+
+# Mixtral 8x7B (Jiang et al., 'Mixtral of Experts', arXiv:2401.04088; its released config): 46.7B parameters,
+# 12.9B active per token.
+MIXTRAL_8X7B = MoESpec("Mixtral-8x7B", 32, 4096, 32, 8, 128, 46.7e9, num_experts=8, top_k=2, expert_hidden=14336)
 
 # Published training layouts: (model, sequence length, global batch in sequences, cluster, layout, source).
 PUBLISHED = {
@@ -96,6 +128,12 @@ PUBLISHED = {
 def ring_allreduce_time(nbytes: float, p: int, alpha: float, bytes_per_s: float) -> float:
     """Lab 11's ring all-reduce: ``2(p-1) alpha + 2 (p-1)/p n / bandwidth``; 0 for one rank."""
     return 0.0 if p <= 1 else 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes / bytes_per_s
+
+
+def all_to_all_time(nbytes: float, p: int, alpha: float, bytes_per_s: float) -> float:
+    """An all-to-all of ``nbytes`` per rank over ``p`` ranks, pairwise: each rank keeps 1/p and sends the rest,
+    ``(p-1) alpha + (p-1)/p n / bandwidth``; 0 for one rank (MoE token dispatch and combine)."""
+    return 0.0 if p <= 1 else (p - 1) * alpha + (p - 1) / p * nbytes / bytes_per_s
 
 
 def bubble_fraction(p: int, m: int) -> float:

@@ -6,13 +6,14 @@ with lower latency, batching that ignores the wait to fill a batch, the network 
 without the factor 2 or with one GPU's MTBF, a re-shard that drops the padding tail, a straggler test fooled by one
 hiccup, a divergence diagnosis that blames the biggest layer, MLOps anti-patterns and a canary promoted on too few
 requests."""
+import dataclasses
 import math
 import types
 
 import pytest
 import torch
 
-from gpulab.planning import PUBLISHED, Layout, group_link, ring_allreduce_time
+from gpulab.planning import MIXTRAL_8X7B, PUBLISHED, Layout, MoESpec, all_to_all_time, group_link, ring_allreduce_time
 from gpulab.reliability import make_divergence_trace, make_step_times
 from grader.checks import exercises, load_lab
 from grader.exercise import evaluate
@@ -515,3 +516,82 @@ def test_a_serving_plan_from_decode_throughput_alone_is_named(sol16):
         return {"tp": 8, "replicas": math.ceil(work.rate * sum(work.new_tokens) / 2 / (64 / step)), "max_batch": 64}
     r = _public("plan_serving", with_answer(sol16, plan_serving=plan_serving), 1)
     assert r.status == "failed" and "prefill" in r.message and "decode throughput alone" in r.message, r.message
+
+
+# --- mixture of experts: expert parallelism -------------------------------------------------------------------
+
+def _moe_memory(sol, bug):
+    def moe_training_memory(spec, seq_len, layout):
+        if bug == "experts not divided by ep":  # BUG: every GPU of the EP group holds all the experts
+            return sol["moe_training_memory"](spec, seq_len, dataclasses.replace(layout, ep=1))
+        # BUG: the dense formula on all the parameters, as if the experts were a dense MLP
+        return sol["training_memory"](spec, seq_len, layout)
+    return moe_training_memory
+
+
+def _moe_time(sol, bug):
+    def moe_step_time(spec, seq_len, global_batch, layout, cluster):
+        out = dict(sol["moe_step_time"](spec, seq_len, global_batch, layout, cluster))
+        m = global_batch // (layout.dp * layout.micro_batch)
+        if bug == "no all-to-all":  # BUG: the tokens' trips to their experts cost nothing
+            out["a2a_comm"] = 0.0
+        if bug == "all parameters active":  # BUG: every expert's FLOPs for every token
+            out["compute"] *= spec.n_params / spec.active_params
+        out["bubble"] = (out["compute"] + out["tp_comm"] + out["pp_comm"] + out["a2a_comm"]) * (layout.pp - 1) / m
+        out["total"] = sum(v for k, v in out.items() if k != "total")
+        return out
+    return moe_step_time
+
+
+def _moe_problems(sol, drop):
+    def moe_layout_problems(spec, seq_len, global_batch, layout, cluster):  # BUG: one EP rule never checked
+        if drop == "dense" and not isinstance(spec, MoESpec):
+            return sol["layout_problems"](spec, seq_len, global_batch, layout, cluster)
+        return [p for p in sol["moe_layout_problems"](spec, seq_len, global_batch, layout, cluster) if drop not in p]
+    return moe_layout_problems
+
+
+# (exercise checked, the answer replaced, its wrong version, what the message must say)
+MOE_MISTAKES = {
+    "expert memory not divided by ep": ("moe_training_memory", "moe_training_memory",
+                                        lambda sol: _moe_memory(sol, "experts not divided by ep"),
+                                        "the experts not divided by ep"),
+    "experts counted as a dense MLP": ("moe_training_memory", "moe_training_memory",
+                                       lambda sol: _moe_memory(sol, "experts as dense"), "training_memory"),
+    "feasibility on expert memory not divided by ep": ("moe_layout_problems", "moe_training_memory",
+                                                       lambda sol: _moe_memory(sol, "experts not divided by ep"),
+                                                       "Is your expert memory divided by ep?"),
+    "all-to-all omitted": ("moe_step_time", "moe_step_time", lambda sol: _moe_time(sol, "no all-to-all"),
+                           "no all-to-all"),
+    "all experts in the FLOPs": ("moe_step_time", "moe_step_time",
+                                 lambda sol: _moe_time(sol, "all parameters active"), "6 x active_params per token"),
+    "ep not dividing dp accepted": ("moe_layout_problems", "moe_layout_problems",
+                                    lambda sol: _moe_problems(sol, "does not divide DP"), "that does not divide DP"),
+    "dense model given ep > 1": ("moe_layout_problems", "moe_layout_problems", lambda sol: _moe_problems(sol, "dense"),
+                                 "Yours gives a dense model EP > 1"),
+}
+
+
+@pytest.mark.parametrize("mistake", list(MOE_MISTAKES))
+def test_a_moe_mistake_is_named(sol16, mistake):
+    eid, name, wrong, says = MOE_MISTAKES[mistake]
+    r = _public(eid, with_answer(sol16, **{name: wrong(sol16)}))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def test_a_moe_planner_without_ep_in_its_search_fails(sol16):
+    def plan_moe_training(spec, seq_len, global_batch, cluster):  # BUG: plan_training's search, EP left at 1
+        best = min((lay for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8) for lay in
+                    [Layout(cluster.n_gpus // (tp * pp), tp, pp, mb, z, r) for mb in (1, 2, 4, 8) for z in range(4)
+                     for r in (False, True)]
+                    if not sol16["moe_layout_problems"](spec, seq_len, global_batch, lay, cluster)),
+                   key=lambda lay: sol16["moe_step_time"](spec, seq_len, global_batch, lay, cluster)["total"])
+        return best, "the fastest layout without expert parallelism"
+    r = _public("plan_moe_training", with_answer(sol16, plan_moe_training=plan_moe_training))
+    assert r.status == "failed" and "Yours kept EP=1" in r.message, r.message
+
+
+def test_the_moe_model_is_mixtral_and_all_to_all_is_pairwise():
+    assert abs(MIXTRAL_8X7B.active_params / 1e9 - 12.9) < 0.1  # Mixtral's reported active parameters
+    assert all_to_all_time(1e9, 1, 1e-6, 1e9) == 0.0
+    assert math.isclose(all_to_all_time(8e9, 8, 0.0, 1e9), 7.0)  # each rank sends 7/8 of its 8 GB at 1 GB/s

@@ -1,7 +1,8 @@
 """Checks of lab 16, the capstone: a training planner (memory per GPU by ZeRO stage and recomputation, a modelled step
 time with the bubble and the alpha-beta collectives, feasibility, the layout search) checked against the published
-GPT-3 175B and Llama 3 405B layouts; serving capacity (weights and KV cache per GPU, a 175B deployment at 100
-requests/s judged by a queueing simulation, 7B on 4 GPUs, ResNet-152 batching, a slow deployment's per-rank
+GPT-3 175B and Llama 3 405B layouts, and its mixture-of-experts extension (EP inside DP: experts' memory over ep,
+the all-to-alls, EP's rules, EP in the search); serving capacity (weights and KV cache per GPU, a 175B deployment at
+100 requests/s judged by a queueing simulation, 7B on 4 GPUs, ResNet-152 batching, a slow deployment's per-rank
 profile); reliability (Young/Daly, a ZeRO re-shard, stragglers and hangs, a diverging run) and an MLOps checklist
 with a canary decision. Wrong answers are named by the mistake they match. Hidden cases: one per rule (a case's name
 starts with its rule, before ':'), the same rules on every seed.
@@ -9,6 +10,7 @@ starts with its rule, before ':'), the same rules on every seed.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from functools import lru_cache
 
@@ -18,11 +20,14 @@ from gpulab.planning import (
     CLUSTERS,
     GPT3_175B,
     LLAMA3_405B,
+    MIXTRAL_8X7B,
     PUBLISHED,
     SERVE_175B,
     Cluster,
     Layout,
+    MoESpec,
     Workload,
+    all_to_all_time,
     group_link,
     replica_step_time,
     ring_allreduce_time,
@@ -430,22 +435,30 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+_MICRO_ZERO_RECOMPUTE = list(itertools.product((1, 2, 4, 8), range(4), (False, True)))
+
+
+def _fastest(layouts, problems, seconds) -> tuple | None:
+    """(layout, seconds) of the first feasible layout (``problems(layout)`` empty) with the least
+    ``seconds(layout)`` among ``layouts``; None when none is feasible."""
+    best = None
+    for lay in layouts:
+        if problems(lay):
+            continue
+        t = seconds(lay)
+        if best is None or t < best[1]:
+            best = (lay, t)
+    return best
+
+
 def ref_plan_training(spec, seq_len, global_batch, cluster) -> tuple:
     """The feasible layout with the least modelled step time: TP a divisor of the node, PP a divisor of what is
     left, microbatches of 1, 2, 4 or 8 sequences, ZeRO 0-3, recomputation on or off."""
-    best = None
-    for tp in _divisors(cluster.gpus_per_node):
-        for pp in _divisors(cluster.n_gpus // tp):
-            for mb in (1, 2, 4, 8):
-                for zero in range(4):
-                    for recompute in (False, True):
-                        lay = Layout(cluster.n_gpus // (tp * pp), tp, pp, mb, zero, recompute)
-                        if ref_layout_problems(spec, seq_len, global_batch, lay, cluster):
-                            continue
-                        t = ref_step_time(spec, seq_len, global_batch, lay, cluster)["total"]
-                        if best is None or t < best[1]:
-                            best = (lay, t)
-    return best
+    layouts = (Layout(cluster.n_gpus // (tp * pp), tp, pp, mb, zero, recompute)
+               for tp in _divisors(cluster.gpus_per_node) for pp in _divisors(cluster.n_gpus // tp)
+               for mb, zero, recompute in _MICRO_ZERO_RECOMPUTE)
+    return _fastest(layouts, lambda lay: ref_layout_problems(spec, seq_len, global_batch, lay, cluster),
+                    lambda lay: ref_step_time(spec, seq_len, global_batch, lay, cluster)["total"])
 
 
 def _plan_training_cases(gen, public):
@@ -483,22 +496,38 @@ def _plan_training_run(ns, case, device):
     return obs
 
 
+def _plan_against_reference(name: str, plan, case, args, problems, step, planner) -> tuple | str:
+    """(the planned Layout, its modelled seconds, the reference plan, its seconds), or what is wrong with the plan:
+    not a Layout, fields out of range, or a layout that cannot run. ``args`` = (spec, seq_len, global_batch,
+    cluster); ``problems`` and ``step`` take (spec, seq_len, global_batch, layout, cluster), ``planner`` args."""
+    lay = _planned_layout(name, plan, case, lambda lay: problems(*args[:3], lay, args[3]))
+    if isinstance(lay, str):
+        return lay
+    return (lay, step(*args[:3], lay, args[3])["total"], *planner(*args))
+
+
+def _planned_layout(name: str, plan, case, problems) -> Layout | str:
+    """The planner's Layout (``plan``, its fields as a dict), or what is wrong with it: not a Layout, fields out of
+    range, or a layout ``problems(layout)`` says cannot run."""
+    if not isinstance(plan, dict):
+        return f"{name} must return (Layout, explanation), got {plan}."
+    if not all(isinstance(plan[k], int) and plan[k] > 0 for k in ("dp", "tp", "pp", "micro_batch", "ep")) or \
+            plan["zero"] not in (0, 1, 2, 3) or not isinstance(plan["recompute"], bool):
+        return (f"{name} returned {plan}: dp, tp, pp, ep and micro_batch must be positive ints, zero one of 0-3 and "
+                "recompute a bool.")
+    lay = _layout(plan)
+    found = problems(lay)
+    return f"{name} chose {lay} for {case.name}, which cannot run: {'; '.join(found)}." if found else lay
+
+
 def _plan_training_judge(case, obs):
     x = case.inputs
     spec, cluster = _spec(x["spec"]), _cluster(x["cluster"])
-    if not isinstance(obs["plan"], dict):
-        return f"plan_training must return (Layout, explanation), got {obs['plan']}."
-    plan = obs["plan"]
-    if not all(isinstance(plan[k], int) and plan[k] > 0 for k in ("dp", "tp", "pp", "micro_batch")) or \
-            plan["zero"] not in (0, 1, 2, 3) or not isinstance(plan["recompute"], bool):
-        return (f"plan_training returned {plan}: dp, tp, pp and micro_batch must be positive ints, zero one of "
-                "0-3 and recompute a bool.")
-    lay = _layout(plan)
-    problems = ref_layout_problems(spec, x["seq_len"], x["global_batch"], lay, cluster)
-    if problems:
-        return f"plan_training chose {lay} for {case.name}, which cannot run: {'; '.join(problems)}."
-    best, t_best = ref_plan_training(spec, x["seq_len"], x["global_batch"], cluster)
-    t = ref_step_time(spec, x["seq_len"], x["global_batch"], lay, cluster)["total"]
+    got = _plan_against_reference("plan_training", obs["plan"], case, (spec, x["seq_len"], x["global_batch"], cluster),
+                                  ref_layout_problems, ref_step_time, ref_plan_training)
+    if isinstance(got, str):
+        return got
+    lay, t, best, t_best = got
     published = None if x["published"] is None else _layout(x["published"])
     if t > (1 + PLAN_RTOL) * t_best and lay != published:
         return (f"plan_training chose {lay}: {t:.3f} s per step in the model, but {best} takes {t_best:.3f} s "
@@ -515,6 +544,302 @@ def _plan_training_judge(case, obs):
             return (f"Your step_time puts the published layout {published} at {ratio:.2f}x your plan's time; it "
                     f"reached a high MFU in practice, so a model that calls it more than {KNOWN_GOOD}x slower "
                     "is missing something (the bubble? TP on the wrong link?).")
+    return None
+
+
+# --- 4b. mixture of experts: expert parallelism ---------------------------------------------------------------
+
+def _moe_spec(x) -> ModelSpec:
+    return MoESpec(**x) if "num_experts" in x else ModelSpec(**x)
+
+
+def ref_moe_training_memory(spec: MoESpec, seq_len: int, layout: Layout, *, bug: str = "") -> dict:
+    """Exercise 1's bytes for the dense part, plus this GPU's experts: (2, 2, 12) bytes per parameter of
+    expert_params / (tp pp ep), ZeRO dividing them by the dp / ep ranks holding the same experts."""
+    out = dict(ref_training_memory(dataclasses.replace(spec, n_params=spec.dense_params), seq_len, layout))
+    ep = 1 if bug == "experts not divided by ep" else layout.ep
+    share = spec.expert_params / (layout.tp * layout.pp * ep)
+    expert_dp = layout.dp if bug == "expert zero over dp" else layout.dp // layout.ep
+    for key, nbytes, stage in (("weights", 2, 3), ("grads", 2, 2), ("optimizer", 12, 1)):
+        out[key] += 0.0 if bug == "no experts" else nbytes * share / (expert_dp if layout.zero >= stage else 1)
+    out["total"] = out["weights"] + out["grads"] + out["optimizer"] + out["activations"]
+    return out
+
+
+_MOE_MEM_VARIANTS = (("experts not divided by ep", "the experts not divided by ep: each of the ep ranks of an EP "
+                      "group holds num_experts / ep of them"),
+                     ("expert zero over dp", "ZeRO sharding the experts' states over all dp ranks: only the dp / ep "
+                      "ranks holding the same experts share them"),
+                     ("no experts", "no experts: expert_params (most of a MoE model) come on top of the dense part"))
+_MOE_MEM_HINTS = {
+    "weights": "Dense part as in training_memory (n_params = spec.dense_params), plus 2 bytes per expert parameter of "
+               "expert_params / (tp * pp * ep), divided by dp // ep at ZeRO-3.",
+    "grads": "Dense part, plus 2 bytes per expert parameter of this GPU's share, divided by dp // ep from ZeRO-2 on.",
+    "optimizer": "Dense part, plus 12 bytes per expert parameter of this GPU's share, divided by dp // ep from ZeRO-1.",
+    "activations": "The dense activations of training_memory (the model counts MoE activations as the dense ones).",
+    "total": "total is the sum of the other four.",
+    "_variants": _MOE_MEM_VARIANTS,
+}
+
+_MOE_GPUS = 128
+_MOE_SEQ, _MOE_BATCH = 4096, 512
+
+
+def _moe_cluster(n=_MOE_GPUS):
+    return H100.with_gpus(n)
+
+
+def _moe_cases_public():
+    cl = _moe_cluster()
+    return [_layout_case("experts sharded 8 ways", MIXTRAL_8X7B, _MOE_SEQ, _MOE_BATCH, cl,
+                         Layout(128, 1, 1, 2, 1, False, 8)),
+            _layout_case("TP, PP and EP", MIXTRAL_8X7B, _MOE_SEQ, _MOE_BATCH, cl, Layout(16, 4, 2, 1, 1, True, 4)),
+            _layout_case("ZeRO-3 with EP across nodes", MIXTRAL_8X7B, _MOE_SEQ, _MOE_BATCH, cl,
+                         Layout(32, 4, 1, 1, 3, True, 8))]
+
+
+def _moe_random_layout(gen):
+    tp, pp, ep = choice(gen, (1, 2, 4)), choice(gen, (1, 2, 4)), choice(gen, (1, 2, 4, 8))
+    return Layout(ep * choice(gen, (1, 2, 4)), tp, pp, choice(gen, (1, 2)), randint(gen, 0, 3),
+                  choice(gen, (False, True)), ep)
+
+
+def _moe_training_memory_cases(gen, public):
+    if public:
+        return _moe_cases_public()
+    cases = []
+    for zero in (1, 3):
+        lay = dataclasses.replace(_moe_random_layout(gen), zero=zero)
+        cases.append(_layout_case(f"ZeRO stage {zero}", MIXTRAL_8X7B, choice(gen, (2048, 4096)), 256,
+                                  _moe_cluster(lay.dp * lay.tp * lay.pp), lay))
+    return cases
+
+
+def _moe_training_memory_run(ns, case, device):
+    x = case.inputs
+    got = entry(ns, "moe_training_memory")(_moe_spec(x["spec"]), x["seq_len"], _layout(x["layout"]))
+    return {"mem": got if isinstance(got, dict) else repr(got)}
+
+
+def _moe_training_memory_judge(case, obs):
+    x = case.inputs
+    spec, layout = _moe_spec(x["spec"]), _layout(x["layout"])
+    return _judge_numbers("moe_training_memory", obs["mem"], ref_moe_training_memory(spec, x["seq_len"], layout),
+                          lambda bug: ref_moe_training_memory(spec, x["seq_len"], layout, bug=bug), _MOE_MEM_HINTS,
+                          case, " bytes per GPU")
+
+
+MOE_TIME_KEYS = TIME_KEYS[:-1] + ("a2a_comm", "total")
+
+
+def ref_moe_step_time(spec: MoESpec, seq_len: int, global_batch: int, layout: Layout, cluster: Cluster, *,
+                      bug: str = "") -> dict:
+    """Exercise 2 at the active parameters (compute, TP, PP), plus per layer of a stage and microbatch 4
+    all-to-alls (6 with recomputation) of s b top_k h bf16 bytes over the EP group (ranks tp apart), in the
+    bubble with the rest of the pipelined work; DP: dense gradients over dp, expert gradients over dp / ep."""
+    active = spec.n_params if bug == "all parameters active" else spec.active_params
+    out = dict(ref_step_time(dataclasses.replace(spec, n_params=active), seq_len, global_batch, layout, cluster))
+    m = global_batch // (layout.dp * layout.micro_batch)
+    routed = seq_len * layout.micro_batch * (1 if bug == "no top_k" else spec.top_k) * spec.d_model * 2
+    per_layer = (2 if bug == "a2a forward only" else 4) + (2 if layout.recompute else 0)
+    link = (cluster.intra_alpha, cluster.intra_bytes_per_s) if bug == "a2a on nvlink" else \
+        group_link(cluster, layout.tp, layout.ep)
+    a2a = math.ceil(spec.n_layers / layout.pp) * m * per_layer * all_to_all_time(routed, layout.ep, *link)
+    out["a2a_comm"] = 0.0 if bug == "no all-to-all" else a2a
+    pipelined = out["compute"] + out["tp_comm"] + out["pp_comm"] + out["a2a_comm"]
+    out["bubble"] = pipelined * (layout.pp - 1) / m
+    expert_dp = layout.dp // layout.ep
+    dense = ring_allreduce_time(2 * spec.dense_params / (layout.tp * layout.pp), layout.dp,
+                                *group_link(cluster, layout.tp, layout.dp))
+    experts = ring_allreduce_time(2 * spec.expert_params / (layout.tp * layout.pp * layout.ep), expert_dp,
+                                  *group_link(cluster, layout.tp * layout.ep, expert_dp))
+    if bug == "expert grads over dp":
+        experts = ring_allreduce_time(2 * spec.expert_params / (layout.tp * layout.pp * layout.ep), layout.dp,
+                                      *group_link(cluster, layout.tp, layout.dp))
+    out["dp_comm"] = (dense + experts) * (1.5 if layout.zero == 3 else 1.0)
+    out["total"] = pipelined + out["bubble"] + out["dp_comm"]
+    return {k: out[k] for k in MOE_TIME_KEYS}
+
+
+_MOE_TIME_VARIANTS = (("no all-to-all", "no all-to-all: every MoE layer sends each token to its top_k experts and "
+                       "back, twice in the forward and twice in the backward"),
+                      ("a2a forward only", "the all-to-alls of the forward only: the backward sends the gradients "
+                       "back the same way, 4 per layer (6 with recomputation)"),
+                      ("a2a on nvlink", "the all-to-all on NVLink although the EP group (ranks tp apart) spans "
+                       "nodes"),
+                      ("no top_k", "one copy of each token: it goes to top_k experts, top_k x the bytes"),
+                      ("all parameters active", "every expert in the FLOPs: a token runs only top_k of them, "
+                       "6 x active_params per token"),
+                      ("expert grads over dp", "the expert gradients all-reduced over all dp ranks: only the dp / ep "
+                       "ranks holding the same experts share them"))
+_MOE_TIME_HINTS = {
+    "compute": "step_time's compute with n_params = spec.active_params: a token runs top_k experts, not all.",
+    "tp_comm": "step_time's TP all-reduces (they do not depend on the experts).",
+    "pp_comm": "step_time's PP sends.",
+    "a2a_comm": "ceil(L / pp) x m x 4 (6 with recomputation) all_to_all_time(s b top_k h 2 bytes, ep, "
+                "*group_link(cluster, tp, ep)).",
+    "bubble": "(compute + tp_comm + pp_comm + a2a_comm) x (pp - 1) / m: the all-to-alls are pipelined work too.",
+    "dp_comm": "Ring all-reduce of the dense bf16 gradients over dp on group_link(cluster, tp, dp), plus of the "
+               "expert gradients (expert_params / (tp pp ep)) over dp // ep on group_link(cluster, tp * ep, "
+               "dp // ep); x 1.5 at ZeRO-3.",
+    "total": "total is the sum of the other six.",
+    "_variants": _MOE_TIME_VARIANTS,
+}
+
+
+def _moe_step_time_cases(gen, public):
+    if public:
+        return _moe_cases_public()
+    lay = _moe_random_layout(gen)
+    cross = Layout(16, 2, choice(gen, (1, 2)), 1, randint(gen, 0, 3), choice(gen, (False, True)), 8)
+    return [_layout_case(rule, MIXTRAL_8X7B, choice(gen, (2048, 4096)), lay.dp * lay.micro_batch * randint(gen, 8, 32),
+                         _moe_cluster(lay.dp * lay.tp * lay.pp), lay)
+            for rule, lay in (("EP inside a node or across", lay), ("EP across nodes", cross))]
+
+
+def _moe_step_time_run(ns, case, device):
+    x = case.inputs
+    got = entry(ns, "moe_step_time")(_moe_spec(x["spec"]), x["seq_len"], x["global_batch"], _layout(x["layout"]),
+                                     _cluster(x["cluster"]))
+    return {"time": got if isinstance(got, dict) else repr(got)}
+
+
+def _moe_step_time_judge(case, obs):
+    x = case.inputs
+    args = (_moe_spec(x["spec"]), x["seq_len"], x["global_batch"], _layout(x["layout"]), _cluster(x["cluster"]))
+    return _judge_numbers("moe_step_time", obs["time"], ref_moe_step_time(*args),
+                          lambda bug: ref_moe_step_time(*args, bug=bug), _MOE_TIME_HINTS, case, " s")
+
+
+def ref_moe_layout_problems(spec, seq_len, global_batch, layout, cluster) -> list[str]:
+    """Exercise 3's rules on the dense part, plus: a dense model takes no EP; ep divides dp and the experts;
+    the memory with this GPU's experts fits."""
+    if not isinstance(spec, MoESpec):
+        return ref_layout_problems(spec, seq_len, global_batch, layout, cluster) + (
+            [f"EP={layout.ep} for a dense model"] if layout.ep > 1 else [])
+    problems = ref_layout_problems(dataclasses.replace(spec, n_params=spec.dense_params), seq_len, global_batch,
+                                   layout, cluster)
+    if layout.dp % layout.ep:
+        problems.append(f"EP={layout.ep} does not divide DP={layout.dp}")
+    if spec.num_experts % layout.ep:
+        problems.append(f"{spec.num_experts} experts do not split {layout.ep} ways")
+    mem = ref_moe_training_memory(spec, seq_len, layout)["total"]
+    if mem > HEADROOM * cluster.gpu_bytes:
+        problems.append(f"{mem / 1e9:.1f} GB per GPU > {HEADROOM:.0%} of {cluster.gpu_bytes / 1e9:.0f} GB")
+    return problems
+
+
+_MOE_FEASIBLE = Layout(128, 1, 1, 2, 1, False, 8)  # fits only because EP=8 shards the experts
+
+
+def _moe_layout_problems_cases(gen, public):
+    cl, seq, batch = _moe_cluster(), _MOE_SEQ, _MOE_BATCH
+    dp = choice(gen, (16, 32)) if not public else 16
+    rows = [("experts sharded 8 ways", MIXTRAL_8X7B, seq, batch, cl, _MOE_FEASIBLE),
+            ("EP that does not divide DP", MIXTRAL_8X7B, seq, 480, _moe_cluster(96), Layout(12, 8, 1, 1, 1, True, 8)),
+            ("a dense model with EP", MODELS["Llama-2-13B"], seq, batch, _moe_cluster(dp * 8),
+             Layout(dp, 8, 1, 1, 1, True, 2 if public else choice(gen, (2, 4)))),
+            ("more EP ranks than experts", MIXTRAL_8X7B, seq, batch, cl, Layout(32, 4, 1, 1, 1, True, 16)),
+            ("experts that do not fit", MIXTRAL_8X7B, seq, batch, _moe_cluster(64), Layout(64, 1, 1, 1, 0, False, 1))]
+    control = (_MOE_FEASIBLE, cl)
+    first, *rest = [_layout_case(*row) for row in rows]
+    return [_with_control(first, Layout(64, 1, 1, 1, 0, False, 1), _moe_cluster(64))] + \
+        [_with_control(c, *control) for c in rest]
+
+
+def _moe_layout_problems_run(ns, case, device):
+    x = case.inputs
+    fn = entry(ns, "moe_layout_problems")
+
+    def ask(layout, cluster):
+        got = fn(_moe_spec(x["spec"]), x["seq_len"], x["global_batch"], _layout(layout), _cluster(cluster))
+        return [str(p) for p in got] if isinstance(got, (list, tuple)) else repr(got)
+    control_spec = MIXTRAL_8X7B if "num_experts" not in x["spec"] else _moe_spec(x["spec"])
+    got = fn(control_spec, x["seq_len"], x["global_batch"], _layout(x["control"]["layout"]),
+             _cluster(x["control"]["cluster"]))
+    return {"problems": ask(x["layout"], x["cluster"]),
+            "control": [str(p) for p in got] if isinstance(got, (list, tuple)) else repr(got)}
+
+
+def _judge_moe_problems(spec, x, layout, cluster, got, name) -> str | None:
+    want = ref_moe_layout_problems(spec, x["seq_len"], x["global_batch"], layout, cluster)
+    if not isinstance(got, list):
+        return f"moe_layout_problems must return a list of strings (empty when the layout can run), got {got}."
+    if bool(got) == bool(want):
+        return None
+    if want:
+        why = f"moe_layout_problems returned [] for {name}, which cannot run: {'; '.join(want)}."
+        if not isinstance(spec, MoESpec):
+            return f"{why} Yours gives a dense model EP > 1: it has no experts to shard, so ep must be 1."
+        if layout.dp % layout.ep:
+            return (f"{why} Yours accepts EP={layout.ep} that does not divide DP={layout.dp}: experts are sharded "
+                    "inside the DP group, so dp must be a multiple of ep.")
+        return f"{why} Check every rule: exercise 3's, ep dividing dp and num_experts, the memory with the experts."
+    why = f"moe_layout_problems rejected {name} ({got}), but it fits and can run"
+    if ref_moe_layout_problems(spec, x["seq_len"], x["global_batch"], dataclasses.replace(layout, ep=1), cluster):
+        return why + (f": its EP={layout.ep} shards the experts, so each GPU holds expert_params / (tp pp ep) of "
+                      "them. Is your expert memory divided by ep?")
+    return why + "."
+
+
+def _moe_layout_problems_judge(case, obs):
+    x, control = case.inputs, case.inputs["control"]
+    control_spec = MIXTRAL_8X7B if "num_experts" not in x["spec"] else _moe_spec(x["spec"])
+    return _judge_moe_problems(_moe_spec(x["spec"]), x, _layout(x["layout"]), _cluster(x["cluster"]),
+                               obs["problems"], case.name) or \
+        _judge_moe_problems(control_spec, x, _layout(control["layout"]), _cluster(control["cluster"]),
+                            obs["control"], f"{_layout(control['layout'])} for {control_spec.name}")
+
+
+@lru_cache(maxsize=8)
+def ref_plan_moe_training(spec, seq_len, global_batch, cluster) -> tuple:
+    """exercise 4's search with ep over the divisors of dp that divide num_experts: (Layout, seconds)."""
+    layouts = (Layout(dp, tp, pp, mb, zero, recompute, ep)
+               for tp in _divisors(cluster.gpus_per_node) for pp in _divisors(cluster.n_gpus // tp)
+               for dp in [cluster.n_gpus // (tp * pp)] for ep in _divisors(dp) if spec.num_experts % ep == 0
+               for mb, zero, recompute in _MICRO_ZERO_RECOMPUTE)
+    return _fastest(layouts, lambda lay: ref_moe_layout_problems(spec, seq_len, global_batch, lay, cluster),
+                    lambda lay: ref_moe_step_time(spec, seq_len, global_batch, lay, cluster)["total"])
+
+
+def _plan_moe_training_cases(gen, public):
+    def case(rule, seq, batch, n_gpus):
+        return Case(f"{rule}: Mixtral-8x7B, sequence {seq}, batch {batch}, {n_gpus} H100s",
+                    dict(spec=_plain(MIXTRAL_8X7B), seq_len=seq, global_batch=batch, cluster=_plain(_moe_cluster(
+                        n_gpus))))
+
+    if public:
+        return [case("EP pays", _MOE_SEQ, _MOE_BATCH, _MOE_GPUS)]
+    return [case("EP pays", _MOE_SEQ, 128 * choice(gen, (4, 8)), 128),
+            case("a small cluster", 2048, 64 * choice(gen, (4, 8)), 64)]
+
+
+def _plan_moe_training_run(ns, case, device):
+    x = case.inputs
+    out = entry(ns, "plan_moe_training")(_moe_spec(x["spec"]), x["seq_len"], x["global_batch"],
+                                         _cluster(x["cluster"]))
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], Layout):
+        return {"plan": _plain(out[0]), "why": str(out[1])}
+    return {"plan": repr(out)}
+
+
+def _plan_moe_training_judge(case, obs):
+    x = case.inputs
+    args = (_moe_spec(x["spec"]), x["seq_len"], x["global_batch"], _cluster(x["cluster"]))
+    got = _plan_against_reference("plan_moe_training", obs["plan"], case, args, ref_moe_layout_problems,
+                                  ref_moe_step_time, ref_plan_moe_training)
+    if isinstance(got, str):
+        return got
+    lay, t, best, t_best = got
+    if t > (1 + PLAN_RTOL) * t_best:
+        message = (f"plan_moe_training chose {lay}: {t:.3f} s per step in the model, but {best} takes {t_best:.3f} s "
+                   f"for {case.name}. Search ep too (divisors of dp that divide num_experts) with every tp, pp, "
+                   "microbatch size, ZeRO stage and recomputation.")
+        if best.ep > 1 and lay.ep == 1:
+            message += " Yours kept EP=1: sharding the experts frees memory for a shallower pipeline or more DP."
+        return message
+    if len(obs["why"].split()) < 5:
+        return "plan_moe_training's explanation is missing: say why this layout (EP, memory per GPU, step time)."
     return None
 
 
@@ -1204,6 +1529,27 @@ _TEXT = {
             "Loop over tp in divisors of gpus_per_node, pp in divisors of n_gpus // tp, micro_batch in (1, 2,"
             " 4, 8), zero in 0..3, recompute in (False, True); skip layouts with problems; keep the least "
             "step_time; explain it in a sentence with its numbers.")),
+    "moe_training_memory": dict(
+        title="Mixture of experts: memory per GPU with the experts sharded over EP",
+        hint=(
+            "training_memory of the dense part (n_params = spec.dense_params), plus (2, 2, 12) bytes per "
+            "parameter of expert_params / (tp * pp * ep), ZeRO dividing them by dp // ep.")),
+    "moe_step_time": dict(
+        title="Mixture of experts: the step time with the expert all-to-alls",
+        hint=(
+            "step_time at n_params = active_params, plus ceil(L/pp) m (4 or 6) all-to-alls of s b top_k h 2 "
+            "bytes over ep ranks (group_link(cluster, tp, ep)) in the bubble; DP: dense gradients over dp, "
+            "expert gradients over dp // ep.")),
+    "moe_layout_problems": dict(
+        title="Mixture of experts: which EP layouts can run",
+        hint=(
+            "A dense model: layout_problems plus a reason when ep > 1. MoE: layout_problems on the dense part, "
+            "dp % ep, num_experts % ep, and moe_training_memory's total against the headroom.")),
+    "plan_moe_training": dict(
+        title="Mixture of experts: the planner with EP in its search",
+        hint=(
+            "plan_training's loops plus ep over the divisors of dp that divide num_experts; skip layouts with "
+            "moe_layout_problems; keep the least moe_step_time total.")),
     "serving_memory": dict(
         title="Serving memory per GPU: weights and the KV cache",
         hint=(
@@ -1258,7 +1604,8 @@ _TEXT = {
 
 
 # Points, in notebook order; each section defines _<id>_cases, _<id>_run and _<id>_judge.
-_POINTS = dict(training_memory=3, step_time=3, layout_problems=2, plan_training=4, serving_memory=2, plan_serving=4,
+_POINTS = dict(training_memory=3, step_time=3, layout_problems=2, plan_training=4, moe_training_memory=2,
+               moe_step_time=3, moe_layout_problems=2, plan_moe_training=3, serving_memory=2, plan_serving=4,
                four_gpu_options=2, resnet_batch=2, diagnose_deployment=2, checkpoint_interval=1, reshard_zero=2,
                find_stragglers=2, diagnose_divergence=3, mlops=3)
 _ENTRIES = {"mlops": ("mlops_checklist", "rollout_decision")}  # names other than the exercise id
