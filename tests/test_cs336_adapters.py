@@ -8,10 +8,9 @@ class of our solutions as it is: no reshaping, no re-implementation. A learner w
 and 11 can paste them into the course's ``adapters.py``. The tests beneath exercise them the way the
 course's tests do (its sizes, tolerances, toy models and training loops), on CPU: FlashAttention-2 in
 PyTorch and in Triton (Triton's interpreter here, the GPU elsewhere), DDP, bucketed DDP and the
-sharded optimizer on 2 gloo ranks, one launch for all of them.
-
-FSDP (``get_fsdp``, ``fsdp_on_after_backward``, ``fsdp_gather_full_params``) has no counterpart in lab
-11 yet, so it has no adapter here.
+sharded optimizer and FSDP on 2 gloo ranks, one launch for all of them. The course's FSDP test trains
+its own ``cs336_basics`` Transformer; here a small model of the same unit types (embedding and linear
+layers) stands in for it, trained the same way in float32 and with float16 compute.
 """
 from __future__ import annotations
 
@@ -53,7 +52,8 @@ def get_flashattention_autograd_function_triton() -> type:
 
 
 def get_ddp_individual_parameters(module: nn.Module) -> nn.Module:
-    return LAB11["DDP"](module)
+    """One asynchronous all-reduce per parameter, launched from its gradient hook: lab 11's ddp_overlap."""
+    return LAB11["DDPIndividualParameters"](module)
 
 
 def ddp_individual_parameters_on_after_backward(ddp_model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -75,6 +75,20 @@ def ddp_bucketed_on_after_backward(ddp_model: nn.Module, optimizer: torch.optim.
 
 def ddp_bucketed_on_train_batch_start(ddp_model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     pass  # BucketedDDP re-arms its buckets at the end of finish_gradient_synchronization
+
+
+def get_fsdp(module: nn.Module, compute_dtype: torch.dtype | None = None) -> nn.Module:
+    """ZeRO-3 over every rank: lab 11's fsdp. (With the course's model, pass its own Linear and Embedding
+    classes as ``unit_types``.)"""
+    return LAB11["FSDP"](module, unit_types=(nn.Linear, nn.Embedding), compute_dtype=compute_dtype)
+
+
+def fsdp_on_after_backward(fsdp_model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    fsdp_model.finish_gradient_synchronization()
+
+
+def fsdp_gather_full_params(fsdp_model: nn.Module) -> dict:
+    return fsdp_model.gather_full_params()
 
 
 def get_sharded_optimizer(params, optimizer_cls: type[torch.optim.Optimizer], **kwargs) -> torch.optim.Optimizer:
@@ -192,11 +206,28 @@ class ToyModelWithTiedWeights(nn.Module):
         return self.fc5(x)
 
 
+class TinyLM(nn.Module):
+    """Stands in for the course's Transformer in its FSDP test: an embedding, linear layers, and a
+    LayerNorm that is no unit (replicated)."""
+
+    def __init__(self, vocab: int = 37, d: int = 24):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.up, self.down = nn.Linear(d, 3 * d), nn.Linear(3 * d, d)
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, tokens):
+        h = self.embed(tokens)  # (B, S, d)
+        h = h + self.down(torch.relu(self.up(h)))
+        return self.head(self.norm(h))  # (B, S, vocab)
+
+
 MODELS = {"ToyModel": ToyModel, "ToyModelWithTiedWeights": ToyModelWithTiedWeights}
 # bucket sizes of the course's test (2 buckets, one per parameter, one for all) and None (unbounded)
 BUCKETS = [0.0016, 0.0001, 0.01, None]
 SCENARIOS = ([f"individual {m}" for m in MODELS] + [f"bucketed {b} {m}" for b in BUCKETS for m in MODELS]
-             + [f"sharded {m}" for m in MODELS])
+             + [f"sharded {m}" for m in MODELS] + ["fsdp float32", "fsdp float16"])
 
 
 def validate_ddp_net_equivalence(net) -> list:
@@ -266,8 +297,43 @@ def _train_sharded(rank, world_size, model_class) -> list:
             zip(non_sharded_model.named_parameters(), sharded_model.parameters()) if not torch.allclose(p, q, atol=0)]
 
 
+def _train_fsdp(rank, world_size, compute_dtype) -> list:
+    """The body of CS336's FSDP test: the same seeded model, wrapped, 5 AdamW steps on this rank's half of
+    each batch; the gathered full parameters match non-parallel training on the whole batch (float32
+    compute: to 1e-4; float16 compute: to the course's looser 1e-2)."""
+    torch.manual_seed(0)
+    non_parallel_model = TinyLM()
+    fsdp_model = get_fsdp(deepcopy(non_parallel_model), compute_dtype=compute_dtype)
+    # Adam moves every weight by about lr whatever its gradient's size, so a gradient near zero whose
+    # sign float16 rounding flips costs 2 lr: lr 1e-3 keeps that inside the float16 tolerance.
+    hyper = dict(lr=1e-3, weight_decay=0.1)
+    non_parallel_optimizer = torch.optim.AdamW(non_parallel_model.parameters(), **hyper)
+    fsdp_optimizer = torch.optim.AdamW(fsdp_model.parameters(), **hyper)
+    gen = torch.Generator().manual_seed(2025)
+    atol = 1e-4 if compute_dtype is None else 1e-2
+    problems = []
+    for step in range(5):
+        tokens = torch.randint(0, 37, (8, 6), generator=gen)  # (B, S), the same on every rank
+        targets = torch.randint(0, 37, (8, 6), generator=gen)
+        for model, optimizer, rows in ((non_parallel_model, non_parallel_optimizer, slice(None)),
+                                       (fsdp_model, fsdp_optimizer, slice(rank * 4, rank * 4 + 4))):
+            optimizer.zero_grad()
+            logits = model(tokens[rows])  # (b, S, vocab)
+            nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets[rows].flatten()).backward()
+            if model is fsdp_model:
+                fsdp_on_after_backward(fsdp_model, optimizer)
+            optimizer.step()
+        full = fsdp_gather_full_params(fsdp_model)
+        problems += [f"step {step}: {name} {(p - full[name]).abs().max().item():.2e} from non-parallel training"
+                     for name, p in non_parallel_model.named_parameters()
+                     if not torch.allclose(p, full[name].float(), atol=atol)]
+    return problems
+
+
 def _scenario(rank, world_size, name) -> list:
     kind, *rest = name.split()
+    if kind == "fsdp":
+        return _train_fsdp(rank, world_size, None if rest[0] == "float32" else torch.float16)
     model_class = MODELS[rest[-1]]
     if kind == "individual":
         return _train_ddp(rank, world_size, model_class, get_ddp_individual_parameters,
@@ -289,7 +355,7 @@ def _all_scenarios(rank, world_size, lab11) -> dict:
 @pytest.fixture(scope="module")
 def ranks_results():
     sol = _lab("11_data_parallel")
-    lab11 = {name: sol[name] for name in ("DDP", "BucketedDDP", "ShardedOptimizer")}
+    lab11 = {name: sol[name] for name in ("DDPIndividualParameters", "BucketedDDP", "ShardedOptimizer", "FSDP")}
     return launch(_all_scenarios, 2, lab11, backend="gloo", timeout_s=60)
 
 
