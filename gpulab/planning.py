@@ -17,11 +17,14 @@
   per-layer all-reduces), :class:`FCFSBatcher` (lab 14's continuous-batching policy: oldest first, stop at
   the first request that does not fit) and :func:`simulate_replicas` (a seeded trace split round-robin
   over replicas, each served by :func:`gpulab.serving.simulate`).
+- Prefill and decode apart: :func:`fcfs_pool` (a first-come-first-served queue over identical servers, the
+  disaggregated prefill replicas) and :data:`SERVE_UTILISATION`, the busy share a replica is sized for.
 
 All sizes are bytes, times seconds, rates per second; the functions take and return Python floats.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -241,3 +244,19 @@ def _simulate(spec, cluster, work, tp, replicas, max_batch, n_requests, seed, bl
 
 # The interview's serving case: 175B at 100 requests/s, p99 under 500 ms end to end, fp8 weights and cache.
 SERVE_175B = Workload(rate=100, prompt_len=(64, 512), new_tokens=(8, 24), p99_s=0.5, weight_bytes=1.0, kv_bytes=1.0)
+
+# Replicas are sized to be busy at most this share of the time on average: queues stay short (an assumption).
+SERVE_UTILISATION = 0.7
+
+
+def fcfs_pool(arrivals: list, services: list, servers: int) -> list[float]:
+    """Seconds from arrival to the end of service of each request (in the order given, arrivals ascending),
+    served first come first served by ``servers`` identical servers, each request by the first one free:
+    the queue in front of disaggregated prefill replicas."""
+    free = [0.0] * servers  # when each server is next free (a heap)
+    out = []
+    for arrival, service in zip(arrivals, services):
+        start = max(arrival, heapq.heappop(free))
+        heapq.heappush(free, start + service)
+        out.append(start + service - arrival)
+    return out

@@ -13,8 +13,22 @@ import types
 import pytest
 import torch
 
-from gpulab.planning import MIXTRAL_8X7B, PUBLISHED, Layout, MoESpec, all_to_all_time, group_link, ring_allreduce_time
+from gpulab.planning import (
+    CLUSTERS,
+    GPT3_175B,
+    MIXTRAL_8X7B,
+    PUBLISHED,
+    SERVE_175B,
+    Layout,
+    MoESpec,
+    all_to_all_time,
+    fcfs_pool,
+    group_link,
+    kv_bytes_per_token,
+    ring_allreduce_time,
+)
 from gpulab.reliability import make_divergence_trace, make_step_times
+from gpulab.serving import make_trace
 from grader.checks import exercises, load_lab
 from grader.exercise import evaluate
 from grader.notebooks import answer_cells, exec_source, export_source, read_notebook
@@ -595,3 +609,40 @@ def test_the_moe_model_is_mixtral_and_all_to_all_is_pairwise():
     assert abs(MIXTRAL_8X7B.active_params / 1e9 - 12.9) < 0.1  # Mixtral's reported active parameters
     assert all_to_all_time(1e9, 1, 1e-6, 1e9) == 0.0
     assert math.isclose(all_to_all_time(8e9, 8, 0.0, 1e9), 7.0)  # each rank sends 7/8 of its 8 GB at 1 GB/s
+
+
+# --- prefill and decode: mixed or disaggregated ----------------------------------------------------------------
+
+def _split(sol, bug):
+    def prefill_decode_split(spec, work, cluster, tp, decode_batch, n_requests=300, seed=0):
+        out = dict(sol["prefill_decode_split"](spec, work, cluster, tp, decode_batch, n_requests, seed))
+        if bug == "prefill memory-bound":  # BUG: a prefill priced as one read of the weights
+            out["ttft_s"] = spec.n_params * work.weight_bytes / (tp * cluster.hbm_bytes_per_s)
+        if bug == "decode compute-bound":  # BUG: a decode step priced by its FLOPs
+            out["tpot_s"] = 2 * spec.n_params * decode_batch / (tp * cluster.peak_flops * cluster.mfu)
+        if bug == "no kv transfer":  # BUG: the cache appears on the decode replica for free
+            out["kv_transfer_s"] = 0.0
+        if bug == "p99 from the mean":  # BUG: the mean TTFT of the same simulation reported as its p99
+            trace = make_trace(seed, n_requests, work.rate, work.prompt_len, work.new_tokens)
+            prefill = [2 * spec.n_params * r.prompt_len / (tp * cluster.peak_flops * cluster.mfu) for r in trace]
+            kv = kv_bytes_per_token(spec, work.kv_bytes)
+            ttfts = [t + cluster.inter_alpha + r.prompt_len * kv / tp / cluster.inter_bytes_per_s for t, r in
+                     zip(fcfs_pool([r.arrival for r in trace], prefill, out["prefill_replicas"]), trace)]
+            out["p99_ttft_s"] = sum(ttfts) / len(ttfts)
+        return out
+    return prefill_decode_split
+
+
+@pytest.mark.parametrize("bug, says", [("prefill memory-bound", "prefill as memory-bound"),
+                                       ("decode compute-bound", "decode as compute-bound"),
+                                       ("no kv transfer", "no KV transfer"),
+                                       ("p99 from the mean", "the mean TTFT")])
+def test_a_wrong_prefill_decode_split_is_named(sol16, bug, says):
+    r = _public("prefill_decode_split", with_answer(sol16, prefill_decode_split=_split(sol16, bug)), 1)
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def test_disaggregation_trades_the_decode_stall_for_a_kv_transfer(sol16):
+    split = sol16["prefill_decode_split"](GPT3_175B, SERVE_175B, CLUSTERS["H100-80GB x 8192 (RoCE 400G)"], 8, 32)
+    assert split["ttft_s"] > 5 * split["tpot_s"] > 5 * split["kv_transfer_s"] > 0  # prefill >> decode step > transfer
+    assert split["p99_ttft_s"] > split["ttft_s"]  # queueing for a prefill replica adds to the longest prefill

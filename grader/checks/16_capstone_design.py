@@ -16,6 +16,7 @@ from functools import lru_cache
 
 import torch
 
+from gpulab.bench import percentile
 from gpulab.planning import (
     CLUSTERS,
     GPT3_175B,
@@ -23,12 +24,15 @@ from gpulab.planning import (
     MIXTRAL_8X7B,
     PUBLISHED,
     SERVE_175B,
+    SERVE_UTILISATION,
     Cluster,
     Layout,
     MoESpec,
     Workload,
     all_to_all_time,
+    fcfs_pool,
     group_link,
+    kv_bytes_per_token,
     replica_step_time,
     ring_allreduce_time,
     simulate_replicas,
@@ -42,7 +46,7 @@ from gpulab.reliability import (
     make_profile,
     make_step_times,
 )
-from gpulab.serving import MODELS, ModelSpec
+from gpulab.serving import MODELS, ModelSpec, make_trace
 from grader.exercise import Case, Exercise, entry
 from grader.kit.cases import choice, randint, uniform
 from grader.kit.close import close
@@ -71,6 +75,10 @@ def _cluster(x) -> Cluster:
 
 def _layout(x) -> Layout:
     return Layout(**x)
+
+
+def _work(x) -> Workload:
+    return Workload(**{**x, "prompt_len": tuple(x["prompt_len"]), "new_tokens": tuple(x["new_tokens"])})
 
 
 def _plain(obj) -> dict:
@@ -962,8 +970,7 @@ def _plan_serving_run(ns, case, device):
 def _plan_serving_judge(case, obs):
     x = case.inputs
     spec, cluster = _spec(x["spec"]), _cluster(x["cluster"])
-    work = Workload(**{**x["work"], "prompt_len": tuple(x["work"]["prompt_len"]),
-                       "new_tokens": tuple(x["work"]["new_tokens"])})
+    work = _work(x["work"])
     plan = obs["plan"]
     if not isinstance(plan, dict) or not all(isinstance(plan[k], int) and plan[k] > 0 for k in plan):
         return f"plan_serving must return {{'tp': int, 'replicas': int, 'max_batch': int}}, got {plan}."
@@ -996,6 +1003,110 @@ def _plan_serving_judge(case, obs):
                         "percentile, read simulate_replicas(...)['p99'], not the median or the mean.")
         return message
     return None
+
+
+# --- 6b. prefill and decode: mixed or disaggregated -------------------------------------------------------------
+
+PD_KEYS = ("ttft_s", "tpot_s", "kv_transfer_s", "mixed_stall_s", "p99_ttft_s", "prefill_replicas", "decode_replicas",
+           "mixed_replicas")
+
+
+def ref_prefill_decode_split(spec, work, cluster, tp, decode_batch, n_requests=300, seed=0, *, bug: str = "") -> dict:
+    """Prefill compute-bound (2 N p FLOPs at peak x MFU over tp GPUs), decode memory-bound (weights + the batch's
+    cache at half the maximum context over tp x HBM bandwidth), the KV of a prompt over the network (each GPU its
+    1/tp); replicas for the mean load at SERVE_UTILISATION; the p99 TTFT of the disaggregated prefill replicas
+    from fcfs_pool on the seeded trace plus each request's KV transfer."""
+    kv_token = kv_bytes_per_token(spec, work.kv_bytes)
+
+    def prefill(p):
+        if bug == "prefill memory-bound":
+            return spec.n_params * work.weight_bytes / (tp * cluster.hbm_bytes_per_s)
+        return 2 * spec.n_params * p / (tp * cluster.peak_flops * cluster.mfu)
+
+    def transfer(p):
+        if bug == "no kv transfer":
+            return 0.0
+        return cluster.inter_alpha + p * kv_token / (1 if bug == "kv over one nic" else tp) / cluster.inter_bytes_per_s
+
+    if bug == "decode compute-bound":
+        tpot = 2 * spec.n_params * decode_batch / (tp * cluster.peak_flops * cluster.mfu)
+    else:
+        kv = 0.0 if bug == "decode without kv" else decode_batch * kv_token * work.max_context / 2
+        tpot = (spec.n_params * work.weight_bytes + kv) / (tp * cluster.hbm_bytes_per_s)
+    prefill_load = work.rate * prefill(sum(work.prompt_len) / 2)
+    decode_load = work.rate * sum(work.new_tokens) / 2 * tpot / decode_batch
+    n_prefill = math.ceil(prefill_load / SERVE_UTILISATION)
+    trace = make_trace(seed, n_requests, work.rate, work.prompt_len, work.new_tokens)
+    through = fcfs_pool([r.arrival for r in trace], [prefill(r.prompt_len) for r in trace], n_prefill)
+    if bug == "no queueing":
+        through = [prefill(r.prompt_len) for r in trace]
+    ttfts = [t + transfer(r.prompt_len) for t, r in zip(through, trace)]
+    p99 = sum(ttfts) / len(ttfts) if bug == "p99 from the mean" else percentile(ttfts, 99)
+    longest = work.prompt_len[1]
+    return {"ttft_s": prefill(longest), "tpot_s": tpot, "kv_transfer_s": transfer(longest),
+            "mixed_stall_s": tpot + prefill(longest), "p99_ttft_s": p99, "prefill_replicas": n_prefill,
+            "decode_replicas": math.ceil(decode_load / SERVE_UTILISATION),
+            "mixed_replicas": math.ceil((prefill_load + decode_load) / SERVE_UTILISATION)}
+
+
+_PD_HINTS = {
+    "ttft_s": "Prefill is compute-bound: 2 x n_params x prompt_tokens FLOPs over tp x peak_flops x mfu, for the "
+              "longest prompt (work.prompt_len[1]).",
+    "tpot_s": "Decode is memory-bound: (n_params x weight_bytes + decode_batch x kv_bytes_per_token x max_context / "
+              "2) bytes over tp x hbm_bytes_per_s.",
+    "kv_transfer_s": "inter_alpha + longest prompt x kv_bytes_per_token / tp / inter_bytes_per_s: each GPU sends its "
+                     "share of the cache over its own NIC.",
+    "mixed_stall_s": "tpot_s + ttft_s: a decode step that shares its step with the longest prefill waits for it.",
+    "p99_ttft_s": "percentile over the seeded trace (make_trace(seed, n_requests, rate, prompt_len, new_tokens)) of "
+                  "fcfs_pool(arrivals, prefill times, prefill_replicas) plus each request's KV transfer, at 99.",
+    "prefill_replicas": "ceil(rate x prefill(mean prompt) / SERVE_UTILISATION).",
+    "decode_replicas": "ceil(rate x mean new tokens x tpot / decode_batch / SERVE_UTILISATION): a decode replica "
+                       "makes decode_batch tokens per tpot.",
+    "mixed_replicas": "ceil((prefill load + decode load) / SERVE_UTILISATION): mixed replicas share both loads.",
+    "_variants": (("prefill memory-bound", "prefill as memory-bound (the weights read once): a prompt's tokens share "
+                   "each weight read, so its 2 N p FLOPs set the time"),
+                  ("decode compute-bound", "decode as compute-bound: a decode step reads every weight and the cache "
+                   "for a few tokens, so its bytes over HBM bandwidth set the time"),
+                  ("decode without kv", "a decode step that reads the weights but not the batch's KV cache"),
+                  ("no kv transfer", "no KV transfer: a disaggregated decode replica must receive each prompt's "
+                   "cache over the network"),
+                  ("kv over one nic", "the whole cache through one NIC: each of the tp GPUs sends its 1/tp share"),
+                  ("p99 from the mean", "the mean TTFT: the target is the 99th percentile of the simulated TTFTs"),
+                  ("no queueing", "no queueing: requests wait for a free prefill replica (fcfs_pool)")),
+}
+
+
+def _prefill_decode_split_cases(gen, public):
+    def case(rule, spec, work, tp, batch):
+        return Case(f"{rule}: {spec.name} at {work.rate:g} requests/s, prompts {work.prompt_len}, outputs "
+                    f"{work.new_tokens}, TP={tp}, decode batch {batch}, weights {work.weight_bytes:g} B, KV "
+                    f"{work.kv_bytes:g} B", dict(spec=_plain(spec), work=_plain(work), cluster=_plain(
+                        H100.with_gpus(512)), tp=tp, decode_batch=batch))
+
+    long_prompts = Workload(8.0, (1024, 4096), (64, 256), 4.0, 2.0, 2.0)
+    if public:
+        return [case("the interview's case", GPT3_175B, SERVE_175B, 8, 32),
+                case("long prompts", MODELS["Llama-2-70B"], long_prompts, 4, 16)]
+    return [case("175B at another rate", GPT3_175B, dataclasses.replace(SERVE_175B, rate=float(randint(gen, 60, 140))),
+                 8, choice(gen, (16, 32, 64))),
+            case("long prompts", MODELS["Llama-2-70B"],
+                 dataclasses.replace(long_prompts, rate=float(randint(gen, 4, 12))), choice(gen, (4, 8)),
+                 choice(gen, (8, 16, 32)))]
+
+
+def _prefill_decode_split_run(ns, case, device):
+    x = case.inputs
+    got = entry(ns, "prefill_decode_split")(_spec(x["spec"]), _work(x["work"]), _cluster(x["cluster"]), x["tp"],
+                                            x["decode_batch"])
+    return {"split": got if isinstance(got, dict) else repr(got)}
+
+
+def _prefill_decode_split_judge(case, obs):
+    x = case.inputs
+    args = (_spec(x["spec"]), _work(x["work"]), _cluster(x["cluster"]), x["tp"], x["decode_batch"])
+    return _judge_numbers("prefill_decode_split", obs["split"], ref_prefill_decode_split(*args),
+                          lambda bug: ref_prefill_decode_split(*args, bug=bug), _PD_HINTS, case)
+
 
 
 
@@ -1046,8 +1157,7 @@ _FOUR_HINTS = {"_variants": (
 
 def _four_gpu_options_judge(case, obs):
     x = case.inputs
-    work = Workload(**{**x["work"], "prompt_len": tuple(x["work"]["prompt_len"]),
-                       "new_tokens": tuple(x["work"]["new_tokens"])})
+    work = _work(x["work"])
     args = (_spec(x["spec"]), _cluster(x["cluster"]), work, x["batch"])
     got = obs["got"]
     if not isinstance(got, dict):
@@ -1561,6 +1671,12 @@ _TEXT = {
             "For each tp dividing the node whose weights fit: the largest batch whose KV cache fits beside "
             "them, then the fewest replicas whose simulate_replicas p99 meets the target; keep the fewest "
             "GPUs.")),
+    "prefill_decode_split": dict(
+        title="Prefill and decode: TTFT, TPOT, mixed or disaggregated replicas",
+        hint=(
+            "Prefill compute-bound (2 N p / (tp peak mfu)), decode memory-bound ((N wb + B kv_token max_context / "
+            "2) / (tp hbm)), KV transfer over the network (inter_alpha + p kv_token / tp / inter_bw), replicas = "
+            "ceil(load / SERVE_UTILISATION), the p99 TTFT from fcfs_pool on the seeded trace.")),
     "four_gpu_options": dict(
         title="A 7B model on 4 GPUs: TP vs PP vs replicas",
         hint=(
@@ -1606,8 +1722,8 @@ _TEXT = {
 # Points, in notebook order; each section defines _<id>_cases, _<id>_run and _<id>_judge.
 _POINTS = dict(training_memory=3, step_time=3, layout_problems=2, plan_training=4, moe_training_memory=2,
                moe_step_time=3, moe_layout_problems=2, plan_moe_training=3, serving_memory=2, plan_serving=4,
-               four_gpu_options=2, resnet_batch=2, diagnose_deployment=2, checkpoint_interval=1, reshard_zero=2,
-               find_stragglers=2, diagnose_divergence=3, mlops=3)
+               prefill_decode_split=3, four_gpu_options=2, resnet_batch=2, diagnose_deployment=2, checkpoint_interval=1,
+               reshard_zero=2, find_stragglers=2, diagnose_divergence=3, mlops=3)
 _ENTRIES = {"mlops": ("mlops_checklist", "rollout_decision")}  # names other than the exercise id
 
 EXERCISES = [Exercise(eid, points, _ENTRIES.get(eid, (eid,)), globals()[f"_{eid}_cases"], globals()[f"_{eid}_run"],
