@@ -228,29 +228,37 @@ def test_a_backward_that_lets_autograd_do_the_work_earns_nothing():
     def nothing(ptr):
         pass
 
-    def attention(q, k, v, causal, scale):
-        s = scale * q.float() @ k.float().transpose(-1, -2)
+    def scores(q, k, causal, scale):
+        s = scale * q.float() @ k.float().transpose(-1, -2)  # (B, H, Sq, Sk)
         if causal:
             s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
-        return (torch.softmax(s, -1) @ v.float()).to(q.dtype)
+        return s
+
+    def attention(q, k, v, causal, scale):
+        return (torch.softmax(scores(q, k, causal, scale), -1) @ v.float()).to(q.dtype)
+
+    class Cheat(torch.autograd.Function):  # FlashAttentionFunction.apply(q, k, v, causal=False, scale=None)
+        @staticmethod
+        def forward(ctx, q, k, v, causal=False, scale=None):
+            scale = q.shape[-1] ** -0.5 if scale is None else scale
+            ctx.causal, ctx.scale = causal, scale
+            out = attention(q, k, v, causal, scale)
+            lse = torch.logsumexp(scores(q, k, causal, scale), -1)  # (B, H, Sq)
+            ctx.save_for_backward(q, k, v, out, lse)  # what a real forward saves
+            return out
+
+        @staticmethod
+        def backward(ctx, dout):
+            nothing[(1,)](dout)  # a launch for show
+            with torch.enable_grad():
+                leaves = [t.detach().requires_grad_() for t in ctx.saved_tensors[:3]]
+                grads = torch.autograd.grad(attention(*leaves, ctx.causal, ctx.scale), leaves, dout)
+            return (*grads, None, None)
 
     def flash_attention_autograd(q, k, v, causal=False, scale=None):
-        scale = q.shape[-1] ** -0.5 if scale is None else scale
-
-        class Cheat(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, q, k, v):
-                ctx.save_for_backward(q, k, v)
-                return attention(q, k, v, causal, scale)
-
-            @staticmethod
-            def backward(ctx, dout):
-                nothing[(1,)](dout)  # a launch for show
-                with torch.enable_grad():
-                    leaves = [t.detach().requires_grad_() for t in ctx.saved_tensors]
-                    return torch.autograd.grad(attention(*leaves, causal, scale), leaves, dout)
-        return Cheat.apply(q, k, v)
+        return Cheat.apply(q, k, v, causal, scale)
 
     ex = exercises("05_flash_attention")["flash_backward"]
-    r = evaluate(ex, {"flash_attention_autograd": flash_attention_autograd}, "cpu", ex.cases()[:2])
+    ns = {"flash_attention_autograd": flash_attention_autograd, "FlashAttentionFunction": Cheat}
+    r = evaluate(ex, ns, "cpu", ex.cases()[:2])
     assert r.status == "failed" and r.score == 0 and "even when your kernels do not run" in r.message, r.message
