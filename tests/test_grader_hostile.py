@@ -625,9 +625,10 @@ def test_children_share_one_memory_cap(tmp_path):
            "procs = [subprocess.Popen([sys.executable, '-c', \"b = b'1' * (3 << 30); import time; time.sleep(3)\"])\n"
            "         for _ in range(4)]\n"
            "raise RuntimeError(f'children exited with {[p.wait() for p in procs]}')\n")
-    r = run(tmp_path, kit.submission(L1, {"costs": hog}, solved=("scaling",)))
+    # 90 s: on a busy machine the kernel may reclaim for a while before the group's OOM kill comes
+    r = run(tmp_path, kit.submission(L1, {"costs": hog}, solved=("scaling",)), timeout_s=90)
     e = kit.by_id(r)
-    assert e["costs"]["score"] == 0 and "-9" in e["costs"]["message"]
+    assert e["costs"]["score"] == 0 and "-9" in e["costs"]["message"], e["costs"]["message"]
     assert e["scaling"]["status"] == "passed"
     assert r["isolation"]["limits"]["worker_memory_bytes"] == sandbox.WORKER_MEMORY
 
