@@ -116,8 +116,10 @@ def environment(device: str) -> dict[str, str]:
            "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
            "TRITON_CACHE_DIR": "/tmp/home/.triton", "GPULAB_GRADING": "1", "GPULAB_DEVICE": device,
            "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
-    if isolation()["mode"] == "none":  # no mount namespace: the package must be found through PYTHONPATH
-        env["PYTHONPATH"] = str(ROOT)
+    # The project is found through PYTHONPATH, inside the box (ROOT's run-side folders are bound at
+    # the same paths) and out of it: a checkout that was never pip-installed (the offline GPU
+    # machines) grades like an installed one.
+    env["PYTHONPATH"] = str(ROOT)
     for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LD_LIBRARY_PATH"):
         if device == "cuda" and name in os.environ:
             env[name] = os.environ[name]
