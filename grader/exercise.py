@@ -66,6 +66,15 @@ class Benchmark:
     info: Callable[[], dict] | None = None
 
 
+@dataclass(frozen=True)
+class RunSide:
+    """What the learner's process holds of an exercise: the names its answer cell defines and its
+    run function (from ``grader/runs/``). :func:`run_case` needs nothing more."""
+
+    entries: tuple
+    run: Callable[[dict, "Case", str], dict]
+
+
 class Neutral(str):
     """A judge's verdict for a case that passes without earning anything (an allowed, clean
     rejection of an input), so rejecting everything cannot collect partial credit."""
@@ -141,7 +150,7 @@ def _short_traceback(exc: BaseException, limit: int = 4000) -> str:
     return "\n".join(lines)
 
 
-def run_case(ex: Exercise, ns: dict, case: Case, device: str) -> dict:
+def run_case(ex: Exercise | RunSide, ns: dict, case: Case, device: str) -> dict:
     """Run one case in the learner's process. Never raises for learner mistakes.
 
     Returns ``{"status": "ok", "obs": ...}``, ``{"status": "not_attempted", "message": ...}``

@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import functools
 import io
 import os
 import pickle
@@ -22,13 +23,8 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-
-try:
-    import cloudpickle
-except ImportError:  # a GPU machine without it: the checks' own modules go into the sandbox instead
-    cloudpickle = None
 
 # Everything the judge will need is imported now, before any learner code runs anywhere.
 import grader.rebuild  # noqa: F401
@@ -39,6 +35,7 @@ from grader.checks import exercises, lab_stems
 from grader.exercise import Case, ExerciseResult, judge_case, summarize
 from grader.notebooks import InvalidNotebook, answer_cells, exercise_id, export_source, read_notebook
 from grader.report import write_reports
+from grader.runs import PACKAGE as RUNS_PACKAGE
 from grader.worker import CHANNEL_FD, HEADER
 
 DEFAULT_TIMEOUT = 60.0   # seconds per exercise (its answer cell plus all its cases)
@@ -134,8 +131,7 @@ def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeo
     """
     deadline_s = STARTUP_ALLOWANCE + timeout_s * (len(plan) + 1)
     argv = [sys.executable, "-m", "grader.worker"]
-    launch = sandbox.wrap(argv, device=device, cpu_seconds=deadline_s, cwd_outside=work,
-                          with_checks=cloudpickle is None)
+    launch = sandbox.wrap(argv, device=device, cpu_seconds=deadline_s, cwd_outside=work)
     limits = launch.preexec
     read_fd, write_fd = os.pipe()
     os.set_inheritable(write_fd, True)
@@ -258,14 +254,17 @@ def _decode(data: bytes):
     return outcomes
 
 
-def _ship_by_value() -> None:
-    """The checks' run-side code travels to the worker by value: only the functions it calls, never
-    the modules (with their references) themselves. Modules bound in the sandbox go by name."""
-    if cloudpickle is None:
-        return
-    for name, module in list(sys.modules.items()):
-        if name.startswith("grader.") and name not in sandbox.RUN_SIDE_MODULES and module is not None:
-            cloudpickle.register_pickle_by_value(module)
+def run_reference(ex):
+    """What the worker is told to call for exercise ``ex``: its run function, pickled by reference
+    (module and name, never by value), so the worker imports it from ``grader/runs/`` in the box.
+    Anything else (a function of the judge's modules, a closure) is refused here, before it could
+    carry a reference answer into the learner's process."""
+    fn = ex.run.func if isinstance(ex.run, functools.partial) else ex.run
+    module = getattr(fn, "__module__", "") or ""
+    if not module.startswith(RUNS_PACKAGE + ".") or "<locals>" in getattr(fn, "__qualname__", "<locals>"):
+        raise RuntimeError(f"exercise {ex.id}: its run side must be a function of {RUNS_PACKAGE} "
+                           f"(found {module}.{getattr(fn, '__qualname__', fn)})")
+    return ex.entries, ex.run
 
 
 def run_answers(stem: str, setup_source: str, answers: dict[str, str], cases: dict[str, list[Case]],
@@ -281,8 +280,7 @@ def run_answers(stem: str, setup_source: str, answers: dict[str, str], cases: di
     """
     order = list(exercises(stem))
     lab = exercises(stem)
-    _ship_by_value()
-    runnable = {eid: replace(ex, make_cases=None, judge=None) for eid, ex in lab.items()}
+    runnable = {eid: run_reference(ex) for eid, ex in lab.items()}
     done: dict[str, list] = {}
     fatal: dict[str, tuple[str, str]] = {}  # eid -> (status, message)
     no_exec: set[str] = set()               # answer cells that crash or hang when executed
@@ -295,13 +293,9 @@ def run_answers(stem: str, setup_source: str, answers: dict[str, str], cases: di
         cells = [(e, answers[e]) for e in order if e in answers and e not in no_exec]
         plan = ["setup"] + [f"exec {e}" for e, _ in cells] + [f"run {e}" for e in remaining]
         nonce = secrets.token_hex(8)
-        spec = {"lab": stem, "nonce": nonce, "device": device, "setup_source": setup_source, "cells": cells,
-                "run": remaining,
-                "cases": {e: cases[e] for e in remaining}}
-        if cloudpickle is not None:
-            job = cloudpickle.dumps({**spec, "exercises": {e: runnable[e] for e in remaining}})
-        else:
-            job = pickle.dumps(spec)
+        job = pickle.dumps({"lab": stem, "nonce": nonce, "device": device, "setup_source": setup_source,
+                            "cells": cells, "run": remaining, "runs": {e: runnable[e] for e in remaining},
+                            "cases": {e: cases[e] for e in remaining}})
         run = _run_worker(job, plan, remaining, device, timeout_s, work, nonce)
         output += run.output
         log.append(f"--- worker {attempt}: {run.how} at {run.marker or 'start'!r} ---\n"
@@ -399,8 +393,7 @@ def grade(path, lab: str | None = None, device: str = "cpu", seed: int | None = 
               "max_score": float(sum(ex.points for ex in lab_exercises.values())),
               "duration_s": None, "exercises": [r.as_dict() for r in results],
               "learner_output": output[-4000:],
-              "isolation": {**sandbox.isolation(), "limits": sandbox.limits_summary(device),
-                            "checks_in_sandbox": cloudpickle is None}}
+              "isolation": {**sandbox.isolation(), "limits": sandbox.limits_summary(device)}}
     logs = [log]
     if notebook_run:
         result["notebook_run"] = grader.rebuild.run_rebuilt(solution, answers, device, timeout_s, log=logs)

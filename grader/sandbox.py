@@ -34,8 +34,7 @@ from gpulab.paths import ROOT
 from grader import cgroups
 
 # The grader modules a worker imports (the judge's modules and the checks stay outside).
-RUN_SIDE = ("grader/__init__.py", "grader/worker.py", "grader/notebooks.py", "grader/exercise.py")
-RUN_SIDE_MODULES = {"grader", "grader.worker", "grader.notebooks", "grader.exercise"}
+RUN_SIDE = ("grader/__init__.py", "grader/worker.py", "grader/notebooks.py", "grader/exercise.py", "grader/runs")
 TMP_BYTES = 1 << 30          # the sandbox's whole writable space
 FILE_BYTES = 256 << 20       # the largest file learner code may write
 ADDRESS_SPACE = 8 << 30      # per process, CPU only (CUDA reserves far more virtual memory)
@@ -193,14 +192,11 @@ class Launch(NamedTuple):
     cleanup: Callable[[], None]
 
 
-def wrap(argv: list[str], *, device: str, cpu_seconds: float, cwd_outside: Path | None = None,
-         with_checks: bool = False) -> Launch:
+def wrap(argv: list[str], *, device: str, cpu_seconds: float, cwd_outside: Path | None = None) -> Launch:
     """A :class:`Launch` of ``argv`` (a ``python`` command line) in the box.
 
     ``cwd_outside`` is only used without bubblewrap (the worker's working directory on this
-    machine); in the box the working directory is ``/tmp/work`` on the tmpfs. ``with_checks`` binds
-    the whole grader package (needed only where cloudpickle is missing and the checks' run-side code
-    cannot travel by value).
+    machine); in the box the working directory is ``/tmp/work`` on the tmpfs.
     """
     env = environment(device)
     exe = _bwrap()
@@ -221,12 +217,9 @@ def wrap(argv: list[str], *, device: str, cpu_seconds: float, cwd_outside: Path 
     for root in _python_roots():
         args += _mkdirs(root, made) + ["--ro-bind", str(root), str(root)]
     args += _mkdirs(ROOT / "gpulab", made) + ["--ro-bind", str(ROOT / "gpulab"), str(ROOT / "gpulab")]
-    if with_checks:
-        args += ["--ro-bind", str(ROOT / "grader"), str(ROOT / "grader")]
-    else:
-        args += ["--perms", "0755", "--dir", str(ROOT / "grader")]
-        for rel in RUN_SIDE:
-            args += ["--ro-bind", str(ROOT / rel), str(ROOT / rel)]
+    args += ["--perms", "0755", "--dir", str(ROOT / "grader")]
+    for rel in RUN_SIDE:
+        args += ["--ro-bind", str(ROOT / rel), str(ROOT / rel)]
     args += ["--proc", "/proc"]
     if device == "cuda":  # the driver's device nodes and its view of the PCI bus
         args += ["--dev-bind", "/dev", "/dev", "--ro-bind", "/sys", "/sys"]

@@ -1,7 +1,7 @@
 """The learner-side process of ``grade``: ``python -m grader.worker``, started in the sandbox.
 
 It reads its job from stdin (sent by the judge: the lab's locked setup, the learner's answer cells,
-the exercises' run-side code shipped by value and the cases' inputs), executes the setup and each
+each exercise's run function by reference into ``grader/runs/`` and the cases' inputs), executes the setup and each
 answer cell on its own (one broken cell costs only its exercise), then runs every case of every
 exercise and sends the plain observations back. It never sees a reference, an expected value or
 the judge's code. Everything goes back over one pipe (file descriptor :data:`CHANNEL_FD`) as
@@ -119,15 +119,14 @@ def main() -> int:
     import gpulab  # noqa: F401 - the run-side helpers the checks use, loaded now
     import gpulab.compare  # noqa: F401
     import gpulab.launches  # noqa: F401
-    from grader.exercise import Case, run_case
+    from grader.exercise import Case, RunSide, run_case
     from grader.notebooks import exec_source
 
-    job = pickle.loads(sys.stdin.buffer.read())  # from the judge, over a pipe: trusted
+    # From the judge, over a pipe: trusted. Unpickling imports each exercise's run side by name from
+    # grader/runs/ (bound read-only in the box): the judge's modules are not here to import.
+    job = pickle.loads(sys.stdin.buffer.read())
     send = _channel(CHANNEL_FD, job["nonce"].encode())
-    if "exercises" not in job:  # no cloudpickle on the judge's machine: the checks are bound here
-        from grader.checks import exercises
-
-        job["exercises"] = exercises(job["lab"])
+    runs = {eid: RunSide(entries, run) for eid, (entries, run) in job["runs"].items()}
     capture = CappedStream()
     sys.stdout = sys.stderr = capture
     os.environ.pop("GPULAB_STRICT", None)  # inline checks in answer cells must not raise here
@@ -161,7 +160,7 @@ def main() -> int:
             outcomes = []
             for case in cases:
                 try:
-                    outcomes.append(run_case(job["exercises"][eid], ns, Case(case.name, case.inputs), job["device"]))
+                    outcomes.append(run_case(runs[eid], ns, Case(case.name, case.inputs), job["device"]))
                 except BaseException as exc:  # SystemExit from inside the learner's function
                     if isinstance(exc, KeyboardInterrupt):
                         raise

@@ -8,11 +8,13 @@ import statistics
 
 import torch
 
-from grader.exercise import Case, Exercise, entry
+from grader.exercise import Case, Exercise
 from grader.kit.cases import randint, uniform
 from grader.kit.close import close
+from grader.runs import run_side
 
 LAB = "01_performance_model"
+RUN = run_side(LAB)  # the learner side: grader/runs/01_performance_model.py
 TITLE = "Performance model: timing, roofline, scaling"
 FORMULA_RTOL = 1e-6  # roofline and scaling answers may be computed in another (equivalent) order
 
@@ -59,16 +61,6 @@ def _costs_cases(gen, public):
     return cases
 
 
-def _costs_run(ns, case, device):
-    x = case.inputs
-    return {"elementwise": entry(ns, "elementwise_cost")(x["numel"], x["dtype_bytes"], n_inputs=x["n_inputs"],
-                                                         flops_per_element=x["flops_per_element"]),
-            "softmax": entry(ns, "softmax_cost")(x["rows"], x["cols"], x["dtype_bytes"]),
-            "matmul": entry(ns, "matmul_cost")(x["M"], x["N"], x["K"], x["dtype_bytes"]),
-            "attention": entry(ns, "attention_cost")(x["batch"], x["heads"], x["seq_q"], x["seq_k"],
-                                                     x["head_dim"], x["dtype_bytes"], causal=x["causal"])}
-
-
 def _costs_judge(case, obs):
     x = case.inputs
     for op, (flops, nbytes) in ref_costs(x).items():
@@ -87,7 +79,7 @@ def _costs_judge(case, obs):
 
 
 COSTS = Exercise("costs", 3, ("elementwise_cost", "softmax_cost", "matmul_cost", "attention_cost"),
-                 _costs_cases, _costs_run, _costs_judge, title="FLOPs and bytes of four op families",
+                 _costs_cases, RUN._costs_run, _costs_judge, title="FLOPs and bytes of four op families",
                  hint="A matmul does one multiply and one add per (m, n, k): 2*M*N*K FLOPs. Count every tensor "
                       "read once and every output written once. Causal attention skips the masked pairs.")
 
@@ -111,13 +103,6 @@ def _roofline_cases(gen, public):
     return cases
 
 
-def _roofline_run(ns, case, device):
-    x = case.inputs
-    return {"ai": entry(ns, "arithmetic_intensity")(x["flops"], x["bytes"]),
-            "time": entry(ns, "roofline_time")(x["flops"], x["bytes"], x["peak_flops"], x["peak_bw"]),
-            "bound": entry(ns, "bound")(x["flops"], x["bytes"], x["peak_flops"], x["peak_bw"])}
-
-
 def _roofline_judge(case, obs):
     x = case.inputs
     t_compute, t_memory = x["flops"] / x["peak_flops"], x["bytes"] / x["peak_bw"]
@@ -134,7 +119,7 @@ def _roofline_judge(case, obs):
 
 
 ROOFLINE = Exercise("roofline", 2, ("arithmetic_intensity", "roofline_time", "bound"),
-                    _roofline_cases, _roofline_run, _roofline_judge, title="Roofline time and bound",
+                    _roofline_cases, RUN._roofline_run, _roofline_judge, title="Roofline time and bound",
                     hint="Compute and memory traffic overlap, so the time is the larger of the two, not their sum.")
 
 
@@ -167,21 +152,6 @@ def _benchmark_cases(gen, public):
                           dict(steady_ms=typical_ms, cold_ms=cold, cold_calls=cold_calls, warmup=warmup,
                                repeats=REPEATS, durations_ms=_durations(gen, typical_ms))))
     return cases
-
-
-def _benchmark_run(ns, case, device):
-    from gpulab.simulated import SimulatedClock, SimulatedDevice, SimulatedKernel
-
-    x = case.inputs
-    clock = SimulatedClock()
-    sim = SimulatedDevice(clock=clock)
-    kernel = SimulatedKernel(sim, steady_ms=x["steady_ms"], cold_ms=x["cold_ms"], cold_calls=x["cold_calls"],
-                             durations_ms=x["durations_ms"])
-    with clock.installed(ns):
-        stats = entry(ns, "benchmark")(kernel, torch.zeros(4), device=sim, warmup=x["warmup"], repeats=x["repeats"])
-    get = (lambda k: stats[k]) if isinstance(stats, dict) else (lambda k: getattr(stats, k))
-    return {"median_ms": float(get("median_ms")), "p95_ms": float(get("p95_ms")),
-            "p99_ms": float(get("p99_ms")), "calls": kernel.calls}
 
 
 def _benchmark_judge(case, obs):
@@ -236,7 +206,7 @@ def _percentile_mismatch(obs, samples) -> str | None:
     return None
 
 
-BENCHMARK = Exercise("benchmark", 3, ("benchmark",), _benchmark_cases, _benchmark_run, _benchmark_judge,
+BENCHMARK = Exercise("benchmark", 3, ("benchmark",), _benchmark_cases, RUN._benchmark_run, _benchmark_judge,
                      title="A correct timer",
                      hint="Warm up with untimed calls; call synchronize(device) before you start AND before you "
                           "stop the clock of each call; report the median and p95/p99 of the samples.")
@@ -257,13 +227,6 @@ def _scaling_cases(gen, public):
     return cases
 
 
-def _scaling_run(ns, case, device):
-    x = case.inputs
-    return {"amdahl": entry(ns, "amdahl_speedup")(x["p"], x["n"]),
-            "strong": entry(ns, "strong_scaling_efficiency")(x["t1"], x["tn"], x["n"]),
-            "weak": entry(ns, "weak_scaling_efficiency")(x["t1"], x["tn"])}
-
-
 def _scaling_judge(case, obs):
     x = case.inputs
     want = {"amdahl": 1 / ((1 - x["p"]) + x["p"] / x["n"]), "strong": x["t1"] / (x["n"] * x["tn"]),
@@ -274,7 +237,7 @@ def _scaling_judge(case, obs):
     return None
 
 
-SCALING = Exercise("scaling", 2, tuple(SCALING_NAMES.values()), _scaling_cases, _scaling_run, _scaling_judge,
+SCALING = Exercise("scaling", 2, tuple(SCALING_NAMES.values()), _scaling_cases, RUN._scaling_run, _scaling_judge,
                    title="Amdahl and scaling efficiency",
                    hint="Amdahl: the serial fraction (1 - p) does not shrink with n. Strong scaling divides by n.")
 

@@ -10,25 +10,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gpulab.compare import padded
-from grader.exercise import Benchmark, Case, Exercise, entry
+from grader.exercise import Benchmark, Case, Exercise
 from grader.kit.cases import randint, randn
-from grader.kit.kernels import judge_out, observe_out
+from grader.kit.kernels import judge_out
 from grader.kit.variants import diagnose, tensor_match
+from grader.runs import run_side
 
 LAB = "02_triton_basics"
+RUN = run_side(LAB)  # the learner side: grader/runs/02_triton_basics.py
 TITLE = "Triton basics: programs, masks, fusion"
-
-
-def _layout(t: torch.Tensor, layout: str) -> torch.Tensor:
-    """Rebuild a non-contiguous view on the learner's side (a view does not survive pickling)."""
-    if layout == "strided":      # every other element of a 1-D buffer of twice the length
-        return t[::2]
-    if layout == "transposed":   # stored (N, M), seen as (M, N)
-        return t.t()
-    if layout == "sliced":       # rows 0, 2, 4 ... and columns 1, 4, 7 ... of a bigger matrix
-        return t[::2, 1::3]
-    return t
 
 
 # --- vector add ---------------------------------------------------------------------------------
@@ -46,22 +36,14 @@ def _vector_add_cases(gen, public):
     return cases
 
 
-def _vector_add_run(ns, case, device):
-    x_base, y_base = padded(case.inputs["x"], device), padded(case.inputs["y"], device)
-    x, y = _layout(x_base, case.inputs["layout"]), _layout(y_base, case.inputs["layout"])
-    fn = entry(ns, "vector_add")
-    return observe_out(lambda out: fn(x, y, out=out), x.shape, x.dtype, device, inputs={"x": x_base, "y": y_base},
-                       may_reject=case.inputs["layout"] != "contiguous")
-
-
 def _vector_add_judge(case, obs):
-    x = _layout(case.inputs["x"], case.inputs["layout"])
-    y = _layout(case.inputs["y"], case.inputs["layout"])
+    x = RUN._layout(case.inputs["x"], case.inputs["layout"])
+    y = RUN._layout(case.inputs["y"], case.inputs["layout"])
     return judge_out(case, obs, "vector_add", x.double() + y.double(), x.dtype,
                      may_reject=case.inputs["layout"] != "contiguous")
 
 
-VECTOR_ADD = Exercise("vector_add", 2, ("vector_add",), _vector_add_cases, _vector_add_run, _vector_add_judge,
+VECTOR_ADD = Exercise("vector_add", 2, ("vector_add",), _vector_add_cases, RUN._vector_add_run, _vector_add_judge,
                       title="Vector add: programs and masks",
                       hint="Launch triton.cdiv(n, BLOCK) programs and mask every load and store with offs < n.")
 
@@ -90,16 +72,9 @@ def _bias_gelu_cases(gen, public):
     return cases
 
 
-def _bias_gelu_run(ns, case, device):
-    x_base, bias = padded(case.inputs["x"], device), padded(case.inputs["bias"], device)
-    x = _layout(x_base, case.inputs["layout"])
-    fn, approx = entry(ns, "bias_gelu"), case.inputs["approximate"]
-    return observe_out(lambda out: fn(x, bias, approximate=approx, out=out), x.shape, x.dtype, device,
-                       inputs={"x": x_base, "bias": bias}, may_reject=case.inputs["layout"] != "contiguous")
-
-
 def _bias_gelu_judge(case, obs):
-    x, bias, approx = _layout(case.inputs["x"], case.inputs["layout"]), case.inputs["bias"], case.inputs["approximate"]
+    x, bias, approx = RUN._layout(case.inputs["x"],
+                                  case.inputs["layout"]), case.inputs["bias"], case.inputs["approximate"]
     message = judge_out(case, obs, "bias_gelu", gelu_reference(x, bias, approx), x.dtype,
                         may_reject=case.inputs["layout"] != "contiguous")
     if x.dtype != torch.float32:  # the two forms differ by 5e-4 at most: within float16's tolerance
@@ -110,7 +85,7 @@ def _bias_gelu_judge(case, obs):
                     tensor_match(x.dtype), f"\n  Your output matches {{}} instead: use the {form} form here.")
 
 
-BIAS_GELU = Exercise("bias_gelu", 3, ("bias_gelu",), _bias_gelu_cases, _bias_gelu_run, _bias_gelu_judge,
+BIAS_GELU = Exercise("bias_gelu", 3, ("bias_gelu",), _bias_gelu_cases, RUN._bias_gelu_run, _bias_gelu_judge,
                      title="Fused bias + GELU (erf and tanh forms)",
                      hint="Load x in its dtype, compute in float32, store in x's dtype. "
                           "erf form: 0.5*z*(1+erf(z/sqrt(2))); "
@@ -131,28 +106,21 @@ def _copy_2d_cases(gen, public):
         if layout == "sliced" and shape[1] < 2:
             shape = (shape[0], 2)
         base = randn(gen, *shape).to(getattr(torch, dtype))
-        view = _layout(base, layout)
+        view = RUN._layout(base, layout)
         cases.append(Case(f"{layout} source of shape {tuple(view.shape)} strides {view.stride()} {dtype}",
                           dict(src=base, layout=layout)))
     return cases
 
 
-def _copy_2d_run(ns, case, device):
-    base = padded(case.inputs["src"], device)
-    src = _layout(base, case.inputs["layout"])
-    fn = entry(ns, "copy_2d")
-    return observe_out(lambda out: fn(src, out=out), src.shape, src.dtype, device, inputs={"src": base})
-
-
 def _copy_2d_judge(case, obs):
-    src = _layout(case.inputs["src"], case.inputs["layout"])
+    src = RUN._layout(case.inputs["src"], case.inputs["layout"])
     message = judge_out(case, obs, "copy_2d", src.contiguous(), src.dtype)
     if message and case.inputs["layout"] != "contiguous" and "differ" in message:
         message += "\n  Index the source with its strides: src_ptr + row * stride_row + col * stride_col."
     return message
 
 
-COPY_2D = Exercise("copy_2d", 2, ("copy_2d",), _copy_2d_cases, _copy_2d_run, _copy_2d_judge,
+COPY_2D = Exercise("copy_2d", 2, ("copy_2d",), _copy_2d_cases, RUN._copy_2d_run, _copy_2d_judge,
                    title="Strided 2-D copy",
                    hint="Use 2-D blocks of offsets (rows[:, None], cols[None, :]), the source's strides for loads, "
                         "the output's row-major layout for stores, and a 2-D mask.")
@@ -175,11 +143,6 @@ def _bytes_cases(gen, public):
             for m, n, b in specs for f in (True, False)]
 
 
-def _bytes_run(ns, case, device):
-    x = case.inputs
-    return {"bytes": entry(ns, "bias_gelu_bytes")(x["M"], x["N"], x["dtype_bytes"], fused=x["fused"])}
-
-
 def _bytes_judge(case, obs):
     want = ref_bias_gelu_bytes(**case.inputs)
     got = obs["bytes"]
@@ -188,7 +151,7 @@ def _bytes_judge(case, obs):
     return None
 
 
-FUSION_BYTES = Exercise("fusion_bytes", 1, ("bias_gelu_bytes",), _bytes_cases, _bytes_run, _bytes_judge,
+FUSION_BYTES = Exercise("fusion_bytes", 1, ("bias_gelu_bytes",), _bytes_cases, RUN._bytes_run, _bytes_judge,
                         title="Bytes moved: fused vs unfused",
                         hint="Unfused, the intermediate x + bias is written to memory and read back.")
 

@@ -28,48 +28,32 @@ Hidden cases are random sizes inside fixed rules: every seed's hidden set holds 
 """
 from __future__ import annotations
 
-from functools import reduce
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
-from gpulab.compare import compare, guard_elements, padded
-from grader.exercise import Benchmark, Case, Exercise, changed_inputs, entry
+from gpulab.compare import compare
+from grader.exercise import Benchmark, Case, Exercise, changed_inputs
 from grader.kit import kernels
 from grader.kit.cases import choice, randint, randn
 from grader.kit.variants import matching_variant, tensor_match
+from grader.runs import run_side
 
 LAB = "03_reductions"
+RUN = run_side(LAB)  # the learner side: grader/runs/03_reductions.py
 TITLE = "Reductions: softmax and normalization"
 
-PAD_VALUE = 1.0e4  # what the padding after an input holds (gpulab.compare.guard_elements of it)
 # (atol, rtol) for softmax probabilities. Outputs are ~1/N, so dtype-default atols would pass anything:
 # fp32 keeps 1e-5 relative; fp16 gets its rounding (2^-11 relative, half an ulp of a subnormal) with 2x room.
 SOFTMAX_TOL = {torch.float32: (1e-7, 1e-5), torch.float16: (1e-7, 1e-3)}
 STATS_RTOL = 2e-5  # the normaliser l of an (m, l) state, in float32
 
 
-def _place(x: torch.Tensor, device, row_pad: int = 0) -> torch.Tensor:
-    """``x`` as the kernel sees it: at the start of a buffer whose trailing padding holds PAD_VALUE, or
-    with ``row_pad`` > 0 a row-padded view, rows N + row_pad elements apart (stride(0) > N), the gaps
-    and the tail holding PAD_VALUE."""
-    if not row_pad:
-        return padded(x, device, fill=PAD_VALUE)
-    M, N = x.shape
-    storage = torch.full((M * (N + row_pad) + guard_elements(device),), PAD_VALUE, dtype=x.dtype, device=device)
-    view = storage[: M * (N + row_pad)].view(M, N + row_pad)[:, :N]
-    view.copy_(x)
-    return view
-
-
 def _not_multiple(gen, lo, hi, block) -> int:
     """A random integer in [lo, hi] that is not a multiple of ``block`` (the last block is partial)."""
     n = randint(gen, lo, hi)
     return n + 1 if block and n % block == 0 else n
-
-
-def _block_kwargs(block_n) -> dict:
-    return {} if block_n is None else {"BLOCK_N": block_n}
 
 
 def _row_pad_note(case) -> str:
@@ -167,12 +151,6 @@ def _softmax_cases(gen, public):
     return cases
 
 
-def _softmax_run(ns, case, device):
-    x = _place(case.inputs["x"], device, case.inputs.get("row_pad", 0))
-    fn, kw = entry(ns, "softmax"), _block_kwargs(case.inputs["block_n"])
-    return kernels.observe_out(lambda out: fn(x, **kw, out=out), x.shape, x.dtype, device, inputs={"x": x})
-
-
 def _softmax_judge(case, obs):
     x, kind = case.inputs["x"], case.inputs["kind"]
     atol, rtol = SOFTMAX_TOL[x.dtype]
@@ -217,7 +195,7 @@ def _softmax_judge(case, obs):
     return message
 
 
-SOFTMAX_ROWS = Exercise("softmax_rows", 3, ("softmax",), _softmax_cases, _softmax_run, _softmax_judge,
+SOFTMAX_ROWS = Exercise("softmax_rows", 3, ("softmax",), _softmax_cases, RUN._softmax_run, _softmax_judge,
                         title="Row softmax: one program per row, rows of any width",
                         hint="One program per row; loop over the row in blocks of BLOCK_N columns "
                              "with `cols < N` masks and other=-inf. "
@@ -322,73 +300,6 @@ def _stats_cases(gen, public):
     return cases
 
 
-def _watched(combine):
-    """``combine`` called on copies of its arguments; ``mutated`` records whether it wrote into them."""
-    mutated = []
-
-    def call(p, q):
-        pc, qc = p.clone(), q.clone()
-        r = combine(pc, qc)
-        same = torch.equal(pc.nan_to_num(), p.nan_to_num()) and torch.equal(qc.nan_to_num(), q.nan_to_num())
-        mutated.append(not same)
-        return r
-    return call, mutated
-
-
-_LEFT_FOLD = "left fold ((s0 + s1) + s2) + ..."
-
-
-def _chunks(splits) -> list:
-    """The column ranges (lo, hi) of the chunks between ``splits``."""
-    return list(zip(splits[:-1], splits[1:]))
-
-
-def _stats_observe(stats, part, kw: dict, alloc: bool, device) -> dict:
-    """softmax_stats on ``part``: into a poisoned ``out``, or (``alloc``) with ``out`` left to its default,
-    None, with the states it returns as ``out`` (the name of its type if it is no tensor)."""
-    if not alloc:
-        return kernels.observe_out(lambda out: stats(part, **kw, out=out), (part.shape[0], 2), torch.float32,
-                                   device, inputs={"x": part})
-    call = kernels.observe_kernel(lambda: stats(part, **kw), {}, device, inputs={"x": part}, ablate=False)
-    ret = call.returned
-    return {**call.as_obs(), "out": ret.detach().cpu() if isinstance(ret, torch.Tensor) else type(ret).__name__}
-
-
-def _stats_run(ns, case, device):
-    stats, (combine, mutated) = entry(ns, "softmax_stats"), _watched(entry(ns, "combine_stats"))
-    inp = case.inputs
-    if inp["kind"] == "combine":
-        a, b, c = (inp[k].to(device) for k in "abc")
-        ab, ba = combine(a, b), combine(b, a)
-        left, right = combine(combine(a, b), c), combine(a, combine(b, c))
-        return {"ab": ab.cpu(), "ba": ba.cpu(), "left": left.cpu(), "right": right.cpu(),
-                "combine_mutated": any(mutated)}
-    x, kw, row_pad, alloc = inp["x"], _block_kwargs(inp["block_n"]), inp.get("row_pad", 0), inp["kind"] == "alloc"
-    whole = _place(x, device, row_pad)
-    # Each chunk (M, hi - lo), then the whole x; with row_pad a chunk is a column slice of the row-padded whole.
-    parts = [whole[:, lo:hi] if row_pad else _place(x[:, lo:hi].contiguous(), device)
-             for lo, hi in _chunks(inp["splits"])] + [whole]
-    seen = [_stats_observe(stats, part, kw, alloc, device) for part in parts]
-    last = seen[-1]
-    obs = {"chunks": [r["out"] for r in seen[:-1]], "whole": last["out"],
-           "launches": [name for r in seen for name in r["launches"]],
-           "own_launches": [name for r in seen for name in r["own_launches"]],
-           "guard": next((r["guard"] for r in seen if r["guard"]), None),
-           "oob_read": next((r["oob_read"] for r in seen if r["oob_read"]), None),
-           "returned_out": all(r["returned_out"] for r in seen),
-           "ablated": last["ablated"], "written_outside": last["written_outside"], "inputs_after": last["inputs_after"]}
-    # The learner's own chunk states, combined in three orders (the allocating case: the first only).
-    states = [s.to(device) for s in obs["chunks"] if isinstance(s, torch.Tensor)]
-    if len(states) == len(parts) - 1:
-        obs["folds"] = {_LEFT_FOLD: reduce(combine, states).cpu()}
-        if not alloc:
-            right = reduce(lambda acc, s: combine(s, acc), states[::-1])
-            obs["folds"].update({"right fold s0 + (s1 + (s2 + ...))": right.cpu(),
-                                 "reversed order ((sK + sK-1) + ...)": reduce(combine, states[::-1]).cpu()})
-    obs["combine_mutated"] = any(mutated)
-    return obs
-
-
 _COMBINE_HINT = ("\n  combine_stats: m = max(m_a, m_b); l = l_a * exp(m_a - m) + l_b * exp(m_b - m) (each partial sum "
                  "rescaled to the new max). A state (-inf, 0) is an empty chunk: use 0 in place of a -inf m so "
                  "exp(-inf - (-inf)) never makes a NaN.")
@@ -402,13 +313,13 @@ def _stats_alloc_judge(case, obs) -> str | None:
     if verdict:
         return verdict
     x, splits = case.inputs["x"], case.inputs["splits"]
-    for (lo, hi), got in zip([*_chunks(splits), (0, x.shape[1])], [*obs["chunks"], obs["whole"]]):
+    for (lo, hi), got in zip([*RUN._chunks(splits), (0, x.shape[1])], [*obs["chunks"], obs["whole"]]):
         report = _stats_compare(got, stats_reference(x[:, lo:hi]), f"softmax_stats(x[:, {lo}:{hi}]) with out=None")
         if report:
             return report + (f"\n  With out=None, allocate the states yourself: shape ({x.shape[0]}, 2), dtype float32 "
                              f"whatever x's dtype ({x.dtype} here): rows_out(x, out, out_shape=(M, 2), "
                              "out_dtype=torch.float32).")
-    report = _stats_compare(obs["folds"][_LEFT_FOLD], stats_reference(x), "combine_stats over the chunk states")
+    report = _stats_compare(obs["folds"][RUN._LEFT_FOLD], stats_reference(x), "combine_stats over the chunk states")
     if report:
         return report + _COMBINE_HINT
     return changed_inputs(case, obs["inputs_after"])
@@ -454,7 +365,7 @@ def _stats_judge(case, obs):
     report = _stats_compare(obs["whole"], want, f"softmax_stats(x) on the whole {tuple(x.shape)} x")
     if report:
         return report + notes
-    for (lo, hi), got in zip(_chunks(splits), obs["chunks"]):
+    for (lo, hi), got in zip(RUN._chunks(splits), obs["chunks"]):
         report = _stats_compare(got, stats_reference(x[:, lo:hi]), f"softmax_stats(x[:, {lo}:{hi}])")
         if report:
             return report + notes
@@ -467,7 +378,7 @@ def _stats_judge(case, obs):
 
 
 SOFTMAX_ONLINE_STATE = Exercise("softmax_online_state", 3, ("softmax_stats", "combine_stats"), _stats_cases,
-                                _stats_run, _stats_judge, title="Online softmax: combinable (max, sum) states",
+                                RUN._stats_run, _stats_judge, title="Online softmax: combinable (max, sum) states",
                                 hint="softmax_stats: pass 1 of your softmax, storing (m, l) per row in float32. "
                                      "combine_stats: m = max(m_a, m_b), l = l_a * exp(m_a - m) + l_b * exp(m_b - m), "
                                      "with 0 in place of a -inf m.")
@@ -545,17 +456,6 @@ def _norm_cases(op):
     return make
 
 
-def _norm_run(op):
-    def run(ns, case, device):
-        inp = case.inputs
-        x = _place(inp["x"], device, inp.get("row_pad", 0))
-        vectors = {k: inp[k].to(device) for k in ("weight", "bias") if k in inp}  # (N,) each, in argument order
-        fn, kw = entry(ns, op), {"eps": inp["eps"], **_block_kwargs(inp["block_n"])}
-        return kernels.observe_out(lambda out: fn(x, *vectors.values(), **kw, out=out), x.shape, x.dtype, device,
-                                   inputs={"x": x, **vectors})
-    return run
-
-
 def _norm_judge(op):
     def judge(case, obs):
         inp = case.inputs
@@ -592,12 +492,13 @@ def _norm_judge(op):
     return judge
 
 
-RMSNORM_FORWARD = Exercise("rmsnorm_forward", 2, ("rmsnorm",), _norm_cases("rmsnorm"), _norm_run("rmsnorm"),
+RMSNORM_FORWARD = Exercise("rmsnorm_forward", 2, ("rmsnorm",), _norm_cases("rmsnorm"), partial(RUN._norm_run,
+                                                                                               "rmsnorm"),
                            _norm_judge("rmsnorm"), title="RMSNorm forward",
                            hint="Pass 1: sum of x*x in float32 over the row's blocks; rstd = 1 / sqrt(sum / N + eps). "
                                 "Pass 2: store x * rstd * weight in x's dtype.")
 LAYERNORM_FORWARD = Exercise("layernorm_forward", 3, ("layernorm",), _norm_cases("layernorm"),
-                             _norm_run("layernorm"), _norm_judge("layernorm"), title="LayerNorm forward",
+                             partial(RUN._norm_run, "layernorm"), _norm_judge("layernorm"), title="LayerNorm forward",
                              hint="Accumulate in float32. mean = sum(x) / N; var = sum((x - mean)^2) / N "
                                   "(biased, as F.layer_norm); rstd = 1 / sqrt(var + eps); "
                                   "y = (x - mean) * rstd * weight + bias.")
@@ -645,17 +546,6 @@ def _rms_bwd_cases(gen, public):
     return cases
 
 
-def _rms_bwd_run(ns, case, device):
-    inp = case.inputs
-    x, dy = _place(inp["x"], device, inp.get("row_pad", 0)), _place(inp["dy"], device, inp.get("dy_row_pad", 0))
-    w = inp["weight"].to(device)
-    M, N = x.shape
-    fn, blocks = entry(ns, "rmsnorm_backward"), _block_kwargs(inp["block_n"])
-    return kernels.observe_kernel(lambda dx, dweight: fn(x, w, dy, eps=inp["eps"], out=(dx, dweight), **blocks),
-                                  {"dx": ((M, N), x.dtype), "dweight": ((N,), w.dtype)}, device,
-                                  inputs={"x": x, "weight": w, "dy": dy}).as_obs()
-
-
 def _rms_bwd_judge(case, obs):
     inp = case.inputs
     x, w, dy, eps = inp["x"], inp["weight"], inp["dy"], inp["eps"]
@@ -700,7 +590,7 @@ def _rms_bwd_judge(case, obs):
     return kernels.final_verdict(case, obs)
 
 
-RMSNORM_BACKWARD = Exercise("rmsnorm_backward", 2, ("rmsnorm_backward",), _rms_bwd_cases, _rms_bwd_run,
+RMSNORM_BACKWARD = Exercise("rmsnorm_backward", 2, ("rmsnorm_backward",), _rms_bwd_cases, RUN._rms_bwd_run,
                             _rms_bwd_judge,
                             title="Stretch: RMSNorm backward (dx and dweight)",
                             hint="Kernel 1, one program per row: sum(x*x) and sum(w*dy*x) in one pass, "

@@ -15,29 +15,28 @@ Hidden cases are random sizes inside fixed rules: every seed's hidden set holds 
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
-from gpulab.compare import compare, guard_elements, padded
-from gpulab.launches import record_stores, record_torch_ops, watch_launches
-from grader.exercise import Benchmark, Case, Exercise, entry
+from gpulab.compare import compare
+from grader.exercise import Benchmark, Case, Exercise
 from grader.kit import kernels
 from grader.kit.cases import randint
 from grader.kit.close import close
 from grader.kit.variants import diagnose, tensor_match
+from grader.runs import run_side
 
 LAB = "04_matmul"
+RUN = run_side(LAB)  # the learner side: grader/runs/04_matmul.py
 TITLE = "Matmul: tiling and the matrix units"
 
 # Shared memory of one H100 SM available to a kernel (227 KiB): a config whose pipeline buffers do not
 # fit cannot be compiled.
 SMEM_BYTES = 227 * 1024
-# Extra elements at the end of each row of a row-padded operand (its gaps hold NaN: reading them shows)
-ROW_PAD = 7
 # Non-square tiles (BLOCK_M, BLOCK_N, BLOCK_K) of the kernel checks: a BLOCK_M / BLOCK_N mix-up shows
 TILES = ((32, 64, 32), (64, 32, 32))
 
@@ -73,14 +72,6 @@ def _intensity_cases(gen, public):
                  dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, K=K, dtype_bytes=b)) for m, n, k, K, b in specs]
 
 
-def _intensity_run(ns, case, device):
-    x = case.inputs
-    got = entry(ns, "tile_intensity")(x["BLOCK_M"], x["BLOCK_N"], x["BLOCK_K"], x["K"], x["dtype_bytes"])
-    if isinstance(got, (tuple, list)):
-        got = [g if isinstance(g, (numbers.Number, str)) else repr(g) for g in got]
-    return {"got": got if isinstance(got, list) else repr(got)}
-
-
 def _intensity_judge(case, obs):
     x = case.inputs
     got = obs["got"]
@@ -106,7 +97,7 @@ def _intensity_judge(case, obs):
     return None
 
 
-TILE_INTENSITY = Exercise("tile_intensity", 1, ("tile_intensity",), _intensity_cases, _intensity_run,
+TILE_INTENSITY = Exercise("tile_intensity", 1, ("tile_intensity",), _intensity_cases, RUN._intensity_run,
                           _intensity_judge, title="Arithmetic intensity of a tile",
                           hint="Per K step a program loads a BLOCK_M x BLOCK_K tile of A and a BLOCK_K x BLOCK_N tile "
                                "of B and does 2 x BLOCK_M x BLOCK_N x BLOCK_K FLOPs; "
@@ -138,23 +129,6 @@ def _order_cases(gen, public):
             for m, n, g in specs]
 
 
-def _plain_pair(value):
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        try:
-            if all(float(v) == int(v) for v in value):
-                return [int(v) for v in value]
-        except (TypeError, ValueError):
-            pass
-    return repr(value)
-
-
-def _order_run(ns, case, device):
-    fn = entry(ns, "grouped_pid")
-    x = case.inputs
-    total = x["num_pid_m"] * x["num_pid_n"]
-    return {"pairs": [_plain_pair(fn(pid, x["num_pid_m"], x["num_pid_n"], x["GROUP_M"])) for pid in range(total)]}
-
-
 def _order_judge(case, obs):
     x = case.inputs
     pairs = obs["pairs"]
@@ -174,7 +148,7 @@ def _order_judge(case, obs):
     return None
 
 
-GROUPED_ORDER = Exercise("grouped_order", 2, ("grouped_pid",), _order_cases, _order_run, _order_judge,
+GROUPED_ORDER = Exercise("grouped_order", 2, ("grouped_pid",), _order_cases, RUN._order_run, _order_judge,
                          title="Grouped (swizzled) program order",
                          hint="A group is GROUP_M tile rows x all num_pid_n columns = GROUP_M * num_pid_n programs; "
                               "inside a group go down the column first. "
@@ -182,23 +156,6 @@ GROUPED_ORDER = Exercise("grouped_order", 2, ("grouped_pid",), _order_cases, _or
 
 
 # --- the matmul kernels of sections 3 to 5: inputs, one observed call, the judge ---------------------
-
-# PyTorch operations a wrapper may run around its kernel: the kit's allocation, views and copies, plus
-# resizing an output. Anything else (mm, addmm, add, relu, gelu ...) is arithmetic that belongs inside the kernel.
-_ALLOWED_TORCH_OPS = kernels.WRAPPER_OPS | {"resize_", "set_"}
-
-
-def _layout(a_base, b_base, layout):
-    """Rebuild the views on the learner's side (a view does not survive pickling)."""
-    a = a_base.t() if layout in ("a_t", "both_t") else a_base
-    b = b_base.t() if layout in ("b_t", "both_t") else b_base
-    if layout == "b_sliced":
-        b = b_base[:, ::2]
-    if layout == "a_rows":  # (M, K + ROW_PAD) buffer seen as (M, K): a.stride(0) > K
-        a = a_base[:, :-ROW_PAD]
-    if layout == "b_rows":
-        b = b_base[:, :-ROW_PAD]
-    return a, b
 
 
 def _stored(a, b, layout):
@@ -208,16 +165,16 @@ def _stored(a, b, layout):
     if layout == "b_sliced":
         b_base = torch.stack([b, torch.zeros_like(b)], dim=2).reshape(b.shape[0], 2 * b.shape[1])
     if layout == "a_rows":
-        a_base = torch.cat([a, torch.full((a.shape[0], ROW_PAD), float("nan"), dtype=a.dtype)], dim=1)
+        a_base = torch.cat([a, torch.full((a.shape[0], RUN.ROW_PAD), float("nan"), dtype=a.dtype)], dim=1)
     if layout == "b_rows":
-        b_base = torch.cat([b, torch.full((b.shape[0], ROW_PAD), float("nan"), dtype=b.dtype)], dim=1)
+        b_base = torch.cat([b, torch.full((b.shape[0], RUN.ROW_PAD), float("nan"), dtype=b.dtype)], dim=1)
     return a_base, b_base
 
 
 _LAYOUT_TEXT = {"contiguous": "", "a_t": ", a transposed", "b_t": ", b transposed",
                 "both_t": ", a and b transposed", "b_sliced": ", b every other column of a wider matrix",
-                "a_rows": f", a row-padded (rows K + {ROW_PAD} apart)",
-                "b_rows": f", b row-padded (rows N + {ROW_PAD} apart)"}
+                "a_rows": f", a row-padded (rows K + {RUN.ROW_PAD} apart)",
+                "b_rows": f", b row-padded (rows N + {RUN.ROW_PAD} apart)"}
 
 
 def _operands(gen, M, N, K, dtype, layout, kind="randn"):
@@ -249,60 +206,10 @@ def _not_multiple(gen, lo, hi, block) -> int:
     return n - 1 if n % block == 0 else n
 
 
-@contextlib.contextmanager
-def _recorders(out: torch.Tensor):
-    """This lab's own recorders, around the learner's call: the stores into ``out`` (the program
-    order), the launches (their launcher types) and the PyTorch arithmetic outside the kernels."""
-    with record_stores(out) as stores, watch_launches(check_bounds=False) as seen, \
-            record_torch_ops(seen, _ALLOWED_TORCH_OPS) as ops:
-        yield stores, seen, ops
-
-
-def _matmul_run(fn_name):
-    """The run of a matmul kernel exercise: ``fn_name(a, b, out=out, **blocks)``, or with the case's
-    bias (the epilogue) ``fn_name(a, b, bias, activation=..., out=out, **blocks)``, observed."""
-    def run(ns, case, device):
-        x = case.inputs
-        a_base, b_base = padded(x["a"], device), padded(x["b"], device)
-        a, b = _layout(a_base, b_base, x["layout"])
-        fn, inputs = entry(ns, fn_name), {"a": a_base, "b": b_base}
-        args, kwargs = (a, b), dict(zip(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"), x["blocks"] or ()))
-        if "bias" in x:  # the epilogue
-            inputs["bias"] = padded(x["bias"], device)
-            args, kwargs["activation"] = (a, b, inputs["bias"]), x["epilogue"]
-        # The guard region covers everything an unmasked store of the case's tiles (256 x 256 when the
-        # autotuner picks them) could reach: a missing mask is reported, never a write into memory
-        # that belongs to someone else.
-        M, N = a.shape[0], b.shape[1]
-        bm, bn = x["blocks"][:2] if x["blocks"] else (256, 256)
-        overhang = (-(-M // bm) * bm - M) * N + (-(-N // bn) * bn - N)
-        result = kernels.observe_kernel(lambda out: fn(*args, out=out, **kwargs), {"out": ((M, N), a.dtype)},
-                                        device, inputs=inputs, guard=guard_elements(device) + overhang,
-                                        watch=lambda bufs: _recorders(bufs["out"]))
-        stores, seen, ops = result.watched
-        obs = {**result.as_obs(), "kinds": [launch.kind for launch in seen.launches], "torch_ops": ops,
-               "device": str(device)}
-        if x.get("order"):
-            obs.update(_order_evidence(ns, a, b, bm, bn, x["blocks"][3]), tiles=_tiles(stores, N, bm, bn))
-        return obs
-    return run
-
-
-def _tiles(stores, N: int, bm: int, bn: int):
-    """Per program id, the tile [pid_m, pid_n] of its first store into the (M, N) output; None where
-    the stores cannot be observed (compiled kernels)."""
-    if not stores:
-        return None
-    first: dict = {}
-    for pid, offset in stores:
-        first.setdefault(pid, [offset // N // bm, offset % N // bn])
-    return [first.get(pid) for pid in range(max(first) + 1)]
-
-
 def _judge_matmul(case, obs, name: str) -> str | None:
     """The ladder of a matmul kernel, with this lab's rules inserted: no PyTorch arithmetic next to
     the kernel, exactly one launch."""
-    a, b = _layout(case.inputs["a"], case.inputs["b"], case.inputs["layout"])
+    a, b = RUN._layout(case.inputs["a"], case.inputs["b"], case.inputs["layout"])
     expected = a.double() @ b.double()
     if case.inputs.get("epilogue"):
         expected = _apply_epilogue(expected, case)
@@ -420,21 +327,6 @@ def _swapped_grid_cases(gen) -> list:
     return [tall, wide]
 
 
-def _order_evidence(ns, a, b, bm, bn, g) -> dict:
-    """What the learner's own grouped_pid says the order should be, and (compiled mode) whether the
-    kernel's source calls it."""
-    num_m, num_n = -(-a.shape[0] // bm), -(-b.shape[1] // bn)
-    fn = ns.get("grouped_pid")
-    own = None
-    if callable(fn):
-        try:
-            own = [_plain_pair(fn(pid, num_m, num_n, g)) for pid in range(num_m * num_n)]
-        except Exception as exc:  # noqa: BLE001 - the learner's function; reported by its own exercise
-            own = f"grouped_pid raised {type(exc).__name__}: {exc}"
-    src = getattr(ns.get("matmul_kernel"), "src", "") or ""  # a compiled JITFunction keeps its source
-    return {"own_order": own, "num_pid": [num_m, num_n], "calls_grouped_pid": "grouped_pid" in src if src else None}
-
-
 def _matmul_judge(case, obs):
     message = _judge_matmul(case, obs, "matmul")
     if message or not case.inputs.get("order"):
@@ -464,7 +356,8 @@ def _judge_order(case, obs) -> str | None:
                   "GROUP_M), the same function as section 2, so neighbouring programs share A and B tiles in L2.")
 
 
-MATMUL_TILED = Exercise("matmul_tiled", 4, ("matmul",), _matmul_cases, _matmul_run("matmul"), _matmul_judge,
+MATMUL_TILED = Exercise("matmul_tiled", 4, ("matmul",), _matmul_cases, partial(RUN._matmul_run, "matmul"),
+                        _matmul_judge,
                         title="Tiled matmul with fp32 accumulation",
                         hint="acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32); for k in range(0, K, BLOCK_K): "
                              "load A and B tiles with masks on rows/cols AND on k, acc = tl.dot(a, b, acc), "
@@ -488,34 +381,6 @@ def _autotune_cases(gen, public):
             cases.append(_matmul_case(gen, M, N, K, dtype, layout, blocks=None,
                                       name=f"matmul_autotuned ({M}, {N}, {K}) {dtype}{_LAYOUT_TEXT[layout]}"))
     return cases
-
-
-def _describe_configs(configs) -> dict:
-    import triton
-
-    if not isinstance(configs, (list, tuple)):
-        return {"error": f"must return a list of triton.Config, got {type(configs).__name__}"}
-    out = []
-    for c in configs:
-        if not isinstance(c, triton.Config):
-            out.append({"type": type(c).__name__})
-            continue
-        kw = {k: (v if isinstance(v, (bool, int, float, str)) else repr(v)) for k, v in c.kwargs.items()}
-        out.append({"type": "Config", "kwargs": kw, "num_warps": c.num_warps, "num_stages": c.num_stages,
-                    "text": f"Config({kw}, num_warps={c.num_warps}, num_stages={c.num_stages})"})
-    return {"configs": out}
-
-
-def _autotune_run(ns, case, device):
-    x = case.inputs
-    configs = entry(ns, "matmul_configs")
-    if x.get("kind") == "configs":
-        return {dev: _describe_configs(configs(dev)) for dev in ("cuda", "cpu")}
-    if device == "cpu":  # never let the interpreter benchmark a list of configs
-        described = _describe_configs(configs("cpu"))
-        if len(described.get("configs", [])) != 1:
-            return {"skipped": "matmul_configs('cpu') must return exactly one config (see the first case)."}
-    return _matmul_run("matmul_autotuned")(ns, case, device)
 
 
 def _config_problem(cfg: dict, device: str) -> str | None:
@@ -578,7 +443,7 @@ def _autotune_judge(case, obs):
 
 
 MATMUL_AUTOTUNE = Exercise("matmul_autotune", 2, ("matmul_configs", "matmul_autotuned"), _autotune_cases,
-                           _autotune_run, _autotune_judge, title="Autotune configurations",
+                           RUN._autotune_run, _autotune_judge, title="Autotune configurations",
                            hint="triton.Config({'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'GROUP_M': 8}, "
                                 "num_warps=8, num_stages=3); on 'cpu' return one config with 32x32x32 tiles. "
                                 "The grid is a function of META.")
@@ -613,7 +478,7 @@ def _epilogue_judge(case, obs):
     message = _judge_matmul(case, obs, "matmul_bias_act")
     if not message or "differ" not in message:
         return message
-    a, b = _layout(case.inputs["a"], case.inputs["b"], case.inputs["layout"])
+    a, b = RUN._layout(case.inputs["a"], case.inputs["b"], case.inputs["layout"])
     bias, act = case.inputs["bias"].double(), case.inputs["epilogue"]
     t = a.double() @ b.double() + bias
     other = "gelu" if act == "relu" else "relu"
@@ -627,7 +492,8 @@ def _epilogue_judge(case, obs):
 
 
 MATMUL_EPILOGUE = Exercise("matmul_epilogue", 3, ("matmul_bias_act",), _epilogue_cases,
-                           _matmul_run("matmul_bias_act"), _epilogue_judge, title="Fused epilogue: bias + activation",
+                           partial(RUN._matmul_run, "matmul_bias_act"), _epilogue_judge,
+                           title="Fused epilogue: bias + activation",
                            hint="After the K loop, add the bias (loaded once per column block, in fp32) to acc, "
                                 "apply the activation on acc, then store: one kernel, no PyTorch arithmetic.")
 

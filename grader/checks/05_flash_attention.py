@@ -35,29 +35,26 @@ from functools import partial
 
 import torch
 
-from gpulab.compare import compare, padded
-from gpulab.device import synchronize
-from gpulab.launches import count_matmul_flops, record_allocations, record_saved, watch_launches
-from grader.exercise import Benchmark, Case, Exercise, changed_inputs, entry, to_cpu
+from gpulab.compare import compare
+from grader.exercise import Benchmark, Case, Exercise, changed_inputs
 from grader.kit.cases import choice, randint, randn, uniform
 from grader.kit.kernels import (
     bounds_verdict,
     final_verdict,
     launch_verdict,
     mismatch_verdict,
-    observe_kernel,
     outside_verdict,
-    run_ablated,
 )
 from grader.kit.variants import matching_variant, tensor_match
+from grader.runs import run_side
 
 LAB = "05_flash_attention"
+RUN = run_side(LAB)  # the learner side: grader/runs/05_flash_attention.py
 TITLE = "FlashAttention: IO-aware attention"
 
 # (BLOCK_M, BLOCK_N) passed by the kernel checks, alternating: non-square, so that a kernel using one
 # where the other belongs fails; small enough for the interpreter.
 TILES = ((64, 32), (32, 64))
-ROW_PAD = 8  # extra elements after each row of D in the "rows" layout (stride(2) = D + ROW_PAD)
 SEQ_SHAPES = ("seq_k = seq_q", "seq_k < seq_q", "seq_k > seq_q")
 LN2 = math.log(2.0)
 _TASK = "compute attention with your @triton.jit kernel, not with PyTorch (F.scaled_dot_product_attention included)"
@@ -122,7 +119,8 @@ def _qkv(gen, b, h, sq, sk, d, dtype="float32", magnitude=1.0, layout="bhsd", sc
         k[:, :, first:] = float("nan")
         v[:, :, first:] = float("nan")
     if layout == "rows":
-        q, k, v = (torch.cat([t, torch.full((*t.shape[:-1], ROW_PAD), float("nan"), dtype=dt)], -1) for t in (q, k, v))
+        q, k, v = (torch.cat([t, torch.full((*t.shape[:-1], RUN.ROW_PAD), float("nan"), dtype=dt)], -1) for t in (q,
+                                                                                                                  k, v))
     inp = dict(q=q, k=k, v=v, layout=layout, scale=scale, magnitude=magnitude, block_m=tiles[0], block_n=tiles[1])
     if causal is not None:
         inp["causal"] = causal
@@ -131,20 +129,14 @@ def _qkv(gen, b, h, sq, sk, d, dtype="float32", magnitude=1.0, layout="bhsd", sc
     return inp
 
 
-def _view(t: torch.Tensor, layout: str) -> torch.Tensor:
-    if layout == "rows":
-        return t[..., :-ROW_PAD]
-    return t.transpose(1, 2) if layout == "bshd" else t
-
-
 _LAYOUT_NAMES = {"bhsd": "", "bsd": ", q/k/v are (B, S, D): one head, CS336's layout",
                  "bshd": ", q/k/v are (B, S, H, D) tensors seen transposed (non-contiguous)",
-                 "rows": f", q/k/v row-padded (rows D + {ROW_PAD} apart: stride(2) > D)"}
+                 "rows": f", q/k/v row-padded (rows D + {RUN.ROW_PAD} apart: stride(2) > D)"}
 
 
 def _name(inp: dict, extra: str = "") -> str:
     """The case's name: sizes, layout, scale, and the tiles (kernel checks) or ``causal`` (the others)."""
-    q, k = _view(inp["q"], inp["layout"]), _view(inp["k"], inp["layout"])
+    q, k = RUN._view(inp["q"], inp["layout"]), RUN._view(inp["k"], inp["layout"])
     heads = "" if q.ndim == 3 else f" H={q.shape[1]}"
     text = f"B={q.shape[0]}{heads} seq_q={q.shape[-2]} seq_k={k.shape[-2]} D={q.shape[-1]} "
     text += str(q.dtype).replace("torch.", "")
@@ -161,7 +153,7 @@ def _name(inp: dict, extra: str = "") -> str:
 
 
 def _max_score(inp) -> float:
-    q, k = _view(inp["q"], inp["layout"]).double(), _view(inp["k"], inp["layout"]).double()
+    q, k = RUN._view(inp["q"], inp["layout"]).double(), RUN._view(inp["k"], inp["layout"]).double()
     scale = inp["scale"] or 1 / math.sqrt(q.shape[-1])
     return float(torch.nan_to_num(scale * q @ k.transpose(-1, -2), nan=0.0).abs().max())
 
@@ -264,10 +256,6 @@ def _lse_diagnosis(got, want: torch.Tensor, q, k, scale, causal: bool) -> str:
     ], _near) or ""
 
 
-def _describe(ret) -> str:
-    return type(ret).__name__ + (f" of length {len(ret)}" if isinstance(ret, (tuple, list)) else "")
-
-
 # --- exercise 1: reference attention --------------------------------------------------------------
 
 def _reference_cases(gen, public):
@@ -280,21 +268,11 @@ def _reference_cases(gen, public):
                         (1, 1, 64, 64, 64, dict(magnitude=6.0, causal=True))])
 
 
-def _reference_run(ns, case, device):
-    x = case.inputs
-    base = {n: x[n].to(device) for n in ("q", "k", "v")}
-    q, k, v = (_view(base[n], x["layout"]) for n in ("q", "k", "v"))
-    ret = entry(ns, "attention_reference")(q, k, v, causal=x["causal"], scale=x["scale"])
-    if not isinstance(ret, (tuple, list)) or len(ret) != 2:
-        return {"bad_return": _describe(ret)}
-    return {"out": to_cpu(ret[0]), "lse": to_cpu(ret[1]), "inputs_after": to_cpu(base)}
-
-
 def _reference_judge(case, obs):
     x = case.inputs
     if "bad_return" in obs:
         return f"attention_reference must return a pair (out, lse), got {obs['bad_return']}."
-    q, k, v = (_view(x[n], x["layout"]) for n in ("q", "k", "v"))
+    q, k, v = (RUN._view(x[n], x["layout"]) for n in ("q", "k", "v"))
     out64, lse64 = attention64(q, k, v, x["causal"], x["scale"])
     tol = _tolerances(x, "cpu")
     msg = compare(obs["out"], out64, dtype=q.dtype, name="out", **tol["out"])
@@ -311,7 +289,7 @@ def _reference_judge(case, obs):
     return changed_inputs(case, obs["inputs_after"])
 
 
-REFERENCE = Exercise("attention_reference", 2, ("attention_reference",), _reference_cases, _reference_run,
+REFERENCE = Exercise("attention_reference", 2, ("attention_reference",), _reference_cases, RUN._reference_run,
                      _reference_judge, title="Reference attention with log-sum-exp",
                      hint="s = scale * q @ k.transpose(-1, -2) in float32; causal: s.masked_fill(~ones(Sq, Sk)"
                           ".tril(), -inf); lse = torch.logsumexp(s, -1); out = softmax(s) @ v, cast to q's dtype.")
@@ -337,12 +315,6 @@ def _memory_cases(gen, public):
             for b, h, sq, sk, nb in specs for f in (False, True)]
 
 
-def _memory_run(ns, case, device):
-    x = case.inputs
-    return {"bytes": entry(ns, "attention_memory_bytes")(x["batch"], x["heads"], x["seq_q"], x["seq_k"],
-                                                         x["dtype_bytes"], flash=x["flash"])}
-
-
 def _memory_judge(case, obs):
     want = ref_attention_memory_bytes(**case.inputs)
     got = obs["bytes"]
@@ -354,7 +326,7 @@ def _memory_judge(case, obs):
     return None
 
 
-MEMORY = Exercise("attention_memory", 1, ("attention_memory_bytes",), _memory_cases, _memory_run, _memory_judge,
+MEMORY = Exercise("attention_memory", 1, ("attention_memory_bytes",), _memory_cases, RUN._memory_run, _memory_judge,
                   title="Memory: naive S and P vs flash's log-sum-exp", hint="naive: two (batch, heads, seq_q, "
                   "seq_k) tensors of dtype_bytes; flash: one (batch, heads, seq_q) float32 tensor.")
 
@@ -389,45 +361,6 @@ def _pytorch_cases(gen, public):
     cases.append(_pytorch_case(gen, "explicit scale", 1, 2, _ragged(gen, PT_TILE + 1, 130), _ragged(gen, 1, 130),
                                32, True, scale=round(uniform(gen, 0.05, 1.05), 3)))
     return cases
-
-
-def _ctx_tensors(grad_fn) -> list[tuple[str, tuple]]:
-    """(attribute, shape) of every tensor kept on the Function's ctx outside save_for_backward (the
-    backward node of a custom Function is its ctx), in lists, tuples and dicts too."""
-    found = []
-    for name, value in vars(grad_fn).items():
-        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
-        found += [(name, tuple(t.shape)) for t in items if isinstance(t, torch.Tensor)]
-    return found
-
-
-def _pytorch_run(ns, case, device):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiles are tiny: on a busy CPU, OpenMP's thread sync would cost more than the work
-    try:
-        return _pytorch_observe(ns, case, device)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _pytorch_observe(ns, case, device):
-    """Forward (saved tensors, ctx attributes, shapes created) and backward (gradients, matmul FLOPs)."""
-    x = case.inputs
-    fn = entry(ns, "FlashAttentionPyTorch")
-    q, k, v = (x[n].to(device).requires_grad_() for n in ("q", "k", "v"))
-    args = (q, k, v, x["causal"]) if x["scale"] is None else (q, k, v, x["causal"], x["scale"])
-    with record_saved() as saved, record_allocations() as fwd_alloc:
-        out = fn.apply(*args)
-    if not isinstance(out, torch.Tensor) or out.grad_fn is None:
-        return {"bad_return": "a tensor that requires grad" if isinstance(out, torch.Tensor) else type(out).__name__}
-    lead = tuple(q.shape[:-1])  # (B, Sq) or (B, H, Sq): the log-sum-exp's shape
-    lse = [to_cpu(t) for t in out.grad_fn.saved_tensors if tuple(t.shape) == lead]
-    with count_matmul_flops() as flops, record_allocations() as bwd_alloc:
-        out.backward(x["dout"].to(device))
-    return {"out": to_cpu(out), **to_cpu({"dq": q.grad, "dk": k.grad, "dv": v.grad}), "lse": lse,
-            "saved": [(s.shape, s.nbytes) for s in saved], "ctx": _ctx_tensors(out.grad_fn),
-            "fwd_shapes": sorted(fwd_alloc.shapes), "bwd_shapes": sorted(bwd_alloc.shapes),
-            "bwd_flops": flops.total, "inputs_after": to_cpu({"q": q, "k": k, "v": v})}
 
 
 def _full_scores(shapes, sq, sk) -> tuple | None:
@@ -520,41 +453,12 @@ _PYTORCH_HINT = ("forward: for each query tile, for each key tile: s = scale * q
                  "m_new) * acc + p @ v_j. Then out_i = acc / l, L_i = m + log(l); save q, k, v, out, L. backward: "
                  "D = rowsum(dO * O); per tile pair p = exp(s - L); dv += p^T dO; ds = p * (dO v^T - D); "
                  "dq += scale ds k; dk += scale ds^T q.")
-PYTORCH = Exercise("flash_pytorch", 3, ("FlashAttentionPyTorch",), _pytorch_cases, _pytorch_run, _pytorch_judge,
+PYTORCH = Exercise("flash_pytorch", 3, ("FlashAttentionPyTorch",), _pytorch_cases, RUN._pytorch_run, _pytorch_judge,
                    title="FlashAttention-2 in plain PyTorch: tiled forward, backward by recomputation",
                    hint=_PYTORCH_HINT)
 
 
 # --- the kernels (exercises 4 and 5) -------------------------------------------------------------
-
-def _kernel_run(fn_name, ns, case, device) -> dict:
-    """One observed call of ``fn_name`` (flash_attention, or flash_attention_causal, which returns stats):
-    into poisoned ``out`` and ``lse``, or, for an ``alloc`` case, with both left to the wrapper (then
-    the tensors it returns are observed)."""
-    fn, causal_entry, x = entry(ns, fn_name), fn_name == "flash_attention_causal", case.inputs
-    base = {n: padded(x[n], device) for n in ("q", "k", "v")}
-    q, k, v = (_view(base[n], x["layout"]) for n in ("q", "k", "v"))
-    b, h, sq, d = q.shape
-    kwargs = dict(scale=x["scale"], BLOCK_M=x["block_m"], BLOCK_N=x["block_n"])
-    kwargs.update({"return_stats": True} if causal_entry else {"causal": False})
-    if x.get("alloc"):
-        call = observe_kernel(lambda: fn(q, k, v, **kwargs), {}, device, inputs=base)
-    else:
-        call = observe_kernel(lambda out, lse: fn(q, k, v, out=out, lse=lse, **kwargs),
-                              {"out": ((b, h, sq, d), q.dtype), "lse": ((b, h, sq), torch.float32)}, device,
-                              inputs=base)
-    ret = call.returned
-    obs = {**call.as_obs(), "device": str(device)}
-    if not isinstance(ret, (tuple, list)) or len(ret) != (3 if causal_entry else 2) or (
-            x.get("alloc") and not all(isinstance(r, torch.Tensor) for r in ret)):
-        obs["bad_return"] = _describe(ret)
-    elif x.get("alloc"):
-        obs["out"], obs["lse"] = to_cpu(ret)
-    elif causal_entry:  # only what the judge reads of the stats
-        stats = ret[2]
-        obs["stats"] = ({key: to_cpu(stats.get(key)) for key in ("BLOCK_M", "BLOCK_N", "key_blocks")}
-                        if isinstance(stats, dict) else f"a {type(stats).__name__}")
-    return obs
 
 
 def _computed_outside(obs, fn_name, q, out64, lse64, tol):
@@ -568,7 +472,7 @@ def _computed_outside(obs, fn_name, q, out64, lse64, tol):
 
 def _kernel_judge(fn_name, case, obs) -> str | None:
     causal, x = fn_name == "flash_attention_causal", case.inputs
-    q, k, v = (_view(x[n], x["layout"]) for n in ("q", "k", "v"))
+    q, k, v = (RUN._view(x[n], x["layout"]) for n in ("q", "k", "v"))
     out64, lse64 = attention64(q, k, v, causal, x["scale"])
     tol = _tolerances(x, obs.get("device", "cpu"))
     verdict = (launch_verdict(obs, fn_name, _TASK) or _computed_outside(obs, fn_name, q, out64, lse64, tol)
@@ -673,7 +577,7 @@ def _judge_alloc(case, obs, q, out64, lse64, tol) -> str | None:
     return mismatch_verdict(msg, obs) if msg else final_verdict(case, obs)
 
 
-FORWARD = Exercise("flash_forward", 4, ("flash_attention",), _flash_cases, partial(_kernel_run, "flash_attention"),
+FORWARD = Exercise("flash_forward", 4, ("flash_attention",), _flash_cases, partial(RUN._kernel_run, "flash_attention"),
                    partial(_kernel_judge, "flash_attention"), title="Tiled attention forward with online softmax",
                    hint="Per key block: s = dot(q, k^T) * scale * log2(e); mask keys >= seq_k with -inf; m_new = "
                         "max(m, rowmax(s)); alpha = exp2(m - m_new); p = exp2(s - m_new); l = l * alpha + rowsum(p); "
@@ -738,7 +642,7 @@ def _judge_stats(case, obs, q, k) -> str | None:
 
 
 CAUSAL = Exercise("flash_causal", 3, ("flash_attention_causal",), _causal_cases,
-                  partial(_kernel_run, "flash_attention_causal"), partial(_kernel_judge, "flash_attention_causal"),
+                  partial(RUN._kernel_run, "flash_attention_causal"), partial(_kernel_judge, "flash_attention_causal"),
                   title="Causal masking with early exit", hint="Stop the key loop at hi = min((start_m + 1) * "
                   "BLOCK_M, seq_k); blocks entirely left of the diagonal need no causal mask; the blocks crossing it "
                   "need offs_m[:, None] >= offs_n[None, :]. Count the blocks the loops run and store the count per "
@@ -774,42 +678,6 @@ def _backward_cases(gen, public):
         inp = _qkv(gen, b, 1, s, s, d, layout="bsd", causal=causal, dout=True)
         cases.append(Case(_name(inp, ", called as FlashAttentionFunction.apply(q, k, v, causal)"), inp))
     return cases
-
-
-def _backward_run(ns, case, device):
-    x = case.inputs
-    fn = entry(ns, "flash_attention_autograd")
-    if x["layout"] == "bsd":  # as CS336's tests call it: positional causal, no scale
-        cls = entry(ns, "FlashAttentionFunction")
-        fn = lambda q, k, v, causal, scale: cls.apply(q, k, v, causal)  # noqa: E731
-    q, k, v = (x[n].to(device).requires_grad_() for n in ("q", "k", "v"))
-    with record_saved() as saved, watch_launches() as fwd:
-        out = fn(q, k, v, causal=x["causal"], scale=x["scale"])
-    if not isinstance(out, torch.Tensor) or not out.requires_grad:
-        return {"bad_return": "a tensor that requires grad" if isinstance(out, torch.Tensor) else type(out).__name__}
-    saved = [(s.shape, s.nbytes) for s in saved]
-    with watch_launches() as bwd:
-        out.backward(x["dout"].to(device))
-    synchronize(device)
-    return {"out": to_cpu(out), **to_cpu({"dq": q.grad, "dk": k.grad, "dv": v.grad}), "saved": saved,
-            "fwd_launches": list(fwd.names),
-            "bwd_launches": list(bwd.names), "bwd_own_launches": bwd.own, "device": str(device),
-            "guard": fwd.first_out_of_bounds(writes=True) or bwd.first_out_of_bounds(writes=True),
-            "oob_read": fwd.first_out_of_bounds(writes=False) or bwd.first_out_of_bounds(writes=False),
-            "ablated": _ablated_grads(fn, x, device) if bwd.own else None,
-            "inputs_after": to_cpu({"q": q, "k": k, "v": v})}
-
-
-def _ablated_grads(fn, x, device) -> dict | None:
-    """dq, dk, dv of a forward and backward in which the learner's kernels do not run (on leaves
-    of their own: the observed run's gradients stay as they are)."""
-    q, k, v = (x[n].detach().to(device, copy=True).requires_grad_() for n in ("q", "k", "v"))
-
-    def grads():
-        fn(q, k, v, causal=x["causal"], scale=x["scale"]).backward(x["dout"].to(device))
-        return {n: t.grad.detach().cpu() for n, t in (("dq", q), ("dk", k), ("dv", v)) if t.grad is not None}
-    ran, got = run_ablated(grads, device)
-    return got if ran else None
 
 
 _GRAD_HINTS = {"dv": "dV = Pᵀ dO, with P = exp(scale · Q Kᵀ - lse) (masked entries 0).",
@@ -869,7 +737,7 @@ def _backward_judge(case, obs):
 
 
 BACKWARD = Exercise("flash_backward", 2, ("flash_attention_autograd", "FlashAttentionFunction"), _backward_cases,
-                    _backward_run, _backward_judge,
+                    RUN._backward_run, _backward_judge,
                     title="Stretch: the backward pass as a torch.autograd.Function", hint="Save q, k, v, out, lse "
                     "only. delta = rowsum(dO * O); one kernel per key block accumulates dV += Pᵀ dO and dK += dSᵀ Q "
                     "over query blocks, one per query block accumulates dQ += dS K, with P = exp2(s - lse * log2(e)) "

@@ -19,29 +19,20 @@ import math
 import torch
 
 from gpulab.compare import compare
-from gpulab.compiler import BreakyNet, CountingBackend, default_settings, graph_ops, no_inductor, op_module
-from gpulab.graphs import eager_ops, graph_api
-from gpulab.syncs import SyncDetector, make_classifier, new_stats, train_step_with_syncs
-from grader.exercise import Case, Exercise, entry, to_cpu
+from gpulab.compiler import BreakyNet, CountingBackend
+from gpulab.syncs import new_stats, train_step_with_syncs
+from grader.exercise import Case, Exercise
 from grader.kit.cases import choice, randint, randn, uniform
 from grader.kit.close import close
 from grader.kit.variants import diagnose, tensor_match
+from grader.runs import run_side
 
 LAB = "06_compile_and_graphs"
+RUN = run_side(LAB)  # the learner side: grader/runs/06_compile_and_graphs.py
 TITLE = "Compile and graphs: the path from Python to kernels"
 
 OUT = {"dtype": torch.float32, "atol": 1e-4, "rtol": 1e-4}   # float32 results of small MLPs vs float64
 _TORCH_MODULES = {"torch", "operator", "builtins", "math", "_operator"}
-
-
-@contextlib.contextmanager
-def _quiet_fresh_dynamo():
-    """A clean Dynamo (no cached graphs, every setting at its default), no Inductor and no printing; yields the
-    list of the settings the block changed (filled at its end), and restores them all."""
-    torch._dynamo.reset()
-    with default_settings() as changed, no_inductor(), contextlib.redirect_stdout(io.StringIO()):
-        yield changed
-    torch._dynamo.reset()
 
 
 def _settings_verdict(obs: dict, what: str) -> str | None:
@@ -73,23 +64,6 @@ def _breaks_cases(gen, public):
             case("the print alone", dict(log=True, clip=False, numpy_scale=False), True),
             case("the branch alone", dict(log=False, clip=True, numpy_scale=False), True),
             case("the NumPy round trip alone", dict(log=False, clip=False, numpy_scale=True), True)]
-
-
-def _breaks_run(ns, case, device):
-    fn, cfg = entry(ns, "smooth_forward"), case.inputs["cfg"]
-    model, x = BreakyNet(**cfg).to(device), case.inputs["x"].to(device)
-    with _quiet_fresh_dynamo() as changed:
-        explained = torch._dynamo.explain(lambda x: fn(model, x))(x)
-        ops = [(graph_ops(gm), [op_module(n.target) for n in gm.graph.nodes if n.op == "call_function"])
-               for gm in explained.graphs]
-        torch._dynamo.reset()
-        # the output of the compiled program (what explain counted) and of the eager call: both must be right
-        outs = {"compiled": torch.compile(lambda x: fn(model, x), backend=CountingBackend())(x), "eager": fn(model, x)}
-    return {"breaks": int(explained.graph_break_count), "graphs": int(explained.graph_count),
-            "reasons": [str(r.reason).split("\n")[0][:160] for r in explained.break_reasons][:4],
-            "ops": [names for names, _ in ops], "modules": sorted({m for _, mods in ops for m in mods}),
-            "outs": {k: to_cpu(v) if isinstance(v, torch.Tensor) else type(v).__name__ for k, v in outs.items()},
-            "settings": changed}
 
 
 def ref_smooth(model: BreakyNet, x: torch.Tensor, clip: bool = True, scale: bool = True,
@@ -156,7 +130,7 @@ def _breaks_mistake(report: str, got, model: BreakyNet, x: torch.Tensor) -> str:
 
 
 GRAPH_BREAKS = Exercise(
-    "graph_breaks", 3, ("smooth_forward",), _breaks_cases, _breaks_run, _breaks_judge,
+    "graph_breaks", 3, ("smooth_forward",), _breaks_cases, RUN._breaks_run, _breaks_judge,
     title="A forward without graph breaks",
     hint="Keep model.fc1/fc2/fc3; drop the print; replace `if max > limit: clamp` by an unconditional clamp; "
          "replace the NumPy std by h.std(correction=0). torch._dynamo.explain(fn)(x).graph_break_count must be 0.")
@@ -164,19 +138,7 @@ GRAPH_BREAKS = Exercise(
 
 # --- exercise 2: counting compilations -------------------------------------------------------------------------
 
-FUNCTIONS = {  # row-wise functions of x (N, D) float32 -> (N, D) float32: padding rows never changes other rows
-    "gelu_mlp": lambda x: torch.nn.functional.gelu(x * 1.5 + 0.25) * x,
-    "layer_norm": lambda x: torch.nn.functional.layer_norm(x, x.shape[-1:]) * 2.0 + 1.0,
-    "softmax": lambda x: torch.softmax(x * 0.5, dim=-1) + x.tanh(),
-}
 KEY_OP = {"gelu_mlp": "gelu", "layer_norm": "layer_norm", "softmax": "softmax"}
-
-
-def _seen_before(fn, shapes) -> None:
-    """Compile ``fn`` once, eagerly, on a shape none of ``shapes`` has: as in a notebook that used ``fn`` before,
-    Dynamo now remembers a size, and only a count that starts from torch._dynamo.reset() is right."""
-    first = list(shapes[0])
-    torch.compile(fn, backend="eager")(torch.randn(max(s[0] for s in shapes) + 7, *first[1:]))
 
 
 @functools.lru_cache(maxsize=256)
@@ -184,10 +146,10 @@ def ref_count_compiles(name: str, shapes: tuple, dynamic=None, reset: bool = Tru
     """Compilations of torch.compile(FUNCTIONS[name], dynamic=dynamic) called on inputs of `shapes` in turn,
     counted by a backend (a count depends on the shapes only: cached); ``reset=False``: without a reset after
     :func:`_seen_before` (the mistake)."""
-    fn, inputs = FUNCTIONS[name], [torch.randn(*s) for s in shapes]
-    with _quiet_fresh_dynamo():
+    fn, inputs = RUN.FUNCTIONS[name], [torch.randn(*s) for s in shapes]
+    with RUN._quiet_fresh_dynamo():
         if not reset:
-            _seen_before(fn, shapes)
+            RUN._seen_before(fn, shapes)
         counter = CountingBackend()
         compiled = torch.compile(fn, backend=counter, dynamic=dynamic)
         for x in inputs:
@@ -197,7 +159,7 @@ def ref_count_compiles(name: str, shapes: tuple, dynamic=None, reset: bool = Tru
 
 def _count_cases(gen, public):
     def case(rule, shapes, dynamic=None):
-        name = choice(gen, sorted(FUNCTIONS))
+        name = choice(gen, sorted(RUN.FUNCTIONS))
         label = ", ".join("x".join(map(str, s)) for s in shapes)
         return Case(f"{rule}{': ' if rule else ''}{name}, dynamic={dynamic}, shapes {label}",
                     dict(fn=name, shapes=[list(s) for s in shapes], dynamic=dynamic))
@@ -214,15 +176,6 @@ def _count_cases(gen, public):
             case("dynamic=False: one graph per shape", [(n, width) for n in growing[:3]], dynamic=False),
             case("dynamic=True", [(n, width) for n in growing[:3]], dynamic=True),
             case("a new rank", [(growing[0], width), (2, growing[0], width)])]
-
-
-def _count_run(ns, case, device):
-    fn = FUNCTIONS[case.inputs["fn"]]
-    inputs = [torch.randn(*s, device=device) for s in case.inputs["shapes"]]
-    with _quiet_fresh_dynamo() as changed:
-        _seen_before(fn, case.inputs["shapes"])
-        got = entry(ns, "count_compiles")(fn, inputs, dynamic=case.inputs["dynamic"])
-    return {"count": got, "settings": changed}
 
 
 def _count_judge(case, obs):
@@ -252,7 +205,7 @@ def _count_judge(case, obs):
 
 
 COUNT_COMPILES = Exercise(
-    "count_compiles", 2, ("count_compiles",), _count_cases, _count_run, _count_judge,
+    "count_compiles", 2, ("count_compiles",), _count_cases, RUN._count_run, _count_judge,
     title="Counting compilations with a backend",
     hint="torch._dynamo.reset(); a backend(gm, example_inputs) that appends gm to a list and returns gm.forward; "
          "compiled = torch.compile(fn, backend=backend, dynamic=dynamic); call it on each input; count the list.")
@@ -262,7 +215,7 @@ COUNT_COMPILES = Exercise(
 
 def _once_cases(gen, public):
     def case(rule, rows, width):
-        name = choice(gen, sorted(FUNCTIONS))
+        name = choice(gen, sorted(RUN.FUNCTIONS))
         return Case(f"{rule}{': ' if rule else ''}{name}, rows {rows}, width {width}",
                     dict(fn=name, rows=rows, width=width, seed=randint(gen, 0, 2**30)))
 
@@ -277,23 +230,8 @@ def _once_cases(gen, public):
             case("repeated sizes", [sizes[0], sizes[1], sizes[0], sizes[1]], width)]
 
 
-def _once_inputs(case, device="cpu") -> list:
-    gen = torch.Generator().manual_seed(case.inputs["seed"])
-    return [torch.randn(n, case.inputs["width"], generator=gen).to(device) for n in case.inputs["rows"]]
-
-
-def _once_run(ns, case, device):
-    fn = FUNCTIONS[case.inputs["fn"]]
-    with _quiet_fresh_dynamo() as changed:
-        counter = CountingBackend()
-        compiled = entry(ns, "compile_once")(fn, counter)
-        outs = [to_cpu(compiled(x)) for x in _once_inputs(case, device)]
-    return {"outs": outs, "compiles": counter.compiles, "runs": counter.runs, "ops": counter.ops(),
-            "unguarded": counter.unguarded, "settings": changed}
-
-
 def _once_judge(case, obs):
-    fn, name, n = FUNCTIONS[case.inputs["fn"]], case.inputs["fn"], len(case.inputs["rows"])
+    fn, name, n = RUN.FUNCTIONS[case.inputs["fn"]], case.inputs["fn"], len(case.inputs["rows"])
     settings = _settings_verdict(obs, "counts compilations")
     if settings:
         return settings
@@ -317,7 +255,7 @@ def _once_judge(case, obs):
     if KEY_OP[name] not in obs["ops"]:
         return (f"the compiled graph does not contain {KEY_OP[name]}: compile the function you were given, "
                 f"not a wrapper around part of it (graph ops: {obs['ops'][:12]}).")
-    for i, (x, got) in enumerate(zip(_once_inputs(case), obs["outs"])):
+    for i, (x, got) in enumerate(zip(RUN._once_inputs(case), obs["outs"])):
         want = fn(x.double())
         if not isinstance(got, torch.Tensor) or got.shape != want.shape:
             shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
@@ -330,7 +268,7 @@ def _once_judge(case, obs):
 
 
 COMPILE_ONCE = Exercise(
-    "compile_once", 3, ("compile_once",), _once_cases, _once_run, _once_judge,
+    "compile_once", 3, ("compile_once",), _once_cases, RUN._once_run, _once_judge,
     title="One compilation across dynamic sizes",
     hint="compiled = torch.compile(fn, backend=backend); in the wrapper: pad a one-row batch to two rows, "
          "torch._dynamo.mark_dynamic(x, 0), call compiled, slice off the padding.")
@@ -357,22 +295,6 @@ def _step_cases(gen, public):
             case("nothing clipped", 3, max_norm=1e6)]
 
 
-def _step_model(case, device="cpu"):
-    d, h, c = case.inputs["sizes"]
-    return make_classifier(d, h, c, case.inputs["seed"], device)
-
-
-def _step_run(ns, case, device):
-    fn, x = entry(ns, "train_step"), case.inputs
-    model, stats = _step_model(case, device), new_stats(device)
-    with _quiet_fresh_dynamo(), SyncDetector() as syncs:
-        for xb, yb in zip(x["xs"], x["ys"]):
-            fn(model, xb.to(device), yb.to(device), x["lr"], x["max_norm"], stats)
-    return {"syncs": [f"{s.call} at {s.where}" for s in syncs.found][:6],
-            "params": [to_cpu(p) for p in model.parameters()],
-            "stats": {k: to_cpu(v) if isinstance(v, torch.Tensor) else v for k, v in stats.items()}}
-
-
 def _step_judge(case, obs):
     if obs["syncs"]:
         found = "\n    ".join(obs["syncs"])
@@ -380,7 +302,7 @@ def _step_judge(case, obs):
                 "on the device: accumulate statistics as tensors (stats['loss'] += loss.detach()), replace an `if` "
                 "on a tensor by torch.where, and print nothing inside the step.")
     x = case.inputs
-    model, stats = _step_model(case), new_stats()
+    model, stats = RUN._step_model(case), new_stats()
     with contextlib.redirect_stdout(io.StringIO()):
         for xb, yb in zip(x["xs"], x["ys"]):
             train_step_with_syncs(model, xb, yb, x["lr"], x["max_norm"], stats)
@@ -406,7 +328,7 @@ def _step_judge(case, obs):
 
 
 SYNC_FREE_STEP = Exercise(
-    "sync_free_step", 3, ("train_step",), _step_cases, _step_run, _step_judge,
+    "sync_free_step", 3, ("train_step",), _step_cases, RUN._step_run, _step_judge,
     title="A training step with no host sync",
     hint="finite = torch.isfinite(loss); zero_grad, backward, norm = clip_grad_norm_(...); update each p with "
          "torch.where(finite, p - lr * p.grad, p); stats[...] += torch.where(finite, value, 0) as tensors.")
@@ -426,47 +348,6 @@ def _graph_cases(gen, public):
             case("many calls", 1, 8)]
 
 
-def _graph_model(case, dtype=torch.float32, device="cpu"):
-    """fn(x[, scale]) = Linear -> GELU -> Linear of x (rows, d), times `scale` (rows, d) when given. The weights
-    live on `device` already: a host-to-device copy cannot be captured in a CUDA graph."""
-    gen = torch.Generator().manual_seed(case.inputs["seed"])
-    d = case.inputs["d"]
-    w1 = (torch.randn(d, 2 * d, generator=gen) / d ** 0.5).to(device, dtype)   # drawn in float32 for any dtype
-    w2 = (torch.randn(2 * d, d, generator=gen) / (2 * d) ** 0.5).to(device, dtype)
-    b1 = torch.randn(2 * d, generator=gen).to(device, dtype)
-
-    def fn(x, scale=None):
-        out = torch.nn.functional.gelu(x @ w1 + b1) @ w2   # (rows, d)
-        return out if scale is None else out * scale
-    return fn
-
-
-def _graph_inputs(case, k: int) -> list:
-    """Call k's inputs (k = 0: the example inputs given at construction)."""
-    gen = torch.Generator().manual_seed(case.inputs["seed"] + 1 + k)
-    shape = (case.inputs["rows"], case.inputs["d"])
-    return [torch.randn(*shape, generator=gen) for _ in range(case.inputs["n_inputs"])]
-
-
-def _graph_run(ns, case, device):
-    cls, api = entry(ns, "GraphRunner"), graph_api(device)
-    dev_fn = _graph_model(case, device=device)
-    example = [t.to(device) for t in _graph_inputs(case, 0)]
-    kept = [t.clone() for t in example]
-    with _quiet_fresh_dynamo():
-        runner = cls(dev_fn, tuple(example), api)
-    after_init = {"captures": api.captures, "replays": api.replays}
-    outs, eager = [], []
-    for k in range(1, case.inputs["calls"] + 1):
-        inputs = [t.to(device) for t in _graph_inputs(case, k)]
-        with _quiet_fresh_dynamo(), eager_ops(api) as computed:
-            out = runner(*inputs)
-        eager += computed
-        outs.append(to_cpu(out).clone() if isinstance(out, torch.Tensor) else type(out).__name__)
-    return {"init": after_init, "captures": api.captures, "replays": api.replays, "eager": sorted(set(eager)),
-            "outs": outs, "example_kept": all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(example, kept))}
-
-
 def _graph_judge(case, obs):
     calls = case.inputs["calls"]
     if obs["init"]["captures"] != 1:
@@ -483,10 +364,10 @@ def _graph_judge(case, obs):
     if not obs["example_kept"]:
         return ("the example inputs were modified: they became your static buffers and each call copied into them. "
                 "Allocate your own static input buffers (clone the examples) in __init__.")
-    fn = _graph_model(case, torch.float64)
-    stale = fn(*[t.double() for t in _graph_inputs(case, 0)])
+    fn = RUN._graph_model(case, torch.float64)
+    stale = fn(*[t.double() for t in RUN._graph_inputs(case, 0)])
     for k, got in enumerate(obs["outs"], start=1):
-        want = fn(*[t.double() for t in _graph_inputs(case, k)])
+        want = fn(*[t.double() for t in RUN._graph_inputs(case, k)])
         report = compare(got, want, name=f"call {k}", **OUT)
         if report:
             return diagnose(report, got, [
@@ -498,7 +379,7 @@ def _graph_judge(case, obs):
 
 
 GRAPH_RUNNER = Exercise(
-    "graph_runner", 3, ("GraphRunner",), _graph_cases, _graph_run, _graph_judge,
+    "graph_runner", 3, ("GraphRunner",), _graph_cases, RUN._graph_run, _graph_judge,
     title="Capture once, replay with static buffers",
     hint="__init__: static inputs = clones; `with api.warmup():` run fn once; g = api.graph(); `with "
          "api.capture(g): self.out = fn(*static)`. __call__: static[i].copy_(x[i]); g.replay(); return self.out.")
@@ -574,11 +455,6 @@ def _trace_cases(gen, public):
             case("two streams overlapping", 20, 30.0, streams=2), case("launch-bound: mostly idle", 12, 200.0)]
 
 
-def _trace_run(ns, case, device):
-    x = case.inputs
-    return {"summary": entry(ns, "trace_summary")(x["trace"], x["k"], x["min_gap_us"])}
-
-
 def _same_summary(got, want) -> bool:
     try:
         top = [(str(n), float(t)) for n, t in got["top"]]
@@ -619,7 +495,7 @@ def _trace_judge(case, obs):
 
 
 TRACE_SUMMARY = Exercise(
-    "trace_summary", 2, ("trace_summary",), _trace_cases, _trace_run, _trace_judge,
+    "trace_summary", 2, ("trace_summary",), _trace_cases, RUN._trace_run, _trace_judge,
     title="Reading a profiler trace: top kernels and idle gaps",
     hint="Keep ph == 'X' events; top: sum dur per name over cat 'kernel', sort descending, first k; gaps: sort the "
          "device events (kernel, gpu_memcpy, gpu_memset) by ts, track the end of the busy union, record gaps >= "
@@ -627,49 +503,6 @@ TRACE_SUMMARY = Exercise(
 
 
 # --- exercise 7: measuring a compiler win honestly -------------------------------------------------------------
-
-WARMUP, REPEATS = 3, 5  # what the check asks measure_compile_win for
-
-
-class VirtualDevice:
-    """An asynchronous device on a virtual clock (seconds): a call costs the host `host_s` at once and queues its
-    work; ``sync()`` waits for the queue. The compiled function's first call compiles on the host first
-    (`compile_s`), and its next WARMUP calls record/autotune (extra work), as ``mode="reduce-overhead"`` does; eager's
-    first WARMUP calls initialise caches. With WARMUP calls of warm-up the timed calls are all steady; without, most of
-    REPEATS are not, and even a median shows it."""
-
-    def __init__(self, p: dict, x: torch.Tensor):
-        self.p, self.x, self.now, self.free_at = p, x, 0.0, 0.0
-        self.calls = {"eager": 0, "compiled": 0, "compile_fn": 0, "other_input": 0, "clock": 0}
-
-    def clock(self) -> float:
-        self.calls["clock"] += 1
-        return self.now
-
-    def sync(self) -> None:
-        self.now = max(self.now, self.free_at)
-
-    def _run(self, kind: str, arg, work_s: float) -> torch.Tensor:
-        if not (isinstance(arg, torch.Tensor) and arg.shape == self.x.shape and torch.equal(arg, self.x)):
-            self.calls["other_input"] += 1
-        self.calls[kind] += 1
-        self.now += self.p["host_s"]
-        self.free_at = max(self.free_at, self.now) + work_s
-        return arg * 2.0
-
-    def eager(self, x):
-        first = self.calls["eager"] < WARMUP
-        return self._run("eager", x, self.p["eager_s"] * (self.p["eager_first"] if first else 1.0))
-
-    def compile_fn(self, fn):
-        self.calls["compile_fn"] += 1
-
-        def compiled(x):
-            n = self.calls["compiled"]
-            if n == 0:
-                self.now += self.p["compile_s"]            # compiling: host time, before any work is queued
-            return self._run("compiled", x, self.p["compiled_s"] * (self.p["record"] if 1 <= n <= WARMUP else 1.0))
-        return compiled
 
 
 def _win_cases(gen, public):
@@ -686,13 +519,6 @@ def _win_cases(gen, public):
         return [case(""), case("", win=False)]
     return [case("a compiler win"), case("a compiler loss", win=False),
             case("a long compile", compile_range=(60.0, 300.0))]
-
-
-def _win_run(ns, case, device):
-    dev = VirtualDevice(case.inputs["params"], case.inputs["x"])
-    got = entry(ns, "measure_compile_win")(dev.eager, dev.compile_fn, case.inputs["x"], clock=dev.clock,
-                                            sync=dev.sync, warmup=WARMUP, repeats=REPEATS)
-    return {"result": got if isinstance(got, dict) else type(got).__name__, "calls": dev.calls}
 
 
 def _win_judge(case, obs):
@@ -737,7 +563,7 @@ def _win_judge(case, obs):
 
 
 COMPILE_WIN = Exercise(
-    "compile_win", 2, ("measure_compile_win",), _win_cases, _win_run, _win_judge,
+    "compile_win", 2, ("measure_compile_win",), _win_cases, RUN._win_run, _win_judge,
     title="Measuring a compiler win honestly",
     hint="compiled = compile_fn(fn); sync(); t = clock(); compiled(x); sync(); compile_s = clock() - t; then warm "
          "both up, and time each call between sync()s on the same x; medians in ms; speedup = eager / compiled.")

@@ -12,35 +12,20 @@ import math
 
 import torch
 
-from gpulab.launches import record_allocations, record_torch_ops, watch_launches
 from gpulab.precision import FORMATS, overflows, replay_scaler
-from gpulab.toy import ToyMLP, toy_batch
-from grader.exercise import Case, Exercise, borrowed, entry, to_cpu
+from grader.exercise import Case, Exercise
 from grader.kit.cases import choice, randint, uniform
 from grader.kit.close import close
 from grader.kit.variants import diagnose
+from grader.runs import run_side
 
 LAB = "07_mixed_precision"
+RUN = run_side(LAB)  # the learner side: grader/runs/07_mixed_precision.py
 TITLE = "Mixed precision: formats, loss scaling, autocast"
-
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float8_e5m2": torch.float8_e5m2}
-
-
-def _number(x):
-    """A plain float for the judge (0-dim tensors and numpy scalars included), else None."""
-    if isinstance(x, torch.Tensor) and x.numel() == 1:
-        x = x.item()
-    if isinstance(x, bool):
-        return None
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return None
 
 
 # --- exercise 1: format limits from the bit layout ---------------------------------------------------
 
-LIMITS = ("max", "min_normal", "min_subnormal", "eps")
 # (exponent, mantissa) bits of the named formats: torch's float dtypes (e4m3fnuz and e5m2fnuz share e4m3fn's and
 # e5m2's) and tf32. The drawn hidden formats avoid them: a torch.finfo lookup or a typed-in table must fail there.
 _KNOWN_LAYOUTS = {(f.exp_bits, f.mantissa_bits) for f in FORMATS.values()}
@@ -102,13 +87,6 @@ def _limits_cases(gen, public):
             case("a finite-only format", *unknown((3, 6), (2, 5)), True)]
 
 
-def _fields(got, keys) -> dict:
-    """The run side of an answer that returns a dict of numbers: those numbers, or the type that came back."""
-    if not isinstance(got, dict):
-        return {"bad": type(got).__name__}
-    return {k: _number(got.get(k)) for k in keys}
-
-
 def _judge_fields(fn_name: str, obs: dict, want: dict, variants: list, whole: bool, note: str = "") -> str | None:
     """The first field of ``obs`` that differs from ``want``, named by the first variant (a callable returning
     the mistake's dict) that matches it: on that field, or on every field if ``whole``."""
@@ -122,11 +100,6 @@ def _judge_fields(fn_name: str, obs: dict, want: dict, variants: list, whole: bo
     return None
 
 
-def _limits_run(ns, case, device):
-    x = case.inputs
-    return _fields(entry(ns, "format_limits")(x["e"], x["m"], x["finite_only"]), LIMITS)
-
-
 def _limits_judge(case, obs):
     e, m, finite_only = case.inputs["e"], case.inputs["m"], case.inputs["finite_only"]
     variants = [(why, lambda v=v: ref_format_limits(e, m, finite_only, variant=v)) for v, why in _LIMIT_VARIANTS]
@@ -134,7 +107,7 @@ def _limits_judge(case, obs):
                          note=f" (bias {2 ** (e - 1) - 1})")
 
 
-FORMAT_LIMITS = Exercise("format_limits", 2, ("format_limits",), _limits_cases, _limits_run, _limits_judge,
+FORMAT_LIMITS = Exercise("format_limits", 2, ("format_limits",), _limits_cases, RUN._limits_run, _limits_judge,
                          title="Format limits from the bit layout",
                          hint="bias = 2^(e-1) - 1; IEEE: emax = 2^e - 2 - bias, max = (2 - 2^-m) 2^emax; finite "
                               "only: emax = 2^e - 1 - bias, max = (2 - 2^(1-m)) 2^emax; min_normal = 2^(1-bias), "
@@ -142,8 +115,6 @@ FORMAT_LIMITS = Exercise("format_limits", 2, ("format_limits",), _limits_cases, 
 
 
 # --- exercise 2: what a cast loses --------------------------------------------------------------------
-
-REPORT = ("underflow", "subnormal", "overflow")
 
 
 def ref_cast_report(x: torch.Tensor, dtype: torch.dtype, scale: float = 1.0, *, variant: str = "") -> dict:
@@ -160,7 +131,7 @@ def ref_cast_report(x: torch.Tensor, dtype: torch.dtype, scale: float = 1.0, *, 
     tiny = torch.finfo(torch.float32 if variant == "float32 tiny" else dtype).tiny
     zero = (scaled.abs() < tiny) if variant == "below min normal" else (y == 0)
     if not n:
-        return dict.fromkeys(REPORT, 0.0)
+        return dict.fromkeys(RUN.REPORT, 0.0)
     kept = nonzero if variant == "zeros subnormal" else (y != 0)
     return {"underflow": int((zero & nonzero).sum()) / n,
             "subnormal": int((kept & (y.abs() < tiny) & torch.isfinite(y)).sum()) / n,
@@ -206,15 +177,8 @@ def _report_cases(gen, public):
             case("fp8 e5m2", _gradients(gen, n, -8, 2), "float8_e5m2", 2.0 ** randint(gen, 0, 6))]
 
 
-def _report_run(ns, case, device):
-    x = case.inputs
-    grads = x["x"].to(device).clone()  # the learner's own copy: an in-place scale must show
-    got = _fields(entry(ns, "cast_report")(grads, _DTYPES[x["dtype"]], x["scale"]), REPORT)
-    return {**got, "mutated": not torch.equal(grads.cpu(), x["x"])}
-
-
 def _report_judge(case, obs):
-    x, dtype = case.inputs["x"], _DTYPES[case.inputs["dtype"]]
+    x, dtype = case.inputs["x"], RUN._DTYPES[case.inputs["dtype"]]
     if obs.pop("mutated", False):
         return ("cast_report changed its input x in place (x *= scale, x.mul_): the caller's gradients must not "
                 "move. Scale a copy: y = (x.float() * scale).to(dtype).")
@@ -224,7 +188,7 @@ def _report_judge(case, obs):
                          note=f" (a fraction of the {int((x != 0).sum())} nonzero values)")
 
 
-CAST_REPORT = Exercise("cast_report", 2, ("cast_report",), _report_cases, _report_run, _report_judge,
+CAST_REPORT = Exercise("cast_report", 2, ("cast_report",), _report_cases, RUN._report_run, _report_judge,
                        title="What a cast loses: underflow, subnormals, overflow",
                        hint="y = (x.float() * scale).to(dtype); over the nonzero x: underflow y == 0, subnormal "
                             "0 < |y| < torch.finfo(dtype).tiny, overflow not torch.isfinite(y).")
@@ -275,32 +239,6 @@ def _scaler_cases(gen, public):
             case("growth interval 1", _stream(gen, 9, {t: "inf"}), 2.0 ** 6, 1),
             case("other growth and backoff factors", _stream(gen, 10, {t: "inf"}), 2.0 ** 12, 2, 4.0, 0.25),
             case("unscale_() before step()", _stream(gen, 8, {t: "inf"}), 2.0 ** 12, 2, unscale_first=True)]
-
-
-# GradScaler's own kernels: the unscale-and-check and the update rule the exercise writes
-_GRADSCALER_OPS = {"aten._amp_foreach_non_finite_check_and_unscale_", "aten._amp_update_scale_"}
-
-
-def _borrowed_scaler(scaler, ops: list) -> str | None:
-    """What of GradScaler (or of a course helper) a learner's scaler is, holds or runs, if anything."""
-    if isinstance(scaler, torch.amp.GradScaler):
-        return f"a torch.amp.GradScaler ({type(scaler).__name__})"
-    held = [name for name, v in vars(scaler).items() if isinstance(v, torch.amp.GradScaler)]
-    if held:
-        return f"a wrapper around a torch.amp.GradScaler (self.{held[0]})"
-    used = sorted(_GRADSCALER_OPS.intersection(ops))
-    if used:
-        return f"built on GradScaler's kernels ({', '.join(used)})"
-    return borrowed(type(scaler))
-
-
-def _scaler_run(ns, case, device):
-    x = case.inputs
-    scaler = entry(ns, "LossScaler")(init_scale=x["init_scale"], growth_factor=x["growth"],
-                                     backoff_factor=x["backoff"], growth_interval=x["interval"])
-    with watch_launches(check_bounds=False) as watch, record_torch_ops(watch) as ops:
-        out = replay_scaler(scaler, list(x["grads"]), device=device, unscale_first=x["unscale_first"])
-    return {**out, "borrowed": _borrowed_scaler(scaler, ops)}
 
 
 def ref_scales(grads, init_scale, interval, growth=2.0, backoff=0.5, *, variant: str = "") -> list:
@@ -376,7 +314,7 @@ def _scaler_judge(case, obs):
     return None
 
 
-LOSS_SCALER = Exercise("loss_scaler", 4, ("LossScaler",), _scaler_cases, _scaler_run, _scaler_judge,
+LOSS_SCALER = Exercise("loss_scaler", 4, ("LossScaler",), _scaler_cases, RUN._scaler_run, _scaler_judge,
                        title="A dynamic loss scaler, step by step against GradScaler",
                        hint="scale(loss) = loss * scale. unscale_: multiply every grad by 1/scale in place, "
                             "found_inf = any grad not finite. step: unscale_ unless done, optimizer.step() only if "
@@ -385,8 +323,6 @@ LOSS_SCALER = Exercise("loss_scaler", 4, ("LossScaler",), _scaler_cases, _scaler
 
 
 # --- exercise 4: an autocast training step ---------------------------------------------------------------
-
-D_IN, HIDDEN, D_OUT, BATCH = 16, (32, 32), 4, 32
 
 
 def ref_amp_step(model, optimizer, scaler, x, y, dtype, max_norm, *, variant: str = ""):
@@ -424,60 +360,6 @@ def _train_cases(gen, public):
             case("AdamW", "float16", 2.0 ** randint(gen, 8, 12), uniform(gen, .05, .2), "adamw")]
 
 
-def _train_setup(case, device):
-    """The model, optimizer, scaler and batches of a case: the same in the learner's process and the judge's."""
-    x = case.inputs
-    model = ToyMLP(D_IN, HIDDEN, D_OUT, seed=x["seed"]).to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = (torch.optim.SGD(params, lr=0.1, momentum=0.9) if x["opt"] == "sgd"
-           else torch.optim.AdamW(params, lr=1e-2))
-    dtype = _DTYPES[x["dtype"]]
-    scaler = torch.amp.GradScaler(device, init_scale=x["init_scale"], enabled=dtype == torch.float16)
-    batches = [tuple(t.to(device) for t in toy_batch(x["seed"] + s, BATCH, D_IN, D_OUT)) for s in range(x["steps"])]
-    return model, opt, scaler, batches, dtype
-
-
-def _record_steps(step_fn, case, device) -> dict:
-    """Run ``step_fn`` over the case's batches; observe returns, weights, dtypes and the optimizer's steps."""
-    model, opt, scaler, batches, dtype = _train_setup(case, device)
-    seen, calls = {}, [0]
-    model.layers[0].register_forward_hook(lambda mod, inp, out: seen.setdefault("forward", str(out.dtype)) and None)
-    real_step = opt.step
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return real_step(*args, **kwargs)
-
-    opt.step = counted
-    out = {"returned": [], "params": [], "dtypes": [], "stepped": [], "scale": [],
-           "init": {n: to_cpu(p).float().clone() for n, p in model.named_parameters()}}
-    for xb, yb in batches:
-        before = calls[0]
-        try:
-            ret = step_fn(model, opt, scaler, xb, yb, dtype, case.inputs["max_norm"])
-        except ValueError as exc:  # GradScaler's own refusal: gradients of fp16 weights
-            if "unscale FP16 gradients" not in str(exc):
-                raise
-            return {"fp16_grads": True}
-        except RuntimeError as exc:  # GradScaler's: the previous step's state was never cleared by update()
-            if "unscale_() is being called after step()" not in str(exc):
-                raise
-            return {"no_update": True}
-        if not isinstance(ret, (tuple, list)) or len(ret) != 2:
-            return {"bad": type(ret).__name__}
-        out["returned"].append([_number(v) for v in ret])
-        out["params"].append({n: to_cpu(p).float().clone() for n, p in model.named_parameters()})  # not a view
-        out["dtypes"].append({n: str(p.dtype) for n, p in model.named_parameters()})
-        out["stepped"].append(calls[0] > before)
-        out["scale"].append(float(scaler.get_scale()))
-    out["forward"], out["device"] = seen.get("forward"), str(device)
-    return out
-
-
-def _train_run(ns, case, device):
-    return _record_steps(entry(ns, "amp_train_step"), case, device)
-
-
 def _train_judge(case, obs):
     x = case.inputs
     if "bad" in obs:
@@ -502,7 +384,7 @@ def _train_judge(case, obs):
     # The reference runs on the learner's device when the judge has it: the same kernels round the same way
     # (AdamW turns a tiny gradient's sign into a whole step, so a CPU reference could differ from a GPU run).
     device = "cuda" if obs.get("device") == "cuda" and torch.cuda.is_available() else "cpu"
-    ref = _record_steps(ref_amp_step, case, device)
+    ref = RUN._record_steps(ref_amp_step, case, device)
     for t in range(x["steps"]):
         if obs["stepped"][t] != ref["stepped"][t]:
             if not ref["stepped"][t]:
@@ -523,7 +405,7 @@ def _train_judge(case, obs):
                        "clip_grad_norm_, or the clip threshold is compared with gradients `scale` times too big.")
             elif norm is not None and close(norm, min(want_norm, x["max_norm"]), rel=1e-2):
                 why = "\n  Yours is the norm after clipping: return what clip_grad_norm_ returns (the norm before)."
-            elif norm is not None and close(norm, _record_steps(lambda *a: ref_amp_step(*a, variant="no zero_grad"),
+            elif norm is not None and close(norm, RUN._record_steps(lambda *a: ref_amp_step(*a, variant="no zero_grad"),
                                                                 case, device)["returned"][t][1], rel=1e-2):
                 why = ("\n  Yours is the norm of gradients summed over the steps: zero the gradients at the start of "
                        "each step (optimizer.zero_grad(set_to_none=True)).")
@@ -531,7 +413,7 @@ def _train_judge(case, obs):
         prev = ref["params"][t - 1] if t else ref["init"]
         bad = _params_differ(obs["params"][t], ref["params"][t], prev)
         if bad:
-            scaled = _record_steps(lambda *a: ref_amp_step(*a, variant="clip scaled"), case, device)
+            scaled = RUN._record_steps(lambda *a: ref_amp_step(*a, variant="clip scaled"), case, device)
             why = ""
             if not _params_differ(obs["params"][t], scaled["params"][t], prev):
                 why = ("\n  Yours match clipping the scaled gradients: call scaler.unscale_(optimizer) before "
@@ -558,7 +440,7 @@ def _params_differ(got: dict, want: dict, prev: dict) -> str | None:
     return None
 
 
-AMP_STEP = Exercise("amp_train_step", 3, ("amp_train_step",), _train_cases, _train_run, _train_judge,
+AMP_STEP = Exercise("amp_train_step", 3, ("amp_train_step",), _train_cases, RUN._train_run, _train_judge,
                     title="An autocast training step: fp32 master weights, unscale before clip",
                     hint="zero_grad; with torch.autocast(x.device.type, dtype): loss = mse_loss(model(x), y); "
                          "scaler.scale(loss).backward(); scaler.unscale_(optimizer); norm = clip_grad_norm_(...); "
@@ -566,12 +448,6 @@ AMP_STEP = Exercise("amp_train_step", 3, ("amp_train_step",), _train_cases, _tra
 
 
 # --- exercise 5: Kahan summation in the low precision ------------------------------------------------
-
-# Reductions and casts would leave the low precision: the exercise is compensation in float16/bfloat16 itself.
-_FORBIDDEN = {"aten.sum": "torch.sum", "aten.cumsum": "torch.cumsum", "aten.nansum": "torch.nansum",
-              "aten.mean": "torch.mean", "aten._to_copy": "a cast (.float(), .double(), .to(...))",
-              "aten._local_scalar_dense": "Python floats (.item(), float()): float64 arithmetic",
-              "aten.lift_fresh": "a tensor built from Python numbers (torch.tensor(...)): float64 arithmetic"}
 
 
 def ref_ulp(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -617,23 +493,13 @@ def _kahan_cases(gen, public):
             case("one column", rand(4, 1, -1, 1))]
 
 
-def _kahan_run(ns, case, device):
-    x = case.inputs["x"].to(device).clone()  # the learner's own copy: a write into it must show
-    fn = entry(ns, "kahan_sum")
-    with watch_launches(check_bounds=False) as watch, record_torch_ops(watch) as ops, record_allocations() as made:
-        got = fn(x)
-    forbidden = sorted({op for op in ops if op in _FORBIDDEN})
-    return {"out": to_cpu(got) if isinstance(got, torch.Tensor) else repr(got)[:80], "forbidden": forbidden,
-            "dtypes": sorted(made.dtypes - {str(x.dtype)}), "mutated": not torch.equal(x.cpu(), case.inputs["x"])}
-
-
 def _kahan_judge(case, obs):
     x = case.inputs["x"]
     if obs.get("mutated"):
         return ("kahan_sum wrote into x (x[:, j] -= c, or another in-place op on a column view): the caller's data "
                 "must not change. Keep the corrected term in a new tensor: y = x[:, j] - c.")
     if obs["forbidden"]:
-        used = ", ".join(_FORBIDDEN.get(op, op) for op in obs["forbidden"])
+        used = ", ".join(RUN._FORBIDDEN.get(op, op) for op in obs["forbidden"])
         return (f"kahan_sum used {used}: keep every operation in {x.dtype} (elementwise +, - on columns). The "
                 "point is that the compensation recovers the accuracy without a wider accumulator.")
     if obs.get("dtypes"):
@@ -660,7 +526,7 @@ def _kahan_judge(case, obs):
     return diagnose(msg, got, [naive, flipped], torch.equal, "\n  Yours matches {}.")
 
 
-KAHAN = Exercise("kahan_sum", 2, ("kahan_sum",), _kahan_cases, _kahan_run, _kahan_judge,
+KAHAN = Exercise("kahan_sum", 2, ("kahan_sum",), _kahan_cases, RUN._kahan_run, _kahan_judge,
                  title="Stretch: Kahan summation in fp16",
                  hint="s = c = zeros(R, dtype); for each column xj: y = xj - c; t = s + y; c = (t - s) - y; s = t. "
                       "No casts, no torch.sum.")

@@ -13,21 +13,19 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn as nn
 
-from gpulab.compare import _fmt_index, compare, padded
-from gpulab.device import synchronize
-from gpulab.launches import record_allocations
-from grader.exercise import Benchmark, Case, Exercise, changed_inputs, entry, to_cpu
+from gpulab.compare import _fmt_index, compare
+from grader.exercise import Benchmark, Case, Exercise, changed_inputs
 from grader.kit import kernels
 from grader.kit.cases import choice, randint, randn, uniform
+from grader.runs import run_side
 
 LAB = "08_quantization"
+RUN = run_side(LAB)  # the learner side: grader/runs/08_quantization.py
 TITLE = "Quantization: INT8, FP8, PTQ and QAT"
 
 EPS = torch.finfo(torch.float32).eps  # smallest scale: an all-zero range still gets a usable scale
 TIE = 1e-3                            # |v - (k + 0.5)| below this: either neighbour is a correct round
-FP8 = {"e4m3": (torch.float8_e4m3fn, 448.0, 3, -6), "e5m2": (torch.float8_e5m2, 57344.0, 2, -14)}
 #        fmt: (dtype, largest finite value, mantissa bits, smallest normal exponent)
 _EDGES = [-50.0, -1.0, -0.6, -0.4, 0.0, 0.3]  # code offsets below/at qmin (mirrored at qmax)
 
@@ -204,14 +202,6 @@ def _qparams_hidden(gen) -> list:
         ("low-bit symmetric per-channel", data(size(), size()), 0, True, *_signed(bits))]
 
 
-def _qparams_run(ns, case, device):
-    c = case.inputs
-    lo, hi = entry(ns, "minmax_range")(c["x"], axis=c["axis"])
-    scale, zero_point = entry(ns, "qparams")(c["lo"], c["hi"], symmetric=c["symmetric"], qmin=c["qmin"], qmax=c["qmax"])
-    return {"lo": to_cpu(lo), "hi": to_cpu(hi), "scale": to_cpu(scale), "zero_point": to_cpu(zero_point),
-            "inputs_after": {"x": c["x"].cpu()}}
-
-
 def _qparams_judge(case, obs):
     c = case.inputs
     lo, hi = ref_range(c["x"], c["axis"])
@@ -243,7 +233,7 @@ def _qparams_judge(case, obs):
     return changed_inputs(case, obs.get("inputs_after", {}))
 
 
-QPARAMS = Exercise("quant_params", 3, ("minmax_range", "qparams"), _qparams_cases, _qparams_run, _qparams_judge,
+QPARAMS = Exercise("quant_params", 3, ("minmax_range", "qparams"), _qparams_cases, RUN._qparams_run, _qparams_judge,
                    title="Ranges, scales and zero-points (symmetric, asymmetric, per-tensor, per-channel)",
                    hint="Widen [lo, hi] to include 0. Symmetric: scale = max(-lo, hi) / qmax, zero_point = 0. "
                         "Asymmetric: scale = (hi - lo) / (qmax - qmin), zero_point = qmin - round(lo / scale) as "
@@ -298,13 +288,6 @@ def _roundtrip_hidden(gen) -> list:
     return [(rule, shape, None if axis is None else axis % len(shape), *rest) for rule, shape, axis, *rest in specs]
 
 
-def _roundtrip_run(ns, case, device):
-    c = case.inputs
-    q = entry(ns, "quantize")(c["x"], c["scale"], c["zero_point"], axis=c["axis"], qmin=c["qmin"], qmax=c["qmax"])
-    dq = entry(ns, "dequantize")(c["q"], c["scale"], c["zero_point"], axis=c["axis"])
-    return {"q": to_cpu(q), "dq": to_cpu(dq), "inputs_after": {k: c[k] for k in ("x", "scale", "zero_point", "q")}}
-
-
 def _roundtrip_judge(case, obs):
     c, q = case.inputs, obs["q"]
     if not isinstance(q, torch.Tensor):
@@ -329,7 +312,7 @@ def _roundtrip_judge(case, obs):
     return changed_inputs(case, obs["inputs_after"])
 
 
-ROUNDTRIP = Exercise("quant_roundtrip", 3, ("quantize", "dequantize"), _roundtrip_cases, _roundtrip_run,
+ROUNDTRIP = Exercise("quant_roundtrip", 3, ("quantize", "dequantize"), _roundtrip_cases, RUN._roundtrip_run,
                      _roundtrip_judge, title="quantize / dequantize",
                      hint="q = clamp(round(x / scale) + zero_point, qmin, qmax).to(torch.int8), computed in float32; "
                           "per-channel: reshape scale and zero_point to broadcast along `axis`. dequantize: "
@@ -383,15 +366,6 @@ def _calib_cases(gen, public):
     return cases
 
 
-def _calib_run(ns, case, device):
-    c = case.inputs
-    batches = [b.view(-1, 4) if b.numel() % 4 == 0 else b for b in torch.split(c["flat"].clone(), c["sizes"])]
-    out = entry(ns, "calibrate")(batches, method=c["method"], percentile=c["percentile"])
-    if not isinstance(out, (tuple, list)) or len(out) != 2:
-        return {"bad": f"calibrate must return a pair (lo, hi), got {type(out).__name__}"}
-    return {"lo": float(out[0]), "hi": float(out[1])}
-
-
 def _calib_judge(case, obs):
     if "bad" in obs:
         return obs["bad"] + "."
@@ -408,7 +382,7 @@ def _calib_judge(case, obs):
     return None
 
 
-CALIBRATE = Exercise("quant_calibrate", 2, ("calibrate",), _calib_cases, _calib_run, _calib_judge,
+CALIBRATE = Exercise("quant_calibrate", 2, ("calibrate",), _calib_cases, RUN._calib_run, _calib_judge,
                      title="Calibration: min-max and percentile",
                      hint="Concatenate every batch (flattened). min-max: (min, max). percentile p: torch.quantile of "
                           "the concatenation at (1 - p/100) and p/100.")
@@ -428,13 +402,6 @@ def _linear_inputs(gen, out_f, in_f, bits, per_channel, bias, rows, zero_row=Fal
                 bias=randn(gen, out_f, scale=0.1) if bias else None, bits=bits, x=randn(gen, rows, in_f))
 
 
-def _float_linear(c) -> nn.Linear:
-    """The float layer of a case: copies of its ``weight`` and ``bias`` (or none)."""
-    linear = nn.Linear(c["weight"].shape[1], c["weight"].shape[0], bias=c["bias"] is not None)
-    linear.load_state_dict({"weight": c["weight"]} if c["bias"] is None else {"weight": c["weight"], "bias": c["bias"]})
-    return linear
-
-
 def _ptq_cases(gen, public):
     specs = [("", 32, 32, 8, True, True, False), ("", 24, 40, 8, False, True, False),
              ("", 33, 17, 4, True, True, False), ("", 48, 48, 8, True, False, False),
@@ -452,19 +419,6 @@ def _ptq_cases(gen, public):
                  + (", one all-zero row" if zero_row else ""),
                  dict(_linear_inputs(gen, out_f, in_f, bits, per_channel, bias, 9, zero_row), per_channel=per_channel))
             for rule, out_f, in_f, bits, per_channel, bias, zero_row in specs]
-
-
-def _ptq_run(ns, case, device):
-    c = case.inputs
-    linear = _float_linear(c)
-    qlin = entry(ns, "QuantLinear").from_float(linear, bits=c["bits"], per_channel=c["per_channel"])
-    if not isinstance(qlin, nn.Module):
-        return {"bad": f"QuantLinear.from_float must return an nn.Module, got {type(qlin).__name__}"}
-    with torch.no_grad():
-        y = qlin(c["x"])
-    return {"qweight": to_cpu(getattr(qlin, "qweight", None)), "scale": to_cpu(getattr(qlin, "scale", None)),
-            "bias": to_cpu(getattr(qlin, "bias", None)), "y": to_cpu(y),
-            "inputs_after": {"weight": linear.weight.detach().cpu()}}
 
 
 def _ptq_judge(case, obs):
@@ -513,7 +467,7 @@ def _ptq_judge(case, obs):
     return changed_inputs(case, obs["inputs_after"])
 
 
-PTQ = Exercise("ptq_linear", 3, ("QuantLinear",), _ptq_cases, _ptq_run, _ptq_judge,
+PTQ = Exercise("ptq_linear", 3, ("QuantLinear",), _ptq_cases, RUN._ptq_run, _ptq_judge,
                title="Post-training quantization: a weight-only int8 linear layer", hint="qmax = 2**(bits-1) - 1; "
                "per-channel scale = W.abs().amax(dim=1) / qmax (one per output row); store qweight = "
                "round(W / scale[:, None]).clamp(-qmax-1, qmax).to(torch.int8) as a buffer.")
@@ -542,18 +496,6 @@ def _fq_cases(gen, public):
         cases.append(Case(f"{name}: x {shape}, [{qmin}, {qmax}]", dict(
             x=x.float(), scale=scale.float(), zero_point=zp, qmin=qmin, qmax=qmax, grad=randn(gen, *shape))))
     return cases
-
-
-def _fq_run(ns, case, device):
-    c = case.inputs
-    x = c["x"].clone().requires_grad_(True)
-    y = entry(ns, "fake_quant")(x, c["scale"], c["zero_point"], c["qmin"], c["qmax"])
-    if not isinstance(y, torch.Tensor):
-        return {"bad": f"fake_quant must return a torch.Tensor, got {type(y).__name__}"}
-    if y.requires_grad:
-        y.backward(c["grad"])
-    return {"y": to_cpu(y), "requires_grad": bool(y.requires_grad), "grad": to_cpu(x.grad),
-            "inputs_after": {"scale": c["scale"], "zero_point": c["zero_point"]}}
 
 
 def _fq_judge(case, obs):
@@ -601,7 +543,7 @@ def _fq_judge(case, obs):
     return changed_inputs(case, obs["inputs_after"])
 
 
-FAKE_QUANT = Exercise("fake_quant_ste", 3, ("fake_quant",), _fq_cases, _fq_run, _fq_judge,
+FAKE_QUANT = Exercise("fake_quant_ste", 3, ("fake_quant",), _fq_cases, RUN._fq_run, _fq_judge,
                       title="Fake quantization with a clipped straight-through estimator",
                       hint="forward: (clamp(round(x/s)+zp, qmin, qmax) - zp) * s, and save the mask qmin <= "
                            "round(x/s)+zp <= qmax; backward: grad_output * mask for x, None for the other arguments.")
@@ -620,23 +562,6 @@ def _qat_cases(gen, public):
         cases.append(Case(f"{rule}QATLinear from Linear({in_f}, {out_f}, bias={bias}), bits={bits}",
                           dict(inputs, grad=randn(gen, 10, out_f))))
     return cases
-
-
-def _qat_run(ns, case, device):
-    c = case.inputs
-    layer = entry(ns, "QATLinear").from_linear(_float_linear(c), bits=c["bits"])
-    if not isinstance(layer, nn.Module):
-        return {"bad": f"QATLinear.from_linear must return an nn.Module, got {type(layer).__name__}"}
-    weight = getattr(layer, "weight", None)
-    if not isinstance(weight, nn.Parameter) or not weight.requires_grad:
-        return {"bad": "QATLinear must keep a trainable float `weight` (an nn.Parameter): QAT updates the float "
-                       "weights and fake-quantizes them in every forward"}
-    x = c["x"].clone().requires_grad_(True)
-    y = layer(x)
-    y.backward(c["grad"])
-    b = getattr(layer, "bias", None)
-    return {"y": to_cpu(y), "grad_x": to_cpu(x.grad), "grad_w": to_cpu(weight.grad),
-            "grad_b": to_cpu(b.grad) if isinstance(b, torch.Tensor) else None, "weight": to_cpu(weight.detach())}
 
 
 def _qat_judge(case, obs):
@@ -669,7 +594,7 @@ def _qat_judge(case, obs):
     return None
 
 
-QAT = Exercise("qat_linear", 2, ("QATLinear",), _qat_cases, _qat_run, _qat_judge,
+QAT = Exercise("qat_linear", 2, ("QATLinear",), _qat_cases, RUN._qat_run, _qat_judge,
                title="QAT: a linear layer with fake-quantized weights", hint="forward: s = W.detach().abs().amax("
                "dim=1, keepdim=True) / qmax (clamped to eps); F.linear(x, fake_quant(W, s, 0, -qmax-1, qmax), bias).")
 
@@ -698,7 +623,7 @@ def _fp8_cases(gen, public):
         x = randn(gen, *shape, scale=mag)
         if name.endswith("outliers"):
             x.view(-1)[:3] = torch.tensor([300.0, -150.0, 90.0])
-        fdt, fmax = FP8[fmt][:2]
+        fdt, fmax = RUN.FP8[fmt][:2]
         scale_in = torch.tensor(2.0 ** randint(gen, -10, 4))
         x8 = randn(gen, *shape, scale=40).clamp(-fmax, fmax).to(fdt)
         cases.append(Case(f"{name}, shape {shape} {dtype}", dict(
@@ -706,23 +631,11 @@ def _fp8_cases(gen, public):
     return cases
 
 
-def _fp8_run(ns, case, device):
-    c = case.inputs
-    out = entry(ns, "fp8_quantize")(c["x"], fmt=c["fmt"])
-    if not isinstance(out, (tuple, list)) or len(out) != 2:
-        return {"bad": f"fp8_quantize must return (x_fp8, scale), got {type(out).__name__}"}
-    x8, scale = out
-    deq = entry(ns, "fp8_dequantize")(c["x8_bits"].view(FP8[c["fmt"]][0]), c["scale_in"])
-    return {"dtype": str(x8.dtype) if isinstance(x8, torch.Tensor) else type(x8).__name__,
-            "values": x8.detach().cpu().float() if isinstance(x8, torch.Tensor) else None,
-            "scale": float(scale), "deq": to_cpu(deq), "inputs_after": {"x": c["x"].cpu()}}
-
-
 def _fp8_judge(case, obs):
     if "bad" in obs:
         return obs["bad"] + "."
     c = case.inputs
-    fdt, fmax, mbits, emin = FP8[c["fmt"]]
+    fdt, fmax, mbits, emin = RUN.FP8[c["fmt"]]
     if obs["dtype"] != str(fdt):
         return (f"fp8_quantize returned {obs['dtype']}: the values must be stored as {fdt} (1 byte each) for "
                 f"fmt={c['fmt']!r}; rounding float32 values to the fp8 grid but keeping float32 saves nothing.")
@@ -751,7 +664,7 @@ def _fp8_judge(case, obs):
     return changed_inputs(case, obs["inputs_after"])
 
 
-FP8_QUANT = Exercise("fp8_quant", 2, ("fp8_quantize", "fp8_dequantize"), _fp8_cases, _fp8_run,
+FP8_QUANT = Exercise("fp8_quant", 2, ("fp8_quantize", "fp8_dequantize"), _fp8_cases, RUN._fp8_run,
                      _fp8_judge, title="FP8 e4m3 / e5m2 with per-tensor scaling",
                      hint="scale = amax / 448 (e4m3) or / 57344 (e5m2), 1.0 if amax is 0; x_fp8 = (x.float() / scale)"
                           ".clamp(-fmax, fmax).to(torch.float8_e4m3fn or torch.float8_e5m2).")
@@ -802,23 +715,6 @@ def _wmm_cases(gen, public):
         cases.append(Case(f"{rule}M={m} N={n} K={k} {dtype} activations", dict(
             x=x.to(getattr(torch, dtype)), w_q=w_q, w_scale=scale)))
     return cases
-
-
-def _wmm_run(ns, case, device):
-    c = case.inputs
-    x, w_q, w_scale = (padded(c[name], device) for name in ("x", "w_q", "w_scale"))
-    M, N = x.shape[0], w_q.shape[0]
-    fn = entry(ns, "int8_weight_matmul")
-    if device == "cuda":  # compile and autotune before recording: autotuning allocates its own tensors
-        fn(x, w_q, w_scale, out=torch.empty(M, N, dtype=x.dtype, device=device))
-        synchronize(device)
-    # The floating-point tensors PyTorch creates during the learner's call (not the ablated one).
-    call = kernels.observe_kernel(lambda out: fn(x, w_q, w_scale, out=out), {"out": ((M, N), x.dtype)}, device,
-                                  inputs={"x": x, "w_q": w_q, "w_scale": w_scale},
-                                  watch=lambda bufs: record_allocations())
-    made = call.watched
-    return {**call.as_obs(), "args": [[(dt, n) for dt, n, _ in tensors] for tensors in call.launch_args],
-            "float_elements": made.float_elements, "biggest": [*made.biggest[:2], list(made.biggest[2])]}
 
 
 def _wmm_judge(case, obs):
@@ -872,7 +768,7 @@ def _wmm_judge(case, obs):
     return kernels.mismatch_verdict("\n".join(lines), obs)
 
 
-WEIGHT_MATMUL = Exercise("int8_weight_matmul", 4, ("int8_weight_matmul",), _wmm_cases, _wmm_run, _wmm_judge,
+WEIGHT_MATMUL = Exercise("int8_weight_matmul", 4, ("int8_weight_matmul",), _wmm_cases, RUN._wmm_run, _wmm_judge,
                          title="Weight-only int8 matmul in Triton (dequantize in the kernel)",
                          hint="Tile (BLOCK_M, BLOCK_N) outputs; per K step load an x tile and an int8 w tile (mask "
                               "both), acc = tl.dot(x, w.to(x.dtype), acc) in float32; after the loop multiply by the "

@@ -17,15 +17,16 @@ seed, named ``"<rule>: details"``.
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 from gpulab.compare import compare
-from grader.exercise import Case, Exercise, entry, to_cpu
+from grader.exercise import Case, Exercise
 from grader.kit.cases import choice, randint, randn, uniform
 from grader.kit.variants import diagnose, matching_variant, tensor_match
+from grader.runs import run_side
 
 LAB = "09_pruning_distillation"
+RUN = run_side(LAB)  # the learner side: grader/runs/09_pruning_distillation.py
 TITLE = "Pruning and distillation: sparsity and students"
 
 
@@ -83,12 +84,6 @@ def _magnitude_cases(gen, public):
         detail = "" if public else f": {len(weights)} layers, sparsity={sparsity}, scope={scope!r}"
         cases.append(Case(rule + detail, dict(weights=[w.clone() for w in weights], sparsity=sparsity, scope=scope)))
     return cases
-
-
-def _magnitude_run(ns, case, device):
-    weights = [w.clone().to(device) for w in case.inputs["weights"]]  # a list: run_case does not copy it
-    masks = entry(ns, "magnitude_masks")(weights, case.inputs["sparsity"], case.inputs["scope"])
-    return {"masks": to_cpu(list(masks) if isinstance(masks, (list, tuple)) else masks), "after": to_cpu(weights)}
 
 
 def _ranked_badly(mags: list, masks: list) -> bool:
@@ -173,7 +168,7 @@ def _order_message(weights, masks) -> str:
     return msg
 
 
-MAGNITUDE = Exercise("magnitude_prune", 3, ("magnitude_masks",), _magnitude_cases, _magnitude_run, _magnitude_judge,
+MAGNITUDE = Exercise("magnitude_prune", 3, ("magnitude_masks",), _magnitude_cases, RUN._magnitude_run, _magnitude_judge,
                      title="Global and per-layer magnitude masks",
                      hint="k = round(sparsity * n); prune the k smallest |w| by index (argsort), never by comparing "
                           "with a threshold (ties).")
@@ -221,40 +216,6 @@ def _structured_cases(gen, public):
         detail = "" if public else f": ({d_in} -> {hidden} -> {d_out}), keep={keep}"
         cases.append(Case(rule + detail, dict(**state, keep=keep, x=randn(gen, 9, d_in))))
     return cases
-
-
-def _linear(w, b) -> nn.Linear:
-    layer = nn.Linear(w.shape[1], w.shape[0], bias=b is not None)
-    with torch.no_grad():
-        layer.weight.copy_(w)
-        if b is not None:
-            layer.bias.copy_(b)
-    return layer
-
-
-def _describe_linear(layer) -> dict:
-    if not isinstance(layer, nn.Linear):
-        return {"type": type(layer).__name__}
-    return {"type": "Linear", "weight": to_cpu(layer.weight), "bias": to_cpu(layer.bias),
-            "param": isinstance(layer.weight, nn.Parameter), "in": layer.in_features, "out": layer.out_features}
-
-
-def _structured_run(ns, case, device):
-    i = case.inputs
-    fc1, fc2 = _linear(i["w1"], i["b1"]).to(device), _linear(i["w2"], i["b2"]).to(device)
-    out = entry(ns, "prune_hidden_units")(fc1, fc2, i["keep"])
-    if not isinstance(out, (tuple, list)) or len(out) != 2:
-        return {"returned": type(out).__name__}
-    new1, new2 = out
-    obs = {"fc1": _describe_linear(new1), "fc2": _describe_linear(new2),
-           "orig": to_cpu([fc1.weight, fc2.weight])}
-    if isinstance(new1, nn.Linear) and isinstance(new2, nn.Linear):
-        try:
-            with torch.no_grad():
-                obs["y"] = to_cpu(new2(F.relu(new1(i["x"].to(device)))))
-        except RuntimeError as exc:  # shapes that do not chain: reported by the judge
-            obs["y_error"] = str(exc).splitlines()[0]
-    return obs
 
 
 def _structured_judge(case, obs):
@@ -315,7 +276,7 @@ def _structured_judge(case, obs):
     return diagnose(report, obs["y"], variants, tensor_match(torch.float32))
 
 
-STRUCTURED = Exercise("structured_prune", 3, ("prune_hidden_units",), _structured_cases, _structured_run,
+STRUCTURED = Exercise("structured_prune", 3, ("prune_hidden_units",), _structured_cases, RUN._structured_run,
                       _structured_judge, title="Structured pruning: smaller dense layers",
                       hint="idx = fc1.weight.norm(dim=1).topk(keep).indices; new fc1 rows = fc1.weight[idx], "
                            "new fc2 columns = fc2.weight[:, idx].")
@@ -359,22 +320,6 @@ def _nm_cases(gen, public):
             for rule, w, n, m in rows]
 
 
-def _nm_run(ns, case, device):
-    w = case.inputs["w"].to(device)
-    fn = entry(ns, "nm_mask")
-    try:
-        mask = fn(w, case.inputs["n"], case.inputs["m"])
-    except ValueError as exc:
-        return {"raised": str(exc)}
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # on a short last group: the learner's reshape failing is a wrong answer, not a crash
-        if w.shape[1] % case.inputs["m"] == 0:
-            raise
-        return {"raised_other": f"{type(exc).__name__}: {exc}".splitlines()[0]}
-    return {"mask": to_cpu(mask), "after": to_cpu(w)}
-
-
 def _nm_judge(case, obs):
     w, n, m = case.inputs["w"], case.inputs["n"], case.inputs["m"]
     if w.shape[1] % m:
@@ -408,55 +353,19 @@ def _nm_judge(case, obs):
     return msg
 
 
-NM_MASK = Exercise("nm_sparsity", 2, ("nm_mask",), _nm_cases, _nm_run, _nm_judge,
+NM_MASK = Exercise("nm_sparsity", 2, ("nm_mask",), _nm_cases, RUN._nm_run, _nm_judge,
                    title="N:M (2:4) semi-structured masks",
                    hint="w.abs().reshape(out, in // m, m), topk(n, dim=-1) per group, scatter True, reshape back.")
 
 
 # --- exercise 4: pruned weights stay zero through optimizer steps --------------------------------
 
-STEPS = 3
-
-
-def _masked_model(state: dict) -> nn.Sequential:
-    model = nn.Sequential(nn.Linear(*state["0.weight"].shape[::-1]), nn.ReLU(),
-                          nn.Linear(*state["2.weight"].shape[::-1])).double()
-    model.load_state_dict(state)
-    return model
-
-
-def _make_optimizer(model: nn.Module, kind: str):
-    if kind == "adam":
-        return torch.optim.Adam(model.parameters(), lr=0.05)
-    if kind == "sgd-momentum":
-        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    return torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
-
-
-def _prepared(case, device):
-    """The case's model and optimizer after dense warm-up steps (so the optimizer's state predates the
-    pruning), with the masks applied to the weights once: the state a pruning step leaves."""
-    i = case.inputs
-    model = _masked_model(i["state"]).to(device)
-    opt = _make_optimizer(model, i["optimizer"])
-    x, y = i["x"].to(device), i["y"].to(device)
-    for _ in range(3):
-        opt.zero_grad()
-        F.cross_entropy(model(x[0]), y[0]).backward()
-        opt.step()
-    masks = {name: m.clone().to(device) for name, m in i["masks"].items()}
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name in masks:
-                p.mul_(masks[name])
-    return model, opt, masks, x, y
-
 
 def ref_masked_steps(case, accumulate: bool = False) -> list:
     """[(loss, {name: parameter})] after each of the reference's masked steps (float64, CPU)."""
-    model, opt, masks, x, y = _prepared(case, "cpu")
+    model, opt, masks, x, y = RUN._prepared(case, "cpu")
     out = []
-    for t in range(STEPS):
+    for t in range(RUN.STEPS):
         if not accumulate:
             opt.zero_grad()
         loss = F.cross_entropy(model(x[t + 1]), y[t + 1])
@@ -481,22 +390,11 @@ def _masked_cases(gen, public):
                  "2.weight": randn(gen, classes, hidden).double(), "2.bias": randn(gen, classes).double() * 0.1}
         masks = {name: torch.rand(state[name].shape, generator=gen) > uniform(gen, 0.4, 0.7)
                  for name in ("0.weight", "2.weight")}
-        x = randn(gen, STEPS + 1, 16, d_in).double()
-        y = torch.randint(0, classes, (STEPS + 1, 16), generator=gen)
+        x = randn(gen, RUN.STEPS + 1, 16, d_in).double()
+        y = torch.randint(0, classes, (RUN.STEPS + 1, 16), generator=gen)
         detail = "" if public else f" ({d_in} -> {hidden} -> {classes})"
         cases.append(Case(rule + detail, dict(state=state, masks=masks, optimizer=kind, x=x, y=y)))
     return cases
-
-
-def _masked_run(ns, case, device):
-    fn = entry(ns, "masked_train_step")
-    model, opt, masks, x, y = _prepared(case, device)
-    history = []
-    for t in range(STEPS):
-        loss = fn(model, masks, opt, x[t + 1], y[t + 1])
-        loss = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
-        history.append((loss, {n: to_cpu(p).clone() for n, p in model.named_parameters()}))
-    return {"history": history}
 
 
 def _masked_judge(case, obs):
@@ -528,7 +426,7 @@ def _masked_judge(case, obs):
     return None
 
 
-MASKED_STEP = Exercise("masked_step", 3, ("masked_train_step",), _masked_cases, _masked_run, _masked_judge,
+MASKED_STEP = Exercise("masked_step", 3, ("masked_train_step",), _masked_cases, RUN._masked_run, _masked_judge,
                        title="Pruned weights stay zero through an optimizer step",
                        hint="zero_grad, loss, backward, step; then with torch.no_grad(): p.mul_(mask) for every "
                             "masked parameter.")
@@ -608,17 +506,6 @@ def _distill_cases(gen, public):
     return cases
 
 
-def _distill_run(ns, case, device):
-    i = case.inputs
-    s = i["s"].to(device).requires_grad_(True)
-    t = i["t"].to(device).requires_grad_(i["teacher_grad"])
-    loss = entry(ns, "distillation_loss")(s, t, i["y"].to(device), i["T"], i["alpha"])
-    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
-        return {"loss": to_cpu(loss), "not_scalar": True}
-    loss.backward()
-    return {"loss": to_cpu(loss), "grad_s": to_cpu(s.grad), "grad_t": to_cpu(t.grad)}
-
-
 def _distill_judge(case, obs):
     i = case.inputs
     if obs.get("not_scalar"):
@@ -650,7 +537,7 @@ def _distill_judge(case, obs):
     return report and report + "\n  The value is right but the gradient is not: is part of the loss detached?"
 
 
-DISTILL = Exercise("distillation_loss", 3, ("distillation_loss",), _distill_cases, _distill_run, _distill_judge,
+DISTILL = Exercise("distillation_loss", 3, ("distillation_loss",), _distill_cases, RUN._distill_run, _distill_judge,
                    title="The distillation loss",
                    hint="soft = F.kl_div(F.log_softmax(s / T, -1), F.log_softmax(t.detach() / T, -1), "
                         "reduction='batchmean', log_target=True) * T**2; mix with alpha.")

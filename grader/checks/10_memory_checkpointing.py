@@ -10,81 +10,24 @@ before ':'), random sizes within it.
 """
 from __future__ import annotations
 
-import contextlib
-import numbers
-
 import torch
 
 from gpulab.compare import compare
-from gpulab.launches import count_flops
 from gpulab.models import RECOMPUTE_CANDIDATES as CANDIDATES
 from gpulab.models import make_block
-from grader.exercise import Benchmark, Case, Exercise, Neutral, entry
+from grader.exercise import Benchmark, Case, Exercise, Neutral
 from grader.kit.cases import choice, randint, uniform
 from grader.kit.close import close
+from grader.runs import run_side
 
 LAB = "10_memory_checkpointing"
+RUN = run_side(LAB)  # the learner side: grader/runs/10_memory_checkpointing.py
 TITLE = "Where memory goes: activations, checkpointing, ZeRO and offload"
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 FORMULA_RTOL = 1e-6  # memory and time formulas in float bytes and seconds: any order of the operations passes
 
 
-def _dtype_bytes(dtype) -> int:
-    """Bytes per element of a dtype or its name."""
-    return torch.empty((), dtype=_DTYPES.get(dtype, dtype)).element_size()
-
-
-def _number(x):
-    """A plain number for the judge (numpy and 0-dim tensor scalars included), else its repr."""
-    if isinstance(x, torch.Tensor) and x.numel() == 1:
-        x = x.item()
-    if isinstance(x, numbers.Real) and not isinstance(x, bool):
-        return int(x) if float(x).is_integer() else float(x)
-    return repr(x)
-
-
 # --- 1. saved bytes, measured ----------------------------------------------------------------------
-
-def ref_saved_bytes(fn, *args, exclude=()) -> int:
-    """Bytes of the distinct storages autograd saves while ``fn(*args)`` runs (storages of
-    ``exclude``, the parameters, left out). Each packed tensor is kept alive until the count is
-    done, so no address is reused by a later tensor."""
-    skip = {t.untyped_storage().data_ptr() for t in exclude}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in skip:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn(*args)
-    total = sum(seen.values())
-    del out
-    return total
-
-
-def _scenario(name: str, inputs: dict):
-    """Rebuild a scenario (function, arguments, tensors to exclude) from plain case inputs (CPU)."""
-    gen = torch.Generator().manual_seed(inputs["seed"])
-    n, m = inputs["n"], inputs["m"]
-    if name == "square":      # one tensor saved twice by the same op
-        x = torch.randn(n, m, generator=gen).requires_grad_()
-        return (lambda x: x * x), (x,), ()
-    if name == "views":       # two overlapping views of one storage
-        x = torch.randn(n, 3 * m, generator=gen).requires_grad_()
-        return (lambda x: x[:, :2 * m] @ x[:, m:].t()), (x,), ()
-    if name == "linear":      # the weight is saved too, but it is a parameter
-        x = torch.randn(n, m, generator=gen).requires_grad_()
-        w = torch.nn.Parameter(torch.randn(2 * m, m, generator=gen))
-        return (lambda x: torch.relu(torch.nn.functional.linear(x, w)).exp()), (x,), (w,)
-    if name == "block":
-        block = make_block(inputs["d_model"], inputs["n_heads"], None, inputs["dropout"], seed=inputs["seed"])
-        x = torch.randn(n, m, inputs["d_model"], generator=gen).requires_grad_()
-        return block, (x,), tuple(block.parameters())
-    raise ValueError(name)
 
 
 def _saved_cases(gen, public):
@@ -106,14 +49,9 @@ def _saved_cases(gen, public):
     return cases
 
 
-def _saved_run(ns, case, device):
-    fn, args, exclude = _scenario(case.inputs["kind"], case.inputs)
-    return {"bytes": _number(entry(ns, "saved_tensor_bytes")(fn, *args, exclude=exclude))}
-
-
 def _saved_judge(case, obs):
-    fn, args, exclude = _scenario(case.inputs["kind"], case.inputs)
-    want = ref_saved_bytes(fn, *args, exclude=exclude)
+    fn, args, exclude = RUN._scenario(case.inputs["kind"], case.inputs)
+    want = RUN.ref_saved_bytes(fn, *args, exclude=exclude)
     got = obs["bytes"]
     if not isinstance(got, (int, float)):
         return f"saved_tensor_bytes must return a number of bytes, got {got}."
@@ -130,7 +68,7 @@ def _saved_judge(case, obs):
     return f"saved_tensor_bytes = {got} bytes, expected {want} for {case.name}.{hint}"
 
 
-SAVED_BYTES = Exercise("saved_bytes", 2, ("saved_tensor_bytes",), _saved_cases, _saved_run, _saved_judge,
+SAVED_BYTES = Exercise("saved_bytes", 2, ("saved_tensor_bytes",), _saved_cases, RUN._saved_run, _saved_judge,
                        title="Measuring what autograd saves",
                        hint="Inside `with torch.autograd.graph.saved_tensors_hooks(pack, unpack):` every tensor "
                             "saved for backward passes through pack. Key by t.untyped_storage().data_ptr(), count "
@@ -226,20 +164,10 @@ def _formula_cases(gen, public):
     return cases
 
 
-def _formula_args(x: dict) -> tuple:
-    return (x["batch"], x["seq"], x["d_model"], x["n_heads"], x["d_ff"], x["dropout"], _dtype_bytes(x["dtype"]))
-
-
-def _formula_run(ns, case, device):
-    x = case.inputs
-    got = entry(ns, "block_activation_bytes")(*_formula_args(x), stats_bytes=x.get("stats_bytes"))
-    return {"bytes": _number(got)}
-
-
 def _measured_block_bytes(x: dict) -> int:
-    block = make_block(x["d_model"], x["n_heads"], x["d_ff"], x["dropout"], dtype=_DTYPES[x["dtype"]])
-    inp = torch.randn(x["batch"], x["seq"], x["d_model"], dtype=_DTYPES[x["dtype"]], requires_grad=True)
-    return ref_saved_bytes(block, inp, exclude=tuple(block.parameters()))
+    block = make_block(x["d_model"], x["n_heads"], x["d_ff"], x["dropout"], dtype=RUN._DTYPES[x["dtype"]])
+    inp = torch.randn(x["batch"], x["seq"], x["d_model"], dtype=RUN._DTYPES[x["dtype"]], requires_grad=True)
+    return RUN.ref_saved_bytes(block, inp, exclude=tuple(block.parameters()))
 
 
 def _formula_judge(case, obs):
@@ -248,11 +176,11 @@ def _formula_judge(case, obs):
     if not isinstance(got, (int, float)):
         return f"block_activation_bytes must return a number of bytes, got {got}."
     want = _measured_block_bytes(x) if x["measure"] else ref_block_activation_bytes(
-        *_formula_args(x), stats_bytes=x.get("stats_bytes"))
+        *RUN._formula_args(x), stats_bytes=x.get("stats_bytes"))
     if got == want:
         return None
     how = "measured with saved_tensors_hooks" if x["measure"] else "from the exact count"
-    b, s, h, a, f, p, e = _formula_args(x)
+    b, s, h, a, f, p, e = RUN._formula_args(x)
     t, P = b * s, b * a * s * s
     st = x.get("stats_bytes") or e
     # the answers of the usual mistakes -> what to say
@@ -281,7 +209,7 @@ def _formula_judge(case, obs):
 
 
 ACTIVATION_FORMULA = Exercise("activation_formula", 3, ("block_activation_bytes",),
-                              _formula_cases, _formula_run, _formula_judge,
+                              _formula_cases, RUN._formula_run, _formula_judge,
                               title="Activation bytes of a transformer block, by formula",
                               hint="Follow TransformerBlock's docstring table: t(8h + 2f)e for the (b, s, ·) "
                                    "tensors, b·a·s² elements per attention matrix, 1-byte masks, 2 statistics "
@@ -289,72 +217,6 @@ ACTIVATION_FORMULA = Exercise("activation_formula", 3, ("block_activation_bytes"
 
 
 # --- 3. checkpointing as an autograd.Function ------------------------------------------------------
-
-def _build_fn(x: dict, device):
-    block = make_block(x["d_model"], x["n_heads"], None, x["dropout"], seed=x["seed"], device=device)
-    gen = torch.Generator().manual_seed(x["seed"] + 1)
-    xs = [torch.randn(x["batch"], x["seq"], x["d_model"], generator=gen)]
-    if x["kind"] == "two_inputs":
-        xs.append(torch.randn(x["batch"], x["seq"], x["d_model"], generator=gen))
-        fn = lambda a, b: block.mlp(a) * b  # noqa: E731 - two inputs, both need gradients
-    else:
-        fn = block
-    weight = torch.randn(x["batch"], x["seq"], x["d_model"], generator=gen).to(device)  # loss = (y * weight).sum()
-    return block, fn, [t.to(device).requires_grad_() for t in xs], weight
-
-
-def _fwd_bwd(block, f, xs, weight, seed):
-    block.zero_grad(set_to_none=True)
-    for t in xs:
-        t.grad = None
-    torch.manual_seed(seed)  # seeds the CPU and every GPU generator: the same dropout masks
-    with count_flops() as counter:
-        y = f(*xs)
-        if not isinstance(y, torch.Tensor):
-            raise TypeError(f"the checkpointed function must return the tensor fn returns, got {type(y).__name__}.")
-        # The caller's stream goes on between forward and backward (later layers' dropout); a
-        # recomputation in backward must leave it where it was.
-        torch.rand(8)
-        if y.device.type == "cuda":
-            torch.rand(8, device=y.device)
-        (y * weight).sum().backward()
-    # the caller's random number generators: the CPU one, and the GPU one for CUDA tensors
-    rng = [torch.get_rng_state()] + ([torch.cuda.get_rng_state(y.device).cpu()] if y.device.type == "cuda" else [])
-    grads = {f"param {n}": (p.grad.detach().cpu() if p.grad is not None else None) for n, p in block.named_parameters()}
-    for i, t in enumerate(xs):
-        grads[f"input {i}"] = t.grad.detach().cpu() if t.grad is not None else None
-    return y.detach().cpu(), grads, counter.get_total_flops(), rng
-
-
-@contextlib.contextmanager
-def _one_thread():
-    """Run a case on one intra-op thread: the tensors are tiny, and on a busy CPU OpenMP's
-    synchronisation between threads costs far more than the work (restored afterwards)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _ckpt_observe(fn_plain, fn_ckpt, block, xs, weight, seed):
-    """Forward and backward of ``fn_plain`` and of ``fn_ckpt``: outputs, gradients, FLOPs, the caller's
-    RNG afterwards and the bytes saved for backward, side by side."""
-    with _one_thread():
-        out_p, grads_p, flops_p, rng_p = _fwd_bwd(block, fn_plain, xs, weight, seed)
-        out_c, grads_c, flops_c, rng_c = _fwd_bwd(block, fn_ckpt, xs, weight, seed)
-        with count_flops() as counter, torch.no_grad():
-            fn_plain(*xs)
-        params = tuple(block.parameters())
-        torch.manual_seed(seed)
-        saved_p = ref_saved_bytes(fn_plain, *xs, exclude=params)
-        torch.manual_seed(seed)
-        saved_c = ref_saved_bytes(fn_ckpt, *xs, exclude=params)
-    return {"out_plain": out_p, "out_ckpt": out_c, "grads_plain": grads_p, "grads_ckpt": grads_c,
-            "flops_plain": flops_p, "flops_ckpt": flops_c, "flops_forward": counter.get_total_flops(),
-            "rng_plain": rng_p, "rng_ckpt": rng_c,
-            "saved_plain": saved_p, "saved_ckpt": saved_c, "input_bytes": sum(t.nbytes for t in xs)}
 
 
 def _ckpt_cases(gen, public):
@@ -372,12 +234,6 @@ def _ckpt_cases(gen, public):
             batch=randint(gen, 1, 3), seq=randint(gen, 8, 24), d_model=a * choice(gen, (8, 16)), n_heads=a,
             dropout=choice(gen, (0.1, 0.3)) if i else 0.0, kind=kind, seed=randint(gen, 0, 999))))
     return cases
-
-
-def _ckpt_run(ns, case, device):
-    ck = entry(ns, "checkpoint")
-    block, fn, xs, weight = _build_fn(case.inputs, device)
-    return _ckpt_observe(fn, lambda *a: ck(fn, *a), block, xs, weight, case.inputs["seed"])
 
 
 _EARLY_STOP = (" Less than one: torch.utils.checkpoint's non-reentrant variant stops recomputing as soon as it has "
@@ -436,7 +292,7 @@ def _ckpt_judge(case, obs):
             f"(the recomputation in backward).{_EARLY_STOP if extra < fwd else ''}")
 
 
-CHECKPOINT = Exercise("checkpoint_function", 4, ("checkpoint",), _ckpt_cases, _ckpt_run, _ckpt_judge,
+CHECKPOINT = Exercise("checkpoint_function", 4, ("checkpoint",), _ckpt_cases, RUN._ckpt_run, _ckpt_judge,
                       title="Activation checkpointing as a torch.autograd.Function",
                       hint="forward: save the inputs and the RNG state, run fn under no_grad. backward: restore "
                            "the RNG state (in fork_rng), recompute fn on detached inputs with grad enabled, "
@@ -458,13 +314,6 @@ def _selective_cases(gen, public):
             batch=randint(gen, 1, 3), seq=randint(gen, 8, 24), d_model=a * choice(gen, (8, 16)), n_heads=a,
             dropout=(0.0, 0.2)[i % 2], kind="block", seed=randint(gen, 0, 999), recompute=r)))
     return cases
-
-
-def _selective_run(ns, case, device):
-    sel = entry(ns, "selective_forward")
-    block, _, xs, weight = _build_fn(case.inputs, device)
-    rec = frozenset(case.inputs["recompute"])
-    return _ckpt_observe(block, lambda x: sel(block, x, rec), block, xs, weight, case.inputs["seed"])
 
 
 def _selective_judge(case, obs):
@@ -496,7 +345,7 @@ def _selective_verdict(case, obs):
 
 
 SELECTIVE = Exercise("selective_checkpoint", 3, ("selective_forward",),
-                     _selective_cases, _selective_run, _selective_judge,
+                     _selective_cases, RUN._selective_run, _selective_judge,
                      title="Selective checkpointing: recompute only some sublayers",
                      hint="Rebuild block.forward from its pieces (split_heads, attn_core, attn_out, attention, "
                           "mlp) and wrap the chosen ones in checkpoint(...); the residual additions stay outside.")
@@ -514,16 +363,12 @@ def ref_plan_recompute(batch, seq, d_model, n_heads, d_ff, dropout, dtype_bytes,
     return None if best is None else best[1]
 
 
-def _plan_args(x):
-    return (x["batch"], x["seq"], x["d_model"], x["n_heads"], x["d_ff"], x["dropout"], x["dtype_bytes"])
-
-
 def _plan_cases(gen, public):
     if public:
         gpt3 = dict(batch=1, seq=2048, d_model=12288, n_heads=96, d_ff=49152, dropout=0.1, dtype_bytes=2,
                     stats_bytes=4)
-        full, _ = ref_recompute_cost(*_plan_args(gpt3), (), stats_bytes=4)
-        core_only, _ = ref_recompute_cost(*_plan_args(gpt3), ("attn_core",), stats_bytes=4)
+        full, _ = ref_recompute_cost(*RUN._plan_args(gpt3), (), stats_bytes=4)
+        core_only, _ = ref_recompute_cost(*RUN._plan_args(gpt3), ("attn_core",), stats_bytes=4)
         return [Case("GPT-3 layer, budget = everything", dict(gpt3, budget_bytes=full)),
                 Case("GPT-3 layer, budget = without the attention core", dict(gpt3, budget_bytes=core_only)),
                 Case("GPT-3 layer, budget = 60% of everything", dict(gpt3, budget_bytes=int(0.6 * full))),
@@ -540,7 +385,7 @@ def _plan_cases(gen, public):
         cfg["d_ff"] = 4 * cfg["d_model"]
         if rule.startswith("float32"):
             cfg.update(dtype_bytes=4, stats_bytes=None)
-        saved = {c: ref_recompute_cost(*_plan_args(cfg), c, stats_bytes=cfg["stats_bytes"])[0] for c in CANDIDATES}
+        saved = {c: ref_recompute_cost(*RUN._plan_args(cfg), c, stats_bytes=cfg["stats_bytes"])[0] for c in CANDIDATES}
         full, least = saved[()], saved[("block",)]  # nothing recomputed; the whole block
         if rule == "budget = everything":
             budget = full
@@ -558,20 +403,10 @@ def _plan_cases(gen, public):
     return cases
 
 
-def _plan_run(ns, case, device):
-    x = case.inputs
-    costs = {}
-    for cand in CANDIDATES:
-        got = entry(ns, "recompute_cost")(*_plan_args(x), frozenset(cand), stats_bytes=x["stats_bytes"])
-        costs[",".join(cand)] = [float(v) for v in got] if isinstance(got, (tuple, list)) else repr(got)
-    plan = entry(ns, "plan_recompute")(*_plan_args(x), x["budget_bytes"], stats_bytes=x["stats_bytes"])
-    return {"costs": costs, "plan": None if plan is None else sorted(str(p) for p in plan)}
-
-
 def _plan_judge(case, obs):
     x = case.inputs
     for cand in CANDIDATES:
-        want = ref_recompute_cost(*_plan_args(x), cand, stats_bytes=x["stats_bytes"])
+        want = ref_recompute_cost(*RUN._plan_args(x), cand, stats_bytes=x["stats_bytes"])
         got = obs["costs"][",".join(cand)]
         if not isinstance(got, list) or len(got) != 2:
             return f"recompute_cost must return (saved_bytes, extra_flops), got {got}."
@@ -582,7 +417,7 @@ def _plan_judge(case, obs):
         if not close(got[1], want[1]):
             return (f"recompute_cost(..., recompute={set(cand) or '{}'}) extra FLOPs = {got[1]:.6g}, expected "
                     f"{want[1]}: one forward pass of the recomputed pieces (matmuls, 2 FLOPs per multiply-add).")
-    want = ref_plan_recompute(*_plan_args(x), x["budget_bytes"], stats_bytes=x["stats_bytes"])
+    want = ref_plan_recompute(*RUN._plan_args(x), x["budget_bytes"], stats_bytes=x["stats_bytes"])
     got = obs["plan"]
     if (got is None) != (want is None) or (got is not None and set(got) != set(want)):
         return (f"plan_recompute with a budget of {x['budget_bytes']:.4g} bytes returned "
@@ -591,7 +426,7 @@ def _plan_judge(case, obs):
     return None
 
 
-RECOMPUTE_PLAN = Exercise("recompute_plan", 2, ("recompute_cost", "plan_recompute"), _plan_cases, _plan_run,
+RECOMPUTE_PLAN = Exercise("recompute_plan", 2, ("recompute_cost", "plan_recompute"), _plan_cases, RUN._plan_run,
                           _plan_judge, title="Choosing what to recompute under a memory budget",
                           hint="A checkpointed piece keeps only its inputs: subtract its internal saved bytes and "
                                "add one forward pass of its FLOPs.")
@@ -601,7 +436,7 @@ RECOMPUTE_PLAN = Exercise("recompute_plan", 2, ("recompute_cost", "plan_recomput
 
 def ref_zero_memory(n_params, world_size, stage, param_dtype="bfloat16", grad_dtype="bfloat16",
                     optimizer="adam", master_weights=True) -> dict:
-    p, g = _dtype_bytes(param_dtype), _dtype_bytes(grad_dtype)
+    p, g = RUN._dtype_bytes(param_dtype), RUN._dtype_bytes(grad_dtype)
     states = {"adam": 2, "adamw": 2, "momentum": 1, "sgd": 0}[optimizer]
     master = 4 if master_weights and p != 4 else 0
     k = master + 4 * states
@@ -615,7 +450,7 @@ def ref_zero_memory(n_params, world_size, stage, param_dtype="bfloat16", grad_dt
 def ref_fsdp_memory(n_params, world_size, unit_params, param_dtype="bfloat16", grad_dtype="bfloat16",
                     optimizer="adam", master_weights=True) -> dict:
     out = ref_zero_memory(n_params, world_size, 3, param_dtype, grad_dtype, optimizer, master_weights)
-    gathered = unit_params * (_dtype_bytes(param_dtype) + _dtype_bytes(grad_dtype))
+    gathered = unit_params * (RUN._dtype_bytes(param_dtype) + RUN._dtype_bytes(grad_dtype))
     out = dict(out, gathered=gathered)
     out["total"] += gathered
     return out
@@ -652,23 +487,6 @@ def _zero_cases(gen, public):
     return cases
 
 
-def _zero_kwargs(x):
-    return dict(param_dtype=_DTYPES[x["param_dtype"]], grad_dtype=_DTYPES[x["grad_dtype"]], optimizer=x["optimizer"],
-                master_weights=x["master_weights"])
-
-
-def _zero_call(x, zero, fsdp):
-    """``fsdp(...)`` for the FSDP case, else ``zero(...)`` at the case's stage (the learner's or the reference)."""
-    if x["stage"] == "fsdp":
-        return fsdp(x["n_params"], x["world_size"], x["unit_params"], **_zero_kwargs(x))
-    return zero(x["n_params"], x["world_size"], x["stage"], **_zero_kwargs(x))
-
-
-def _zero_run(ns, case, device):
-    got = _zero_call(case.inputs, entry(ns, "zero_memory"), entry(ns, "fsdp_memory"))
-    return {"mem": {k: float(v) for k, v in got.items()} if isinstance(got, dict) else repr(got)}
-
-
 _ZERO_HINTS = {
     "params": "Parameters are sharded only at stage 3 (and in FSDP's full shard).",
     "grads": "Gradients are sharded from stage 2 on (reduce-scatter instead of all-reduce): each GPU keeps "
@@ -682,7 +500,7 @@ _ZERO_HINTS = {
 
 def _zero_judge(case, obs):
     x = case.inputs
-    want = _zero_call(x, ref_zero_memory, ref_fsdp_memory)
+    want = RUN._zero_call(x, ref_zero_memory, ref_fsdp_memory)
     fn = "fsdp_memory" if x["stage"] == "fsdp" else "zero_memory"
     got = obs["mem"]
     if not isinstance(got, dict):
@@ -697,7 +515,7 @@ def _zero_judge(case, obs):
     return None
 
 
-ZERO_MEMORY = Exercise("zero_memory", 3, ("zero_memory", "fsdp_memory"), _zero_cases, _zero_run, _zero_judge,
+ZERO_MEMORY = Exercise("zero_memory", 3, ("zero_memory", "fsdp_memory"), _zero_cases, RUN._zero_run, _zero_judge,
                        title="ZeRO stages and FSDP: model-state memory per GPU",
                        hint="ZeRO paper: (2 + 2 + K)Ψ bytes with K = 12 for mixed-precision Adam; stage 1 divides "
                             "the K part by N, stage 2 also the gradients, stage 3 also the parameters.")
@@ -706,7 +524,7 @@ ZERO_MEMORY = Exercise("zero_memory", 3, ("zero_memory", "fsdp_memory"), _zero_c
 # --- 7. offload cost model -------------------------------------------------------------------------------
 
 def ref_offload_bytes(n_params, world_size, what, param_dtype="bfloat16", grad_dtype="bfloat16"):
-    p, g = _dtype_bytes(param_dtype), _dtype_bytes(grad_dtype)
+    p, g = RUN._dtype_bytes(param_dtype), RUN._dtype_bytes(grad_dtype)
     shard = n_params / world_size
     return (g + p) * shard if what == "optimizer" else (2 * p + g) * shard
 
@@ -744,16 +562,6 @@ def _offload_cases(gen, public):
     return cases
 
 
-def _offload_run(ns, case, device):
-    x = case.inputs
-    nbytes = entry(ns, "offload_bytes")(x["n_params"], x["world_size"], x["what"],
-                                         param_dtype=_DTYPES[x["param_dtype"]], grad_dtype=_DTYPES[x["grad_dtype"]])
-    t = entry(ns, "offload_step_time")(x["compute_s"], x["transfer_bytes"], x["pcie_gbps"], overlap=x["overlap"])
-    timing = {k: (bool(v) if k == "hidden" else float(v)) for k, v in t.items()} if isinstance(t, dict) else repr(t)
-    nbytes = _number(nbytes)
-    return {"bytes": float(nbytes) if not isinstance(nbytes, str) else nbytes, "time": timing}
-
-
 def _offload_judge(case, obs):
     x = case.inputs
     want = ref_offload_bytes(x["n_params"], x["world_size"], x["what"], x["param_dtype"], x["grad_dtype"])
@@ -777,7 +585,7 @@ def _offload_judge(case, obs):
 
 
 OFFLOAD_MODEL = Exercise("offload_model", 2, ("offload_bytes", "offload_step_time"),
-                         _offload_cases, _offload_run, _offload_judge,
+                         _offload_cases, RUN._offload_run, _offload_judge,
                          title="CPU offload: PCIe traffic and when it hides",
                          hint="Transfer time = bytes / (GB/s * 1e9). Overlapped with compute, the step takes the "
                               "longer of the two, and the transfer is hidden when it is not longer than the compute.")

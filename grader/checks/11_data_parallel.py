@@ -13,36 +13,23 @@ size. Nothing is timed.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 
 from gpulab.compare import compare
-from grader.exercise import Case, Exercise, Neutral, entry
+from grader.exercise import Case, Exercise, Neutral
 from grader.kit.cases import choice, randint, uniform
 from grader.kit.close import ACCUMULATED, close
-from grader.kit.ranks import launch_ranks, probe_on_one_rank
+from grader.runs import run_side
 
 LAB = "11_data_parallel"
+RUN = run_side(LAB)  # the learner side: grader/runs/11_data_parallel.py
 TITLE = "Data parallelism: collectives, ring all-reduce, DDP, bucketing, ZeRO-1, FSDP"
 
-LAUNCH_TIMEOUT_S = 30.0   # per launch: the process group's timeout; a hung rank ends after it
-OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
-ALGOS = ("ring", "tree")
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}
 # A ring all-reduce against the float64 sum of every rank's input: tighter than ACCUMULATED's rtol,
 # because a float32 tensor is summed only p times.
 RING_TOL = dict(rtol=1e-5, atol=1e-5)
-
-
-def _launch_run(name, rank_fn):
-    """The run side of a distributed exercise: ``rank_fn(rank, world_size, learner's name, case inputs)``
-    on the case's ``world`` ranks; a stub is found first on one rank, here."""
-    def run(ns, case, device):
-        learner = entry(ns, name)
-        return {"ranks": launch_ranks((name, learner), rank_fn, case.inputs["world"], learner, case.inputs,
-                                      timeout_s=LAUNCH_TIMEOUT_S,
-                                      probe=lambda: probe_on_one_rank(rank_fn, learner, case.inputs))}
-    return run
 
 
 def _differs(got, want, name: str = "output") -> str | None:
@@ -110,21 +97,11 @@ def _cost_cases(gen, public):
     return cases
 
 
-def _cost_run(ns, case, device):
-    x = case.inputs
-    t, bw = entry(ns, "collective_time"), entry(ns, "bus_bandwidth")
-    times = {f"{op}/{algo}": float(t(op, x["nbytes"], x["p"], x["alpha"], x["beta"], algo=algo))
-             for op in OPS for algo in ALGOS}
-    seconds = 1e-3
-    busbw = {op: float(bw(op, x["nbytes"], x["p"], seconds)) for op in OPS}
-    return {"times": times, "busbw": busbw, "seconds": seconds}
-
-
 def _cost_judge(case, obs):
     x = case.inputs
     n, p, a, b = x["nbytes"], x["p"], x["alpha"], x["beta"]
-    for op in OPS:
-        for algo in ALGOS:
+    for op in RUN.OPS:
+        for algo in RUN.ALGOS:
             got, want = obs["times"][f"{op}/{algo}"], ref_collective_time(op, n, p, a, b, algo)
             if not close(got, want):
                 msg = (f"collective_time({op!r}, n={n:g}, p={p}, alpha={a:.3g}, beta={b:.3g}, algo={algo!r}) = "
@@ -136,7 +113,7 @@ def _cost_judge(case, obs):
                         got * math.ceil(math.log2(p)) / math.log2(p), want, rel=1e-6):
                     msg += " A tree of p ranks needs ceil(log2 p) rounds, a whole number."
                 return msg
-    for op in OPS:
+    for op in RUN.OPS:
         want = n / obs["seconds"] * ref_bus_factor(op, p)
         if not close(obs["busbw"][op], want):
             return (f"bus_bandwidth({op!r}, n={n:g}, p={p}, seconds={obs['seconds']}) = {obs['busbw'][op]:.6g} B/s, "
@@ -147,35 +124,13 @@ def _cost_judge(case, obs):
 
 
 COLLECTIVE_COST = Exercise(
-    "collective_cost", 3, ("collective_time", "bus_bandwidth"), _cost_cases, _cost_run, _cost_judge,
+    "collective_cost", 3, ("collective_time", "bus_bandwidth"), _cost_cases, RUN._cost_run, _cost_judge,
     title="Alpha-beta cost of the four collectives, ring and tree",
     hint="Ring: reduce-scatter and all-gather each take p-1 steps moving n/p bytes per step; an all-reduce is both. "
          "Tree: ceil(log2 p) rounds; a binomial tree sends the whole message every round.")
 
 
 # --- 2. ring all-reduce from send/recv ----------------------------------------------------------
-
-def _ring_input(seed: int, rank: int, index: int, shape, dtype: str) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed * 1000 + index * 10 + rank)
-    if dtype == "int64":
-        return torch.randint(-1000, 1000, tuple(shape), generator=gen)
-    return torch.randn(tuple(shape), generator=gen, dtype=_DTYPES[dtype])
-
-
-def _ring_rank(rank, world_size, fn, x):
-    from gpulab.commlog import POINT_TO_POINT, record_collectives
-
-    out = []
-    for i, (shape, dtype) in enumerate(x["configs"]):
-        t = _ring_input(x["seed"], rank, i, shape, dtype)
-        with record_collectives() as log:
-            result = fn(t)
-        sends = log.calls(("send", "isend"))
-        out.append({"inplace": t.clone(),
-                    "returned": result.detach().clone() if isinstance(result, torch.Tensor) else repr(result)[:80],
-                    "sends": len(sends), "send_bytes": sum(e.nbytes for e in sends),
-                    "collectives": sorted({e.op for e in log.calls() if e.op not in POINT_TO_POINT})})
-    return out
 
 
 def _ring_cases(gen, public):
@@ -196,9 +151,9 @@ def _ring_judge(case, obs):
     p, ranks = x["world"], obs["ranks"]
     for i, (shape, dtype) in enumerate(x["configs"]):
         what = f"shape {tuple(shape)} {dtype} on {p} ranks"
-        inputs = [_ring_input(x["seed"], r, i, shape, dtype) for r in range(p)]
+        inputs = [RUN._ring_input(x["seed"], r, i, shape, dtype) for r in range(p)]
         want = sum(t.double() if dtype != "int64" else t for t in inputs)
-        want = want.to(_DTYPES[dtype])
+        want = want.to(RUN._DTYPES[dtype])
         numel = want.numel()
         for r in range(p):
             o = ranks[r][i]
@@ -236,7 +191,8 @@ def _ring_judge(case, obs):
 
 
 RING_ALL_REDUCE = Exercise(
-    "ring_all_reduce", 4, ("ring_all_reduce",), _ring_cases, _launch_run("ring_all_reduce", _ring_rank), _ring_judge,
+    "ring_all_reduce", 4, ("ring_all_reduce",), _ring_cases, partial(RUN._launch_run, "ring_all_reduce",
+                                                                     RUN._ring_rank), _ring_judge,
     title="Ring all-reduce from send/recv", hint="Split the flat tensor into p chunks (torch.tensor_split handles "
                                                  "uneven sizes). Step s of the reduce-scatter: send chunk "
                                                  "(rank - s) % p to the right, receive chunk (rank - s - 1) % p from "
@@ -246,34 +202,6 @@ RING_ALL_REDUCE = Exercise(
 
 # --- shared by the DDP checks: the model, the data, single-process references ---------------------
 
-def _model_kwargs(x) -> dict:
-    return dict(d_in=x["d_in"], hidden=tuple(x["hidden"]), d_out=x["d_out"])
-
-
-def _toy_model(x, seed: int):
-    """The case's ToyMLP from ``seed``. With ``x["unused"]``, plus `unused`, a trainable parameter of that
-    many elements that forward never uses (no gradient, no hook call): the first trainable parameter
-    registered, so it lands in the last bucket."""
-    from gpulab.toy import ToyMLP
-
-    model = ToyMLP(**_model_kwargs(x), seed=seed)
-    if x.get("unused"):
-        model.unused = torch.nn.Parameter(torch.randn(x["unused"], generator=torch.Generator().manual_seed(seed)))
-    return model
-
-
-def _late_split(x, params) -> tuple[list, list]:
-    """The parameters the optimizer starts with, and the last ``x["late"]`` ones, which a training loop
-    adds with ``add_param_group`` before step 1 (as when unfreezing the head)."""
-    k = x.get("late", 0)
-    return params[:len(params) - k], params[len(params) - k:]
-
-
-def _step_batch(x, step: int):
-    from gpulab.toy import toy_batch
-
-    return toy_batch(x["data_seed"] + step, x["batch_per_rank"] * x["world"], x["d_in"], x["d_out"])
-
 
 def _reference_training(x, opt_fn, lr_schedule=None) -> dict:
     """Single-process training on the whole batch: rank 0's model, ``steps`` steps.
@@ -281,9 +209,9 @@ def _reference_training(x, opt_fn, lr_schedule=None) -> dict:
     Returns the initial state, the gradients of each step and the parameters after each step."""
     import torch.nn.functional as F
 
-    model = _toy_model(x, x["seed"])
+    model = RUN._toy_model(x, x["seed"])
     init = {k: v.clone() for k, v in model.state_dict().items()}
-    first, later = _late_split(x, [p for p in model.parameters() if p.requires_grad])
+    first, later = RUN._late_split(x, [p for p in model.parameters() if p.requires_grad])
     opt = opt_fn(first)
     grads, params = [], []
     for step in range(x["steps"]):
@@ -293,16 +221,12 @@ def _reference_training(x, opt_fn, lr_schedule=None) -> dict:
             for g in opt.param_groups:
                 g["lr"] = lr_schedule(step)
         opt.zero_grad()
-        xb, yb = _step_batch(x, step)
+        xb, yb = RUN._step_batch(x, step)
         F.mse_loss(model(xb), yb).backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
         opt.step()
         params.append({n: p.detach().clone() for n, p in model.named_parameters()})
     return {"init": init, "grads": grads, "params": params, "model": model, "opt": opt}
-
-
-def _sgd(params):
-    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
 
 
 def _judge_init(ranks, init, wrapper: str, src: str = "src=0") -> str | None:
@@ -364,86 +288,7 @@ def _judge_final(ranks, numbers, ref, prefix: str = "") -> str | None:
     return None
 
 
-def _state_kinds(model) -> dict:
-    kinds = {n: "buffer" for n, _ in model.named_buffers()}
-    kinds.update({n: "parameter" if p.requires_grad else "frozen parameter" for n, p in model.named_parameters()})
-    return kinds
-
-
-def _train_replica(rank, cls, x, data_rank, data_world, *wrapper_args, **wrapper_kwargs) -> dict:
-    """Rank ``rank``'s model (seed + rank: replicas differ until broadcast) wrapped in ``cls``, then
-    ``steps`` SGD steps on shard ``data_rank`` of ``data_world`` of each batch.
-
-    Observes the wrapper right after its construction, and per step the gradients after
-    ``finish_gradient_synchronization()`` and the ordered events: collectives, ``grad:<name>`` when a
-    gradient is accumulated, ``finish`` when finish_gradient_synchronization() is called; then the
-    final parameters.
-    """
-    import torch.nn.functional as F
-
-    from gpulab.commlog import record_collectives
-    from gpulab.toy import shard
-
-    torch.manual_seed(1000 + rank)
-    model = _toy_model(x, x["seed"] + rank)
-    kinds = _state_kinds(model)
-    step_log = {"log": None}  # the step's CommLog from forward to finish_gradient_synchronization()
-
-    def mark(name):
-        if step_log["log"] is not None:
-            step_log["log"].mark(f"grad:{name}")
-
-    for name, p in model.named_parameters():  # registered before the learner's hooks: they run first
-        if p.requires_grad:
-            p.register_post_accumulate_grad_hook(lambda p, name=name: mark(name))
-    with record_collectives() as log:
-        wrapped = cls(model, *wrapper_args, **wrapper_kwargs)
-    obs = {"module_is": getattr(wrapped, "module", None) is model,
-           "same_params": [id(p) for p in wrapped.parameters()] == [id(p) for p in model.parameters()],
-           "n_params": len(list(wrapped.parameters())), "n_model_params": len(list(model.parameters())),
-           "state0": {k: v.detach().clone() for k, v in model.state_dict().items()}, "kinds": kinds,
-           "init_comm": log.summary(), "grads": [], "events": []}
-    opt = _sgd([p for p in model.parameters() if p.requires_grad])
-    for step in range(x["steps"]):
-        opt.zero_grad()
-        xb, yb = _step_batch(x, step)
-        xb, yb = shard(xb, data_rank, data_world), shard(yb, data_rank, data_world)
-        with record_collectives() as log:
-            step_log["log"] = log
-            F.mse_loss(wrapped(xb), yb).backward()
-            log.mark("finish")
-            wrapped.finish_gradient_synchronization()
-            step_log["log"] = None
-        obs["grads"].append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
-        obs["events"].append([(e.op, e.numel, e.async_op, e.label) for e in log.events])
-        opt.step()
-    obs["final"] = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return obs
-
-
 # --- 3. DDP from scratch ---------------------------------------------------------------------------
-
-def _ddp_rank(rank, world_size, cls, x):
-    obs = _train_replica(rank, cls, x, rank, world_size)
-    if x.get("groups") and world_size == x["world"]:  # not in the single-rank probe for a stub
-        obs["sub"] = _ddp_subgroup_rank(rank, cls, x)
-    return obs
-
-
-def _subgroup_inputs(x, g: int) -> dict:
-    """The training of sub-group ``g``: its own size and its own data (so that averaging over every
-    rank instead of the group gives other gradients)."""
-    return dict(x, world=len(x["groups"][g]), data_seed=x["data_seed"] + 7919 * (g + 1))
-
-
-def _ddp_subgroup_rank(rank, cls, x):
-    """Train again, with ``DDP(model, process_group=...)`` over the sub-group holding this rank."""
-    import torch.distributed as dist
-
-    handles = [dist.new_group(members) for members in x["groups"]]  # every rank creates every group, in order
-    g = next(g for g, members in enumerate(x["groups"]) if rank in members)
-    members, xg = x["groups"][g], _subgroup_inputs(x, g)
-    return _train_replica(rank, cls, xg, members.index(rank), len(members), process_group=handles[g])
 
 
 def _ddp_case(gen, world, name, public):
@@ -474,7 +319,7 @@ def _grad_bytes(ref) -> int:
 def _ddp_judge(case, obs):
     x = case.inputs
     ranks, world = obs["ranks"], x["world"]
-    ref = _reference_training(x, _sgd)
+    ref = _reference_training(x, RUN._sgd)
     if bad := _judge_init(ranks, ref["init"], "DDP"):
         return bad
     if bad := _judge_grads(ranks, ref["grads"], world, "DDP"):
@@ -494,7 +339,7 @@ def _ddp_judge(case, obs):
 def _judge_subgroups(x, ranks, wrapper: str = "DDP") -> str | None:
     """``wrapper`` over each sub-group must train like one process on that group's batch, from the
     state of the group's first rank."""
-    refs = [_reference_training(dict(_subgroup_inputs(x, g), seed=x["seed"] + members[0]), _sgd)
+    refs = [_reference_training(dict(RUN._subgroup_inputs(x, g), seed=x["seed"] + members[0]), RUN._sgd)
             for g, members in enumerate(x["groups"])]
     fix = ("with a process_group, broadcast from its first rank (src=dist.get_global_rank(process_group, 0)), "
            "pass group=process_group to every collective, and divide by dist.get_world_size(process_group).")
@@ -522,7 +367,7 @@ def _judge_subgroups(x, ranks, wrapper: str = "DDP") -> str | None:
 
 
 DDP_FROM_SCRATCH = Exercise(
-    "ddp_from_scratch", 4, ("DDP",), _ddp_cases, _launch_run("DDP", _ddp_rank), _ddp_judge,
+    "ddp_from_scratch", 4, ("DDP",), _ddp_cases, partial(RUN._launch_run, "DDP", RUN._ddp_rank), _ddp_judge,
     title="DDP from scratch: broadcast, then average gradients",
     hint="In __init__, dist.broadcast every parameter AND buffer from rank 0. After backward, all-reduce each gradient "
          "and divide by the world size.")
@@ -563,7 +408,7 @@ def _judge_per_parameter(events, sizes, names, may_wait: int) -> str | None:
 def _overlap_judge(case, obs):
     x = case.inputs
     ranks, world = obs["ranks"], x["world"]
-    ref = _reference_training(x, _sgd)
+    ref = _reference_training(x, RUN._sgd)
     names = [n for n, p in ref["model"].named_parameters() if p.requires_grad]
     sizes = [p.numel() for p in ref["model"].parameters() if p.requires_grad]
     unused = "unused" in names
@@ -587,7 +432,8 @@ _UNUSED_PARAMETER = ("`unused` is a trainable parameter that forward never uses:
                      "that every rank issues the same all-reduces and ends with the same gradients.")
 
 DDP_OVERLAP = Exercise(
-    "ddp_overlap", 4, ("DDPIndividualParameters",), _overlap_cases, _launch_run("DDPIndividualParameters", _ddp_rank),
+    "ddp_overlap", 4, ("DDPIndividualParameters",), _overlap_cases, partial(RUN._launch_run,
+                                                                            "DDPIndividualParameters", RUN._ddp_rank),
     _overlap_judge, title="DDP overlapped with backward: one asynchronous all-reduce per parameter",
     hint="Broadcast as DDP; p.register_post_accumulate_grad_hook(hook) on each trainable parameter; the hook calls "
          "dist.all_reduce(p.grad, group=..., async_op=True) and keeps the handle; finish_gradient_synchronization() "
@@ -653,11 +499,6 @@ def _bucket_cases(gen, public):
     return cases
 
 
-def _bucket_run(ns, case, device):
-    got = entry(ns, "assign_buckets")(list(case.inputs["sizes"]), case.inputs["mb"])
-    return {"buckets": [[int(i) for i in b] for b in got]}
-
-
 def _bucket_judge(case, obs):
     sizes, mb = case.inputs["sizes"], case.inputs["mb"]
     want, got = ref_assign_buckets(sizes, mb), obs["buckets"]
@@ -681,15 +522,12 @@ def _bucket_judge(case, obs):
 
 
 BUCKET_ASSIGNMENT = Exercise(
-    "bucket_assignment", 2, ("assign_buckets",), _bucket_cases, _bucket_run, _bucket_judge,
+    "bucket_assignment", 2, ("assign_buckets",), _bucket_cases, RUN._bucket_run, _bucket_judge,
     title="Gradient buckets by size", hint="for i in reversed(range(n)): add i; if the bucket's "
                                            "bytes > bucket_size_mb * 2**20: close it.")
 
 
 # --- 5. bucketed DDP, all-reduce overlapped with backward ------------------------------------------
-
-def _bucketed_rank(rank, world_size, cls, x):
-    return [_train_replica(rank, cls, x, rank, world_size, mb) for mb in x["bucket_mb"]]
 
 
 def _bucketed_cases(gen, public):
@@ -702,14 +540,14 @@ def _bucketed_cases(gen, public):
     case = _ddp_case(gen, world, f"a random limit, then the last three parameters' bytes: {world} ranks, random "
                                  "widths", False)
     case.inputs["steps"] = 2
-    sizes = [p.numel() * 4 for p in _toy_model(case.inputs, 0).parameters() if p.requires_grad]
+    sizes = [p.numel() * 4 for p in RUN._toy_model(case.inputs, 0).parameters() if p.requires_grad]
     case.inputs["bucket_mb"] = [randint(gen, 1, sum(sizes) // 2) / 2**20, sum(sizes[-3:]) / 2**20]
     # `unused` gets no gradient: its bucket (the last) never completes in backward; one bucket for all
     # puts it with every other gradient, which must be averaged all the same
     unused = _ddp_case(gen, 2, "a trainable parameter forward never uses: 2 ranks, random widths, a random limit, "
                                "then one bucket for all", False)
     unused.inputs.update(steps=2, unused=randint(gen, 1, 8))
-    sizes = [p.numel() * 4 for p in _toy_model(unused.inputs, 0).parameters() if p.requires_grad]
+    sizes = [p.numel() * 4 for p in RUN._toy_model(unused.inputs, 0).parameters() if p.requires_grad]
     unused.inputs["bucket_mb"] = [randint(gen, 1, sum(sizes) // 2) / 2**20, sum(sizes) / 2**20]
     return [case, unused]
 
@@ -767,7 +605,7 @@ _UNUSED_ADVICE = ("`unused` is a trainable parameter that forward never uses: it
 
 def _bucketed_judge(case, obs):
     x = case.inputs
-    ref = _reference_training(x, _sgd)
+    ref = _reference_training(x, RUN._sgd)
     sizes = [p.numel() for p in ref["model"].parameters() if p.requires_grad]
     trainable = [n for n, p in ref["model"].named_parameters() if p.requires_grad]
     unused = [i for i, n in enumerate(trainable) if n == "unused"]  # none, or the first trainable parameter
@@ -789,7 +627,8 @@ def _bucketed_judge(case, obs):
 
 
 BUCKETED_DDP = Exercise(
-    "bucketed_ddp", 5, ("BucketedDDP",), _bucketed_cases, _launch_run("BucketedDDP", _bucketed_rank), _bucketed_judge,
+    "bucketed_ddp", 5, ("BucketedDDP",), _bucketed_cases, partial(RUN._launch_run, "BucketedDDP", RUN._bucketed_rank),
+    _bucketed_judge,
     title="Bucketed DDP: all-reduce overlapped with backward",
     hint="Count the gradients each bucket still waits for; in the post-accumulate-grad hook of its last one, flatten "
          "the bucket and dist.all_reduce(flat, async_op=True); in finish_gradient_synchronization wait, divide by the "
@@ -797,62 +636,6 @@ BUCKETED_DDP = Exercise(
 
 
 # --- 6. ZeRO-1 sharded optimizer ---------------------------------------------------------------------
-
-def _adam_lr(x):
-    return lambda step: x["lr"] * (0.5 if step >= 1 else 1.0)  # a scheduler halves the lr after step 0
-
-
-def _state_numel(opt_objects) -> int:
-    seen, total = set(), 0
-    for opt in opt_objects:
-        for st in getattr(opt, "state", {}).values():
-            if not isinstance(st, dict):
-                continue
-            for v in st.values():
-                if isinstance(v, torch.Tensor) and v.dim() > 0 and id(v) not in seen:
-                    seen.add(id(v))
-                    total += v.numel()
-    return total
-
-
-def _sharded_rank(rank, world_size, cls, x):
-
-    import torch.distributed as dist
-    import torch.nn.functional as F
-
-    from gpulab.commlog import record_collectives
-    from gpulab.toy import shard
-
-    model = _toy_model(x, x["seed"])  # the same replica everywhere: no DDP here
-    params = [p for p in model.parameters() if p.requires_grad]
-    first, later = _late_split(x, params)
-    with record_collectives() as log:
-        opt = cls(first, torch.optim.Adam, lr=x["lr"])
-    obs = {"is_optimizer": isinstance(opt, torch.optim.Optimizer),
-           "groups_cover": sorted(id(p) for g in getattr(opt, "param_groups", []) for p in g["params"])
-           == sorted(id(p) for p in first), "init_comm": log.summary()}
-    schedule = _adam_lr(x)
-    steps, comm = [], []
-    for step in range(x["steps"]):
-        if step == 1 and later:  # a training loop unfreezing the last layers
-            opt.add_param_group({"params": later})
-        for g in opt.param_groups:
-            g["lr"] = schedule(step)
-        opt.zero_grad()
-        xb, yb = _step_batch(x, step)
-        F.mse_loss(model(shard(xb, rank, world_size)), shard(yb, rank, world_size)).backward()
-        for p in params:  # what DDP would do: average the gradients
-            dist.all_reduce(p.grad)
-            p.grad.div_(world_size)
-        with record_collectives() as log:
-            opt.step()
-        comm.append(log.summary())
-        steps.append({n: p.detach().clone() for n, p in model.named_parameters()})
-    opt.zero_grad()
-    obs["zeroed"] = all(p.grad is None or not p.grad.any() for p in params)
-    obs["state_numel"] = _live_optimizer_state()
-    obs["params"], obs["comm"] = steps, comm
-    return obs
 
 
 def _sharded_cases(gen, public):
@@ -876,9 +659,9 @@ def _sharded_judge(case, obs):
     def adam(params):
         return torch.optim.Adam(params, lr=x["lr"])
 
-    ref = _reference_training(x, adam, _adam_lr(x))
+    ref = _reference_training(x, adam, RUN._adam_lr(x))
     names = [n for n, p in ref["model"].named_parameters() if p.requires_grad]
-    added = _late_split(x, names)[1]
+    added = RUN._late_split(x, names)[1]
     for r, o in enumerate(ranks):
         if not o["is_optimizer"]:
             return "ShardedOptimizer must subclass torch.optim.Optimizer (schedulers and training loops rely on it)."
@@ -903,7 +686,7 @@ def _sharded_judge(case, obs):
                         return (f"step {step}: `{name}` on rank {r} never changed: the updated parameters must be "
                                 "broadcast from the rank that owns them to all others.")
                     return f"step {step}: {bad}"
-    full = _state_numel([ref["opt"]])
+    full = RUN._state_numel([ref["opt"]])
     per_rank = [o["state_numel"] for o in ranks]
     biggest = max(p.numel() for p in ref["model"].parameters() if p.requires_grad)
     per_elem = full / sum(p.numel() for p in ref["model"].parameters() if p.requires_grad)
@@ -934,7 +717,8 @@ def _sharded_judge(case, obs):
 
 
 SHARDED_OPTIMIZER = Exercise(
-    "sharded_optimizer", 4, ("ShardedOptimizer",), _sharded_cases, _launch_run("ShardedOptimizer", _sharded_rank),
+    "sharded_optimizer", 4, ("ShardedOptimizer",), _sharded_cases, partial(RUN._launch_run, "ShardedOptimizer",
+                                                                           RUN._sharded_rank),
     _sharded_judge, title="ZeRO-1: a sharded optimizer",
     hint="super().__init__(params, kwargs); give each parameter an owner rank (balance by numel); build optimizer_cls "
          "over your own parameters only; in step(): copy the group hyperparameters, step locally, then "
@@ -945,108 +729,6 @@ SHARDED_OPTIMIZER = Exercise(
 
 GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")
 SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single")
-
-
-def _live_optimizer_state() -> int:
-    """Elements of optimizer state held by every ``torch.optim.Optimizer`` alive in this process."""
-    import gc
-    import warnings
-
-    with warnings.catch_warnings():  # isinstance on every live object touches deprecated module attributes
-        warnings.simplefilter("ignore")
-        return _state_numel([o for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer)])
-
-
-def _residency(run_forward, expected: int) -> tuple:
-    """Bytes created by ``run_forward()`` and still held once it has returned (:mod:`gpulab.residency`:
-    what Python reaches and what autograd saved for backward), and its output. gloo's worker thread
-    may hold the tensors of the last collective a moment longer: above ``expected``, a few more looks,
-    the least counts."""
-    import time
-
-    from gpulab.residency import extra_bytes, live_storages
-
-    before = live_storages()
-    out = run_forward()
-    held = extra_bytes(live_storages([out]), before)
-    for _ in range(3):
-        if held <= expected:
-            break
-        time.sleep(0.05)
-        held = min(held, extra_bytes(live_storages([out]), before))
-    return held, out
-
-
-def _fsdp_train(rank, cls, x, data_rank, data_world, measure, **kwargs) -> dict:
-    """Rank ``rank``'s model (seed + rank) wrapped in ``cls``; ``steps`` SGD steps on shard ``data_rank`` of
-    ``data_world`` of each batch. With ``measure``, first one forward and backward (no step) with the
-    bytes held once forward has returned."""
-    import torch.nn.functional as F
-
-    from gpulab.commlog import record_collectives
-    from gpulab.toy import shard
-
-    torch.manual_seed(1000 + rank)
-    model = _toy_model(x, x["seed"] + rank)
-
-    def batch(step):
-        xb, yb = _step_batch(x, step)
-        return shard(xb, data_rank, data_world), shard(yb, data_rank, data_world)
-
-    obs = {}
-    wrapped = cls(model, **kwargs)
-    obs["init"] = {n: t.detach().clone() for n, t in wrapped.gather_full_params().items()}
-    opt = _sgd([p for p in wrapped.parameters() if p.requires_grad])
-    if measure:
-        xb, yb = batch(0)
-        obs["wrapped"], out = _residency(lambda: wrapped(xb), _plain_residency(x))
-        F.mse_loss(out, yb).backward()
-        wrapped.finish_gradient_synchronization()
-        opt.zero_grad()
-    obs["params"], obs["comm"] = [], []
-    for step in range(x["steps"]):
-        opt.zero_grad()
-        xb, yb = batch(step)
-        with record_collectives() as log:
-            out = wrapped(xb)
-            log.phase = "backward"
-            F.mse_loss(out, yb).backward()
-            log.phase = "finish"
-            wrapped.finish_gradient_synchronization()
-        opt.step()
-        obs["comm"].append(log.as_dicts())
-        obs["params"].append({n: t.detach().clone() for n, t in wrapped.gather_full_params().items()})
-    obs["param_numel"] = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
-    obs["state_numel"] = _live_optimizer_state() if measure else None
-    return obs
-
-
-def _fsdp_rank(rank, world_size, cls, x):
-    import torch.distributed as dist
-
-    launched = world_size == x["world"]  # not the single-rank probe for a stub
-    groups = x.get("groups") if launched else None
-    # every rank creates every group, at once, before the ranks' paces diverge
-    handles = [dist.new_group(members) for members in groups or []]
-    obs = _fsdp_train(rank, cls, x, rank, world_size, measure=launched)
-    if groups:
-        g = next(g for g, members in enumerate(x["groups"]) if rank in members)
-        members = x["groups"][g]
-        obs["sub"] = _fsdp_train(rank, cls, _subgroup_inputs(x, g), members.index(rank), len(members), False,
-                                 process_group=handles[g])
-    return obs
-
-
-def _plain_residency(x) -> int:
-    """What the unwrapped model holds once forward has returned, measured here: its output and the
-    activations autograd saved (nothing else of a plain model's forward outlives it)."""
-    from gpulab.residency import extra_bytes, live_storages
-    from gpulab.toy import shard
-
-    model = _toy_model(x, x["seed"])
-    xb = shard(_step_batch(x, 0)[0], 0, x["world"])
-    before = live_storages([*model.parameters(), *model.buffers(), xb], python=False)
-    return extra_bytes(live_storages([model(xb)], python=False), before)
 
 
 def _fsdp_case(name, world, seed, data_seed, hidden, d_in, d_out, **extra):
@@ -1155,7 +837,7 @@ def _judge_fsdp_comm(x, ranks) -> str | None:
 def _judge_fsdp_memory(x, ranks) -> str | None:
     world, numels = x["world"], _unit_numels(x)
     shard_numel = sum(-(-n // world) for n in numels)
-    smallest, plain = 4 * min(numels), _plain_residency(x)
+    smallest, plain = 4 * min(numels), RUN._plain_residency(x)
     for r, o in enumerate(ranks):
         held = o["wrapped"] - plain
         if held >= smallest / 2:
@@ -1177,15 +859,15 @@ def _judge_fsdp_memory(x, ranks) -> str | None:
 
 def _fsdp_judge(case, obs):
     x, ranks = case.inputs, obs["ranks"]
-    ref = _reference_training(x, _sgd)
+    ref = _reference_training(x, RUN._sgd)
     ref["init_params"] = {n: ref["init"][n] for n, _ in ref["model"].named_parameters()}
     if bad := _judge_fsdp_training(x, ranks, range(x["world"]), ref, "FSDP"):
         return bad
     if bad := _judge_fsdp_memory(x, ranks) or _judge_fsdp_comm(x, ranks):
         return bad
     for g, members in enumerate(x.get("groups") or []):
-        xg = _subgroup_inputs(x, g)
-        sub = _reference_training(dict(xg, seed=x["seed"] + members[0]), _sgd)
+        xg = RUN._subgroup_inputs(x, g)
+        sub = _reference_training(dict(xg, seed=x["seed"] + members[0]), RUN._sgd)
         sub["init_params"] = {n: sub["init"][n] for n, _ in sub["model"].named_parameters()}
         if bad := _judge_fsdp_training(xg, [ranks[r]["sub"] for r in members], members, sub,
                                        f"FSDP(model, process_group=dist.new_group({members}))"):
@@ -1196,7 +878,7 @@ def _fsdp_judge(case, obs):
 
 
 FSDP_EXERCISE = Exercise(
-    "fsdp", 6, ("FSDP",), _fsdp_cases, _launch_run("FSDP", _fsdp_rank), _fsdp_judge,
+    "fsdp", 6, ("FSDP",), _fsdp_cases, partial(RUN._launch_run, "FSDP", RUN._fsdp_rank), _fsdp_judge,
     title="FSDP (ZeRO-3): shard the parameters, gather them per layer, reduce-scatter the gradients",
     hint="Per unit: flatten, pad to a multiple of p, keep chunk `rank`. An autograd.Function per unit: forward "
          "all-gathers, runs the unit under no_grad and frees; backward all-gathers again, recomputes the unit with "

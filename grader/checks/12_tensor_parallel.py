@@ -1,7 +1,7 @@
 """Checks of lab 12, tensor parallelism: Megatron's f and g operators, column- and row-parallel
 linear layers, the parallel MLP and self-attention, and the communication volume per layer.
 
-Every distributed check is ONE launch of 4 CPU ranks over gloo (:func:`grader.kit.ranks.launch_ranks`),
+Every distributed check is ONE launch of 4 CPU ranks over gloo (:func:`grader.runs.ranks.launch_ranks`),
 which tests both tensor-parallel sizes at once: size 2 on two groups, ranks {0, 1} and {2, 3} (so a
 collective that forgets its ``group=`` or a shard indexed by the *global* rank is caught), and size 4
 on all ranks. In each rank the check builds the full single-device layer from the case's tensors,
@@ -19,136 +19,27 @@ Shard conventions (the docstrings in the lab say the same): rank ``r`` of a grou
 from __future__ import annotations
 
 import math
-import types
-from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from gpulab.compare import compare
-from grader.exercise import Benchmark, Case, Exercise, entry
+from grader.exercise import Benchmark, Case, Exercise
 from grader.kit.cases import choice, randint, randn
 from grader.kit.close import close
-from grader.kit.ranks import launch_ranks
+from grader.runs import run_side
 
 LAB = "12_tensor_parallel"
+RUN = run_side(LAB)  # the learner side: grader/runs/12_tensor_parallel.py
 TITLE = "Tensor parallelism: Megatron layers"
 
-WORLD = 4                # ranks per launch: TP=2 on {0,1} and {2,3}, TP=4 on all
-RANK_TIMEOUT_S = 20.0    # a hung learner rank ends the launch after this (plus the watchdog's slack)
 # float32 layers against a float64 reference: looser than ACCUMULATED's atol (1e-6) because outputs
 # and gradients near zero are sums of many products (attention, a GELU between two matmuls).
 TOL = dict(atol=1e-4, rtol=1e-4)
 GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")
-REGION_NAMES = {"copy": "CopyToParallelRegion", "reduce": "ReduceFromParallelRegion",
-                "gather": "GatherFromParallelRegion", "scatter": "ScatterToParallelRegion"}
 
 
 # --- the rank side: runs in each of the 4 launched processes --------------------------------------
-
-def _leaf(t):
-    return t.detach().clone().requires_grad_(True)
-
-
-def _grad(t):
-    return None if getattr(t, "grad", None) is None else t.grad.detach().clone()
-
-
-def _param(module, name):
-    p = getattr(module, name, None)  # module may be None: then so is p
-    return p if isinstance(p, torch.Tensor) else None
-
-
-def _pgrad(module, name):
-    return _grad(_param(module, name))
-
-
-def _pvalue(module, name):
-    p = _param(module, name)
-    return None if p is None else p.detach().clone()
-
-
-def _fwd_bwd(forward, dy):
-    """Run forward and backward (upstream gradient ``dy``) with every collective recorded; returns (y, calls)."""
-    from gpulab.commlog import record_collectives
-
-    with record_collectives() as log:
-        y = forward()
-        log.phase = "backward"
-        if not isinstance(y, torch.Tensor):
-            raise TypeError(f"forward must return a torch.Tensor, got {type(y).__name__}.")
-        if y.shape == dy.shape:  # else no backward: the judge reports the shape (the same on every rank)
-            # (y * dy).sum() gives y exactly the gradient dy; y.backward(dy) would import sympy (3 s per rank)
-            (y * dy).sum().backward()
-    return y.detach().clone(), log.as_dicts()
-
-
-def _try_build(cls, *args):
-    """Constructing with sizes that do not divide must raise; report what happened."""
-    try:
-        cls(*args)
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the learner's choice of exception is what we check
-        return {"raised": type(exc).__name__, "message": str(exc)[:300]}
-    return {"raised": None, "message": ""}
-
-
-def _linear(W, b):
-    full = torch.nn.Linear(W.shape[1], W.shape[0], bias=b is not None)
-    with torch.no_grad():
-        full.weight.copy_(W)
-        if b is not None:
-            full.bias.copy_(b)
-    return full
-
-
-def rank_main(rank, world_size, rank_fn, learner, configs, timeout_s):
-    """One rank of a check: tensor-parallel groups of 2 ({0,1}, {2,3}) and 4, then for every config
-    ``rank_fn(learner, cfg, group, rank in group, tp)``, or the constructor call that must raise."""
-    import datetime
-
-    import torch.distributed as dist
-
-    timeout = datetime.timedelta(seconds=timeout_s)
-    groups = {2: [dist.new_group([0, 1], timeout=timeout), dist.new_group([2, 3], timeout=timeout)],
-              4: [dist.group.WORLD]}
-    torch.manual_seed(0)
-    out = []
-    for cfg in configs:
-        tp = cfg["tp"]
-        group = groups[tp][rank // tp]
-        if cfg.get("indivisible"):  # (class name, sizes...) that do not divide by tp
-            name, *sizes = cfg["indivisible"]
-            out.append(_try_build(learner[name], *sizes, group))
-        else:
-            out.append(rank_fn(learner, cfg, group, rank % tp, tp))
-    return out
-
-
-# Sizes to construct each layer with, without a process group, in the probe.
-_PROBE_SIZES = {"ColumnParallelLinear": (4, 4), "RowParallelLinear": (4, 4), "ParallelMLP": (4, 8),
-                "ParallelSelfAttention": (8, 2)}
-
-
-def _probe(L):
-    """Call the learner's code once here, without ranks: a stub raises NotImplementedError at once, so
-    an untouched exercise costs no launch (what else it raises, usually for want of a group, is ignored)."""
-    for name, fn in L.items():
-        if name in _PROBE_SIZES:
-            fn(*_PROBE_SIZES[name], None)
-        else:  # f, g, gather or scatter: an autograd Function
-            fn.forward(types.SimpleNamespace(), torch.zeros(2, 4), None)
-
-
-def _launch_run(rank_fn, names, probe=_probe):
-    """The run side of a layer exercise: one launch of ``rank_fn`` on WORLD ranks for all the case's configs;
-    ``probe(L)`` calls the learner's objects once here, so that a stub costs no launch."""
-    def run(ns, case, device):
-        L = {name: entry(ns, name) for name in names}
-        ranks = launch_ranks((rank_fn, *L.values()), rank_main, WORLD, rank_fn, L, case.inputs["configs"],
-                             RANK_TIMEOUT_S, timeout_s=RANK_TIMEOUT_S, probe=lambda: probe(L))
-        return {"ranks": ranks}
-    return run
 
 
 def _launch_case(public, configs) -> list:
@@ -223,12 +114,12 @@ def _judge_launch(ref_fn, check_fn):
     def judge(case, obs):
         ranks = obs.get("ranks") if isinstance(obs, dict) else None
         configs = case.inputs["configs"]
-        if not isinstance(ranks, list) or len(ranks) != WORLD or any(
+        if not isinstance(ranks, list) or len(ranks) != RUN.WORLD or any(
                 not isinstance(o, list) or len(o) != len(configs) for o in ranks):
             return "the launch returned no observations for every rank and config."
         for i, cfg in enumerate(configs):
             ref = None if cfg.get("indivisible") else ref_fn(cfg)
-            for rank in range(WORLD):
+            for rank in range(RUN.WORLD):
                 r = rank % cfg["tp"]
                 if msg := check_fn(cfg, ref, ranks[rank][i], r, rank):
                     return f"{cfg['label']}, global rank {rank} (rank {r} of its group): {msg}"
@@ -264,7 +155,6 @@ def _first_mismatch(obs, wants) -> str | None:
 
 # --- f and g (and the gather and scatter) ----------------------------------------------------------
 
-_REGIONS = tuple(REGION_NAMES.values())
 _REGION_WANT = {
     "copy": ({"forward": [], "backward": ["all_reduce"]},
              "f (CopyToParallelRegion) is the identity in forward and all-reduces the gradient in backward"),
@@ -277,27 +167,13 @@ _REGION_WANT = {
 }
 
 
-def _rank_regions(L, cfg, pg, r, tp):
-    op = cfg["op"]
-    if op == "copy":
-        x, dy = _leaf(cfg["x"]), cfg["dys"][r].contiguous()
-    elif op == "reduce":
-        x, dy = _leaf(cfg["xs"][r]), cfg["dy"]
-    elif op == "gather":
-        x, dy = _leaf(cfg["x"].chunk(tp, -1)[r].contiguous()), cfg["dy"]
-    else:
-        x, dy = _leaf(cfg["x"]), cfg["dy"].chunk(tp, -1)[r].contiguous()
-    y, calls = _fwd_bwd(lambda: L[REGION_NAMES[op]].apply(x, pg), dy)
-    return {"y": y, "x_grad": _grad(x), "calls": calls}
-
-
 def _regions_cases(gen, public):
     configs = []
     for tp in (2, 4):
         B, S = (2, 3) if public else (randint(gen, 1, 3), randint(gen, 1, 4))
         n = 8 if public else 4 * randint(gen, 1, 4)
         for op in ("copy", "reduce", "gather", "scatter"):
-            configs.append({"op": op, "tp": tp, "label": f"{REGION_NAMES[op]} (TP={tp}, x {B}x{S}x{n})",
+            configs.append({"op": op, "tp": tp, "label": f"{RUN.REGION_NAMES[op]} (TP={tp}, x {B}x{S}x{n})",
                             "x": randn(gen, B, S, n), "dy": randn(gen, B, S, n),
                             "xs": randn(gen, tp, B, S, n),     # reduce: a different input on each rank
                             "dys": randn(gen, tp, B, S, n)})   # copy: a different upstream gradient on each rank
@@ -331,11 +207,11 @@ def _regions_check(cfg, ref, obs, r, rank):
         return "x.grad is world_size times the gradient: g's backward is the identity (no all-reduce)."
     if msg := _cmp(x_grad, ref["x_grad"](r), "x.grad (the input gradient)"):
         return msg + _rank_note(r, rank)
-    return _check_calls(obs, want, REGION_NAMES[op], f" {why}.")
+    return _check_calls(obs, want, RUN.REGION_NAMES[op], f" {why}.")
 
 
 TP_REGIONS = Exercise(
-    "tp_regions", 3, _REGIONS, _regions_cases, _launch_run(_rank_regions, _REGIONS),
+    "tp_regions", 3, RUN._REGIONS, _regions_cases, partial(RUN._launch_run, RUN._rank_regions, RUN._REGIONS),
     _judge_launch(_regions_ref, _regions_check), title="f, g, gather and scatter as autograd Functions",
     hint="Each is a torch.autograd.Function with forward(ctx, x, group) and backward(ctx, grad) returning "
          "(grad_x, None). f: identity / all-reduce; g: all-reduce / identity; gather: all_gather + cat "
@@ -344,21 +220,6 @@ TP_REGIONS = Exercise(
 
 
 # --- column-parallel linear (the linear layers' common parts too) --------------------------------------
-
-def _linear_obs(layer, cfg, x, dy):
-    """In a rank: load the case's full nn.Linear into ``layer``, then forward and backward."""
-    layer.load_from_full(_linear(cfg["w"], cfg["b"]))
-    obs = {"weight": _pvalue(layer, "weight"), "has_bias": _param(layer, "bias") is not None}
-    obs["y"], obs["calls"] = _fwd_bwd(lambda: layer(x), dy)
-    obs.update(x_grad=_grad(x), w_grad=_pgrad(layer, "weight"), b_grad=_pgrad(layer, "bias"))
-    return obs
-
-
-def _rank_column(L, cfg, pg, r, tp):
-    layer = L["ColumnParallelLinear"](cfg["in"], cfg["out"], pg, bias=cfg["b"] is not None,
-                                      gather_output=cfg["gather"])
-    dy = cfg["dy"] if cfg["gather"] else cfg["dy"].chunk(tp, -1)[r].contiguous()
-    return _linear_obs(layer, cfg, _leaf(cfg["x"]), dy)
 
 
 def _linear_cases(kind):
@@ -446,7 +307,7 @@ def _column_check(cfg, ref, obs, r, rank):
 
 COLUMN_PARALLEL = Exercise(
     "column_parallel", 3, ("ColumnParallelLinear",), _linear_cases("column"),
-    _launch_run(_rank_column, ("ColumnParallelLinear",)),
+    partial(RUN._launch_run, RUN._rank_column, ("ColumnParallelLinear",)),
     _judge_launch(_linear_ref, _column_check), title="Column-parallel linear",
     hint="weight = full.weight[r*out/p:(r+1)*out/p] (rows = output features). forward: x = CopyToParallelRegion"
          ".apply(x, group); y = F.linear(x, weight, bias); gather only if gather_output. Raise ValueError when "
@@ -454,12 +315,6 @@ COLUMN_PARALLEL = Exercise(
 
 
 # --- row-parallel linear ----------------------------------------------------------------------
-
-def _rank_row(L, cfg, pg, r, tp):
-    layer = L["RowParallelLinear"](cfg["in"], cfg["out"], pg, bias=cfg["b"] is not None,
-                                   input_is_parallel=cfg["parallel"])
-    x = _leaf(cfg["x"].chunk(tp, -1)[r].contiguous() if cfg["parallel"] else cfg["x"])
-    return _linear_obs(layer, cfg, x, cfg["dy"])
 
 
 def _row_check(cfg, ref, obs, r, rank):
@@ -486,7 +341,8 @@ def _row_check(cfg, ref, obs, r, rank):
 
 
 ROW_PARALLEL = Exercise(
-    "row_parallel", 3, ("RowParallelLinear",), _linear_cases("row"), _launch_run(_rank_row, ("RowParallelLinear",)),
+    "row_parallel", 3, ("RowParallelLinear",), _linear_cases("row"), partial(RUN._launch_run, RUN._rank_row,
+                                                                             ("RowParallelLinear",)),
     _judge_launch(_linear_ref, _row_check), title="Row-parallel linear",
     hint="weight = full.weight[:, r*in/p:(r+1)*in/p] (columns = input features), bias whole. forward: "
          "scatter x unless input_is_parallel, y = ReduceFromParallelRegion.apply(F.linear(x, weight), "
@@ -494,19 +350,6 @@ ROW_PARALLEL = Exercise(
 
 
 # --- the two blocks, MLP and attention: a column-parallel layer, local work, a row-parallel layer ----
-
-@dataclass(frozen=True)
-class _Block:
-    """A block as its checks name it."""
-
-    name: str         # the learner's class
-    col: str          # its column-parallel sub-layer (the reference keeps the gradient of its output under this key)
-    row: str          # its row-parallel sub-layer
-    params: tuple     # the case's keys of col's weight and bias, then of row's
-    col_what: str     # col's shard, in messages
-    output_note: str  # added to a wrong output
-    f_note: str       # added when x.grad is this rank's partial sum
-    calls_note: str   # added to wrong collectives
 
 
 def _block_tensors(gen, block, B, S, h, col_out, row_in, bias) -> dict:
@@ -516,25 +359,6 @@ def _block_tensors(gen, block, B, S, h, col_out, row_in, bias) -> dict:
     return {wc: randn(gen, col_out, h, scale=1 / math.sqrt(h)), bc: randn(gen, col_out) if bias else None,
             wr: randn(gen, h, row_in, scale=1 / math.sqrt(row_in)), br: randn(gen, h) if bias else None,
             "x": randn(gen, B, S, h), "dy": randn(gen, B, S, h)}
-
-
-def _block_obs(block, cfg, full, layer):
-    """In a rank: the case's weights into ``full`` (the single-device block), its shards into ``layer``
-    (load_from_full), then the sub-layers' shards and forward and backward through ``layer``."""
-    wc, bc, wr, br = block.params
-    setattr(full, block.col, _linear(cfg[wc], cfg[bc]))
-    setattr(full, block.row, _linear(cfg[wr], cfg[br]))
-    layer.load_from_full(full)
-    x, subs = _leaf(cfg["x"]), [getattr(layer, sub, None) for sub in (block.col, block.row)]
-    obs = {}
-    for sub, module in zip((block.col, block.row), subs):
-        obs[f"{sub}_present"] = module is not None
-        obs[f"{sub}_weight"] = _pvalue(module, "weight")
-    obs["y"], obs["calls"] = _fwd_bwd(lambda: layer(x), cfg["dy"])
-    obs["x_grad"] = _grad(x)
-    for sub, module in zip((block.col, block.row), subs):
-        obs[f"{sub}_w_grad"], obs[f"{sub}_b_grad"] = _pgrad(module, "weight"), _pgrad(module, "bias")
-    return obs
 
 
 def _check_shard(obs, key, want, what) -> str | None:
@@ -590,18 +414,6 @@ def _check_block(block, cfg, ref, obs, r, rank, rows, cols) -> str | None:
 
 # --- parallel MLP ----------------------------------------------------------------------------------
 
-_MLP = _Block("ParallelMLP", "fc1", "fc2", ("w1", "b1", "w2", "b2"), "fc1 (column-parallel)", output_note="",
-              f_note=" Outputs and weight gradients can all be right while this is wrong.",
-              calls_note=" Megatron's MLP needs exactly ONE all-reduce in forward (g, after fc2) and one in backward "
-                         "(f, before fc1): GELU works on fc1's local slice, so nothing is gathered in between.")
-
-
-def _rank_mlp(L, cfg, pg, r, tp):
-    from gpulab.tensor_parallel_ref import MLP
-
-    sizes, bias = (cfg["hidden"], cfg["ffn"]), cfg["b1"] is not None
-    return _block_obs(_MLP, cfg, MLP(*sizes, bias=bias), L["ParallelMLP"](*sizes, pg, bias=bias))
-
 
 def _mlp_cases(gen, public):
     configs = []
@@ -611,7 +423,7 @@ def _mlp_cases(gen, public):
         f = 16 if public else 4 * randint(gen, 1, 6)
         configs.append({"tp": tp, "hidden": h, "ffn": f,
                         "label": f"ParallelMLP(hidden={h}, ffn_hidden={f}, bias={bias}) at TP={tp}, x {B}x{S}x{h}",
-                        **_block_tensors(gen, _MLP, B, S, h, f, f, bias)})
+                        **_block_tensors(gen, RUN._MLP, B, S, h, f, f, bias)})
     configs.append({"tp": 4, "hidden": 8, "ffn": 10, "indivisible": ("ParallelMLP", 8, 10),
                     "label": "ParallelMLP(hidden=8, ffn_hidden=10) at TP=4 (not divisible)"})
     return _launch_case(public, configs)
@@ -633,33 +445,17 @@ def _mlp_check(cfg, ref, obs, r, rank):
     if cfg.get("indivisible"):
         return _check_indivisible(obs, f"ffn_hidden = {f} at TP={tp}")
     rows = slice(r * f // tp, (r + 1) * f // tp)  # this rank's ffn features: fc1's rows, fc2's columns
-    return _check_parts(_MLP, obs) or _check_block(_MLP, cfg, ref, obs, r, rank, rows, rows)
+    return _check_parts(RUN._MLP, obs) or _check_block(RUN._MLP, cfg, ref, obs, r, rank, rows, rows)
 
 
 TP_MLP = Exercise(
-    "tp_mlp", 3, ("ParallelMLP",), _mlp_cases, _launch_run(_rank_mlp, ("ParallelMLP",)),
+    "tp_mlp", 3, ("ParallelMLP",), _mlp_cases, partial(RUN._launch_run, RUN._rank_mlp, ("ParallelMLP",)),
     _judge_launch(_mlp_ref, _mlp_check), title="Parallel MLP: column, GELU, row",
     hint="fc1 = ColumnParallelLinear(hidden, ffn, gather_output=False), fc2 = RowParallelLinear(ffn, hidden, "
          "input_is_parallel=True); forward fc2(gelu(fc1(x))). load_from_full(mlp) loads mlp.fc1 and mlp.fc2.")
 
 
 # --- parallel self-attention -----------------------------------------------------------------------
-
-_ATTENTION = _Block(
-    "ParallelSelfAttention", "qkv", "proj", ("wqkv", "bqkv", "wproj", "bproj"),
-    "qkv (column-parallel, this rank's heads: cat(Wq[rows], Wk[rows], Wv[rows]))",
-    output_note=(" (Are the heads split right? Rank r owns heads r*H/p..(r+1)*H/p: its q, k, v are "
-                 "(B, H/p, S, head_dim) views of its local qkv output.)"), f_note="",
-    calls_note=(" Split by heads, attention needs exactly one all-reduce in forward (after proj) and one "
-                "in backward (before qkv): each head's attention is local to its rank."))
-
-
-def _rank_attention(L, cfg, pg, r, tp):
-    from gpulab.tensor_parallel_ref import SelfAttention
-
-    sizes, options = (cfg["hidden"], cfg["heads"]), dict(bias=cfg["bqkv"] is not None, causal=cfg["causal"])
-    return _block_obs(_ATTENTION, cfg, SelfAttention(*sizes, **options),
-                      L["ParallelSelfAttention"](*sizes, pg, **options))
 
 
 def _attention_cases(gen, public):
@@ -673,7 +469,7 @@ def _attention_cases(gen, public):
         configs.append({"tp": tp, "hidden": h, "heads": heads, "causal": causal,
                         "label": f"ParallelSelfAttention(hidden={h}, n_heads={heads}, bias={bias}, causal={causal}) "
                                  f"at TP={tp}, x {B}x{S}x{h}",
-                        **_block_tensors(gen, _ATTENTION, B, S, h, 3 * h, h, bias)})
+                        **_block_tensors(gen, RUN._ATTENTION, B, S, h, 3 * h, h, bias)})
     configs.append({"tp": 4, "hidden": 8, "heads": 2, "indivisible": ("ParallelSelfAttention", 8, 2),
                     "label": "ParallelSelfAttention(hidden=8, n_heads=2) at TP=4 (heads not divisible)"})
     return _launch_case(public, configs)
@@ -704,18 +500,19 @@ def _attention_check(cfg, ref, obs, r, rank):
     tp, h, H = cfg["tp"], cfg["hidden"], cfg["heads"]
     if cfg.get("indivisible"):
         return _check_indivisible(obs, f"n_heads = {H} at TP={tp}")
-    if msg := _check_parts(_ATTENTION, obs):
+    if msg := _check_parts(RUN._ATTENTION, obs):
         return msg
     if tp > 1 and _matches(obs.get("qkv_weight"), cfg["wqkv"].chunk(tp, 0)[r]):
         return ("qkv.weight holds a contiguous slice of the fused [q | k | v] weight: rank 0 gets all of q's "
                 "rows and none of v's, so its 'heads' mix q, k and v of different heads. Each rank must take "
                 "the q, k and v rows of ITS heads: rows r*hidden/p..(r+1)*hidden/p of each of the three blocks.")
-    return _check_block(_ATTENTION, cfg, ref, obs, r, rank, _head_rows(h, tp, r), slice(r * h // tp, (r + 1) * h // tp))
+    return _check_block(RUN._ATTENTION, cfg, ref, obs, r, rank, _head_rows(h, tp, r), slice(r * h // tp,
+                                                                                            (r + 1) * h // tp))
 
 
 TP_ATTENTION = Exercise(
     "tp_attention", 3, ("ParallelSelfAttention",), _attention_cases,
-    _launch_run(_rank_attention, ("ParallelSelfAttention",)),
+    partial(RUN._launch_run, RUN._rank_attention, ("ParallelSelfAttention",)),
     _judge_launch(_attention_ref, _attention_check), title="Parallel self-attention split by heads",
     hint="qkv = ColumnParallelLinear(h, 3h), proj = RowParallelLinear(h, h). Load qkv with "
          "cat(Wq[rows], Wk[rows], Wv[rows]) for rows = r*h/p..(r+1)*h/p (not a contiguous slice of the "
@@ -750,16 +547,6 @@ def _volume_cases(gen, public):
     return [Case(", ".join(f"{k}={v}" for k, v in s.items()), s) for s in specs]
 
 
-def _volume_run(ns, case, device):
-    x = case.inputs
-    args = (x["batch"], x["seq"], x["hidden"], x["dtype_bytes"], x["tp_size"])
-    out = {"blocks": {b: entry(ns, "tp_allreduce_bytes")(b, *args) for b in ("mlp", "attention")}}
-    payload = x["batch"] * x["seq"] * x["hidden"] * x["dtype_bytes"]
-    out["ring"] = [entry(ns, "ring_allreduce_traffic")(payload, p) for p in (1, 2, 4, 8, x["tp_size"])]
-    out["step"] = [entry(ns, "step_allreduce_bytes")(*args, x["n_layers"], recompute=rc) for rc in (False, True)]
-    return out
-
-
 def _volume_judge(case, obs):
     x = case.inputs
     args = (x["batch"], x["seq"], x["hidden"], x["dtype_bytes"], x["tp_size"])
@@ -789,17 +576,12 @@ def _volume_judge(case, obs):
 
 TP_COMM_VOLUME = Exercise(
     "tp_comm_volume", 2, ("tp_allreduce_bytes", "ring_allreduce_traffic", "step_allreduce_bytes"),
-    _volume_cases, _volume_run, _volume_judge, title="Communication volume per layer",
+    _volume_cases, RUN._volume_run, _volume_judge, title="Communication volume per layer",
     hint="Each block all-reduces batch*seq*hidden*dtype_bytes once forward (g) and once backward (f); "
          "nothing when tp_size == 1. A ring all-reduce sends 2(p-1)/p of the payload per rank. A layer has "
          "two blocks; full recomputation replays the forward all-reduces.")
 
 # --- vocab-parallel cross-entropy -----------------------------------------------------------------
-
-def _rank_vocab_ce(L, cfg, pg, r, tp):
-    logits = _leaf(cfg["logits"].chunk(tp, -1)[r].contiguous())   # (B, S, V/p): this rank's vocabulary ids
-    y, calls = _fwd_bwd(lambda: L["VocabParallelCrossEntropy"].apply(logits, cfg["target"], pg), cfg["dy"])
-    return {"y": y, "x_grad": _grad(logits), "calls": calls}
 
 
 def _boundary_targets(gen, B, S, V, tp):
@@ -885,15 +667,10 @@ def _vocab_ce_values(cfg, ref, obs, r, rank):
     return _check_vocab_calls(cfg, obs)
 
 
-def _vocab_ce_probe(L):
-    L["vocab_range"](8, None)
-    L["VocabParallelCrossEntropy"].forward(types.SimpleNamespace(), torch.zeros(1, 1, 4), torch.zeros(1, 1).long(),
-                                           None)
-
-
 VOCAB_PARALLEL_CE = Exercise(
     "vocab_parallel_ce", 3, ("vocab_range", "VocabParallelCrossEntropy"), _vocab_ce_cases,
-    _launch_run(_rank_vocab_ce, ("vocab_range", "VocabParallelCrossEntropy"), probe=_vocab_ce_probe),
+    partial(RUN._launch_run, RUN._rank_vocab_ce, ("vocab_range", "VocabParallelCrossEntropy"),
+            probe=RUN._vocab_ce_probe),
     _judge_launch(_vocab_ce_ref, _layer_check(
         lambda cfg: f"a vocabulary of {cfg['indivisible'][1]} ids at TP={cfg['tp']}", _vocab_ce_values)),
     title="Vocab-parallel cross-entropy",
@@ -906,68 +683,6 @@ VOCAB_PARALLEL_CE = Exercise(
 # --- sequence parallelism --------------------------------------------------------------------------
 
 REDUCE_SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single")
-_SP_NAMES = ("GatherFromSequenceParallelRegion", "ReduceScatterToSequenceParallelRegion", "SequenceParallelMLP")
-
-
-def _full_block(cfg):
-    """The single-device MLPBlock holding the case's weights (float32)."""
-    from gpulab.tensor_parallel_ref import MLPBlock
-
-    full = MLPBlock(cfg["hidden"], cfg["ffn"], bias=cfg["b1"] is not None, dropout=cfg["dropout"])
-    with torch.no_grad():
-        for name, value in (("ln.weight", "ln_w"), ("ln.bias", "ln_b"), ("mlp.fc1.weight", "w1"),
-                            ("mlp.fc1.bias", "b1"), ("mlp.fc2.weight", "w2"), ("mlp.fc2.bias", "b2")):
-            if cfg[value] is not None:
-                full.get_parameter(name).copy_(cfg[value])
-    return full
-
-
-def _group_sum(t, pg):
-    """Sum of a replicated parameter's gradient over the group, as the optimizer's gradient sync does: with
-    sequence parallelism each rank's LayerNorm (and row-parallel bias) gradient covers its tokens only."""
-    import torch.distributed as dist
-
-    if t is None:
-        return None
-    t = t.clone()
-    dist.all_reduce(t, group=pg)
-    return t
-
-
-def _rank_sp(L, cfg, pg, r, tp):
-    import torch.distributed as dist
-
-    from gpulab.commlog import record_collectives
-    from gpulab.tensor_parallel_ref import activation_bytes
-
-    h, f = cfg["hidden"], cfg["ffn"]
-    full = _full_block(cfg)
-    layer = L["SequenceParallelMLP"](h, f, pg, dropout=cfg["dropout"], bias=cfg["b1"] is not None, seed=cfg["seed"])
-    layer.load_from_full(full)
-    x = _leaf(cfg["x"].chunk(tp, 1)[r].contiguous())             # (B, S/p, h): this rank's tokens
-    dy = cfg["dy"].chunk(tp, 1)[r].contiguous()
-    with record_collectives() as log:
-        y = layer(x)
-        if not isinstance(y, torch.Tensor):
-            raise TypeError(f"forward must return a torch.Tensor, got {type(y).__name__}.")
-        ln_bytes = activation_bytes(y, "LayerNorm")
-        log.phase = "backward"
-        if y.shape == dy.shape:
-            (y * dy).sum().backward()
-    obs = {"y": y.detach().clone(), "x_grad": _grad(x), "calls": log.as_dicts(), "ln_bytes": ln_bytes,
-           "ln_bytes_full": activation_bytes(full(cfg["x"].clone().requires_grad_(True)), "LayerNorm")}
-    for part in ("ln", "fc1", "fc2"):
-        obs[f"{part}_present"] = isinstance(getattr(layer, part, None), torch.nn.Module)
-    ln, fc1, fc2 = (getattr(layer, part, None) for part in ("ln", "fc1", "fc2"))
-    obs.update(ln_w_grad=_group_sum(_pgrad(ln, "weight"), pg), ln_b_grad=_group_sum(_pgrad(ln, "bias"), pg),
-               fc1_w_grad=_pgrad(fc1, "weight"), fc1_b_grad=_pgrad(fc1, "bias"),
-               fc2_w_grad=_pgrad(fc2, "weight"), fc2_b_grad=_group_sum(_pgrad(fc2, "bias"), pg))
-    if cfg["dropout"] and y.shape == x.shape:   # which elements dropout kept, and whether other ranks kept the same
-        kept = (y.detach() != x.detach()).to(torch.uint8)
-        masks = [torch.empty_like(kept) for _ in range(tp)]
-        dist.all_gather(masks, kept, group=pg)
-        obs["same_mask_as"] = [j for j in range(tp) if j != r and torch.equal(masks[j], kept)]
-    return obs
 
 
 def _sp_cases(gen, public):
@@ -983,7 +698,7 @@ def _sp_cases(gen, public):
                         "label": f"SequenceParallelMLP(hidden={h}, ffn_hidden={f}, dropout={dropout}, bias={bias}) "
                                  f"at TP={tp}, x {B}x{S}x{h} (S/p = {S // tp} tokens per rank)",
                         "ln_w": 1 + randn(gen, h, scale=0.1), "ln_b": randn(gen, h, scale=0.1),
-                        **_block_tensors(gen, _MLP, B, S, h, f, f, bias)})
+                        **_block_tensors(gen, RUN._MLP, B, S, h, f, f, bias)})
     configs.append({"tp": 4, "hidden": 8, "ffn": 10, "indivisible": ("SequenceParallelMLP", 8, 10),
                     "label": "SequenceParallelMLP(hidden=8, ffn_hidden=10) at TP=4 (not divisible)"})
     return _launch_case(public, configs)
@@ -1080,14 +795,9 @@ def _sp_check(cfg, ref, obs, r, rank):
     return _sp_calls(cfg, obs)
 
 
-def _sp_probe(L):
-    L["SequenceParallelMLP"](4, 8, None)
-    for name in _SP_NAMES[:2]:
-        L[name].forward(types.SimpleNamespace(), torch.zeros(1, 2, 4), None)
-
-
 SEQUENCE_PARALLEL = Exercise(
-    "sequence_parallel", 4, _SP_NAMES, _sp_cases, _launch_run(_rank_sp, _SP_NAMES, probe=_sp_probe),
+    "sequence_parallel", 4, RUN._SP_NAMES, _sp_cases, partial(RUN._launch_run, RUN._rank_sp, RUN._SP_NAMES,
+                                                              probe=RUN._sp_probe),
     _judge_launch(_sp_ref, _sp_check), title="Sequence parallelism: LayerNorm and dropout on sequence shards",
     hint="g: all_gather along dim 1 in forward, reduce_scatter along dim 1 in backward; ḡ: the reverse. Block: "
          "x (B, S/p, h) -> ln -> g -> fc1 (F.linear with its shard, no f) -> gelu -> fc2 (F.linear, no g) -> ḡ -> "
@@ -1100,25 +810,6 @@ SEQUENCE_PARALLEL = Exercise(
 CAPACITY_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)   # exact in binary: ceil never meets a rounding error
 
 
-def ref_expert_capacity(tokens, num_experts, top_k, capacity_factor) -> int:
-    return math.ceil(capacity_factor * tokens * top_k / num_experts)
-
-
-def ref_route(router_logits, top_k, capacity, token_major=False, renormalise=False):
-    """The spec's routing; ``token_major`` fills slots token by token (a token's 2nd choice before the next
-    token's 1st), ``renormalise`` divides the weights by their sum over the top-k: the two wrong variants the
-    judge names."""
-    T, E = router_logits.shape
-    weight, index = router_logits.softmax(-1).topk(top_k, dim=-1)             # (T, k)
-    if renormalise:
-        weight = weight / weight.sum(-1, keepdim=True)
-    in_order = index.reshape(-1) if token_major else index.t().reshape(-1)    # (k*T,)
-    seen = torch.nn.functional.one_hot(in_order, E).cumsum(0)
-    position = seen.gather(1, in_order.unsqueeze(1)).squeeze(1) - 1
-    position = position.view(T, top_k) if token_major else position.view(top_k, T).t()  # (T, k)
-    return index, weight, torch.where(position < capacity, position, torch.full_like(position, -1))
-
-
 def ref_load_balancing_loss(router_logits, expert_index, num_experts):
     P = router_logits.softmax(-1).mean(0)
     f = torch.nn.functional.one_hot(expert_index[:, 0], num_experts).to(P.dtype).mean(0)
@@ -1126,7 +817,7 @@ def ref_load_balancing_loss(router_logits, expert_index, num_experts):
 
 
 def ref_moe_all_to_all_bytes(tokens, hidden, num_experts, top_k, capacity_factor, dtype_bytes) -> int:
-    return num_experts * ref_expert_capacity(tokens, num_experts, top_k, capacity_factor) * hidden * dtype_bytes
+    return num_experts * RUN.ref_expert_capacity(tokens, num_experts, top_k, capacity_factor) * hidden * dtype_bytes
 
 
 def _routing_cases(gen, public):
@@ -1143,27 +834,15 @@ def _routing_cases(gen, public):
     return cases
 
 
-def _routing_run(ns, case, device):
-    x = case.inputs
-    C = ref_expert_capacity(x["T"], x["E"], x["k"], x["cf"])
-    out = {"capacity": [entry(ns, "expert_capacity")(*size) for size in x["sizes"]],
-           "route": entry(ns, "route")(x["logits"].clone(), x["k"], C)}
-    index = ref_route(x["logits"], x["k"], C)[0]
-    out["aux"] = entry(ns, "load_balancing_loss")(x["logits"].clone(), index, x["E"])
-    bytes_fn = entry(ns, "moe_all_to_all_bytes")
-    out["bytes"] = [bytes_fn(x["T"], h, x["E"], x["k"], x["cf"], b) for h, b in ((8, 4), (64, 2))]
-    return out
-
-
 def _check_route(x, C, got) -> str | None:
-    want = ref_route(x["logits"].double(), x["k"], C)
+    want = RUN.ref_route(x["logits"].double(), x["k"], C)
     if not isinstance(got, tuple) or len(got) != 3:
         return f"route must return (expert_index, combine_weight, slot), got {type(got).__name__}."
     index, weight, slot = got
     if not isinstance(index, torch.Tensor) or not torch.equal(index.long(), want[0]):
         return (f"route's expert_index differs from the top-{x['k']} experts of softmax(router_logits) "
                 f"(best first, as torch.topk): got {index!r}.")
-    renormalised = ref_route(x["logits"].double(), x["k"], C, renormalise=True)[1]
+    renormalised = RUN.ref_route(x["logits"].double(), x["k"], C, renormalise=True)[1]
     if isinstance(weight, torch.Tensor) and _matches(weight.double(), renormalised) and not _matches(
             want[1], renormalised):
         return ("combine_weight sums to 1 over each token's top-k: that is a softmax AFTER top-k (renormalised "
@@ -1173,7 +852,7 @@ def _check_route(x, C, got) -> str | None:
         return msg
     if not isinstance(slot, torch.Tensor) or not torch.equal(slot.long(), want[2]):
         wrong = slot.long() if isinstance(slot, torch.Tensor) else None
-        token_major = ref_route(x["logits"].double(), x["k"], C, token_major=True)[2]
+        token_major = RUN.ref_route(x["logits"].double(), x["k"], C, token_major=True)[2]
         why = (" You filled the slots token by token (a token's 2nd choice before the next token's 1st): the spec's "
                "priority is every 1st choice in token order, then every 2nd choice."
                if wrong is not None and torch.equal(wrong, token_major) else "")
@@ -1186,16 +865,16 @@ def _check_route(x, C, got) -> str | None:
 def _routing_judge(case, obs):
     x = case.inputs
     for size, got in zip(x["sizes"], obs["capacity"]):
-        want = ref_expert_capacity(*size)
+        want = RUN.ref_expert_capacity(*size)
         if got != want or not isinstance(got, int):
             T, E, k, cf = size
             floor = " (that is the floor: round UP, or the last tokens of a full expert have no slot)" \
                 if got == math.floor(cf * T * k / E) else ""
             return f"expert_capacity({T}, {E}, {k}, {cf}) = {got!r}, expected the int {want} = ceil(cf*T*k/E){floor}."
-    C = ref_expert_capacity(x["T"], x["E"], x["k"], x["cf"])
+    C = RUN.ref_expert_capacity(x["T"], x["E"], x["k"], x["cf"])
     if msg := _check_route(x, C, obs["route"]):
         return msg
-    index = ref_route(x["logits"].double(), x["k"], C)[0]
+    index = RUN.ref_route(x["logits"].double(), x["k"], C)[0]
     want = ref_load_balancing_loss(x["logits"].double(), index, x["E"])
     got = obs["aux"]
     if isinstance(got, torch.Tensor) and got.numel() == 1 and close(float(got) * x["E"], float(want), rel=1e-5):
@@ -1215,50 +894,13 @@ def _routing_judge(case, obs):
 
 MOE_ROUTING = Exercise(
     "moe_routing", 3, ("expert_capacity", "route", "load_balancing_loss", "moe_all_to_all_bytes"),
-    _routing_cases, _routing_run, _routing_judge, title="MoE routing: top-k, capacity, dropping, load balancing",
+    _routing_cases, RUN._routing_run, _routing_judge, title="MoE routing: top-k, capacity, dropping, load balancing",
     hint="capacity: math.ceil. route: weight, index = softmax(logits).topk(k); order the choices index.t().reshape(-1) "
          "(all 1st choices, then all 2nd); one_hot(...).cumsum(0) gives each choice's position in its expert; "
          "slot = position if position < capacity else -1. aux = E * (f * P).sum().")
 
 
 # --- expert parallelism ----------------------------------------------------------------------------
-
-_EP_NAMES = ("AllToAll", "ExpertParallelMoE")
-
-
-def _full_moe(cfg):
-    from gpulab.tensor_parallel_ref import MoEWeights
-
-    full = MoEWeights(cfg["hidden"], cfg["ffn"], cfg["E"])
-    with torch.no_grad():
-        full.router.weight.copy_(cfg["router"])
-        for e, expert in enumerate(full.experts):
-            for name in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"):
-                expert.get_parameter(name).copy_(cfg[name][e])
-    return full
-
-
-def _rank_ep(L, cfg, pg, r, tp):
-    from gpulab.commlog import record_collectives
-
-    layer = L["ExpertParallelMoE"](cfg["hidden"], cfg["ffn"], cfg["E"], pg, top_k=cfg["k"], capacity_factor=cfg["cf"])
-    layer.load_from_full(_full_moe(cfg))
-    x = _leaf(cfg["x"][r])                                                    # (T, h): this rank's tokens
-    with record_collectives() as log:
-        out = layer(x)
-        if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
-            raise TypeError(f"forward must return (y, aux), two tensors; got {type(out).__name__}.")
-        y, aux = out
-        log.phase = "backward"
-        if y.shape == x.shape and aux.numel() == 1:
-            ((y * cfg["dy"][r]).sum() + cfg["aux_coef"] * aux.sum()).backward()
-    experts = getattr(layer, "experts", None)
-    router = getattr(layer, "router", None)
-    obs = {"y": y.detach().clone(), "aux": aux.detach().clone(), "x_grad": _grad(x), "calls": log.as_dicts(),
-           "router_grad": _group_sum(_pgrad(router, "weight"), pg), "experts": []}
-    for expert in (experts if isinstance(experts, torch.nn.ModuleList) else []):
-        obs["experts"].append({n: _grad(p) for n, p in expert.named_parameters()})
-    return obs
 
 
 def _ep_cases(gen, public):
@@ -1284,9 +926,9 @@ def _ref_moe(x, p, cfg, token_major=False):
     """Single-process MoE on one rank's tokens x (T, h), float64, all experts local: (y, aux)."""
     F = torch.nn.functional
     T = x.shape[0]
-    C = ref_expert_capacity(T, cfg["E"], cfg["k"], cfg["cf"])
+    C = RUN.ref_expert_capacity(T, cfg["E"], cfg["k"], cfg["cf"])
     logits = x @ p["router"].T                                                # (T, E)
-    index, weight, slot = ref_route(logits, cfg["k"], C, token_major=token_major)
+    index, weight, slot = RUN.ref_route(logits, cfg["k"], C, token_major=token_major)
     y = torch.zeros_like(x)
     for t in range(T):
         for j in range(cfg["k"]):
@@ -1366,10 +1008,10 @@ def _ep_judge(case, obs):
 
     ranks = obs.get("ranks") if isinstance(obs, dict) else None
     for i, cfg in enumerate(case.inputs["configs"]):
-        if cfg.get("indivisible") or not isinstance(ranks, list) or len(ranks) != WORLD:
+        if cfg.get("indivisible") or not isinstance(ranks, list) or len(ranks) != RUN.WORLD:
             continue
         ref = ref_of(cfg)
-        for rank in range(WORLD):
+        for rank in range(RUN.WORLD):
             y = ranks[rank][i].get("y") if isinstance(ranks[rank], list) and len(ranks[rank]) > i else None
             r = rank % cfg["tp"]
             if _matches(y, ref["token_major_y"][r].float()) and not _matches(y, ref["y"][r].float()):
@@ -1379,13 +1021,9 @@ def _ep_judge(case, obs):
                                               _ep_values))(case, obs)
 
 
-def _ep_probe(L):
-    L["ExpertParallelMoE"](4, 8, 2, None)
-    L["AllToAll"].forward(types.SimpleNamespace(), torch.zeros(2, 4), None)
-
-
 EXPERT_PARALLEL = Exercise(
-    "expert_parallel", 4, _EP_NAMES, _ep_cases, _launch_run(_rank_ep, _EP_NAMES, probe=_ep_probe),
+    "expert_parallel", 4, RUN._EP_NAMES, _ep_cases, partial(RUN._launch_run, RUN._rank_ep, RUN._EP_NAMES,
+                                                            probe=RUN._ep_probe),
     _ep_judge, title="Expert parallelism: MoE with all-to-all",
     hint="AllToAll: dist.all_to_all(received, [c.contiguous() for c in x.chunk(p)], group=group), cat; backward the "
          "same. Layer: route your tokens, write them into an (E*C, h) buffer at row index*C + slot, AllToAll, view "

@@ -11,7 +11,7 @@ Hidden cases: one per rule, the same rules for every seed (a case's name starts 
 before ':'), random sizes within it.
 
 The pipeline exercise is distributed: ``run`` (learner process) launches one rank per stage with
-:func:`grader.kit.ranks.launch_ranks` over gloo; each rank loads its stage's weights from the case, runs
+:func:`grader.runs.ranks.launch_ranks` over gloo; each rank loads its stage's weights from the case, runs
 the learner's ``run_stage`` on a reference schedule and returns its losses, its parameters' gradients and
 the order in which its stage ran forwards and backwards (recorded with module and tensor hooks).
 ``judge`` computes the single-process model on the same microbatches, here, and compares; a hang is
@@ -19,22 +19,21 @@ explained by the judge (a blocking send in 1F1B, a gradient never sent back).
 """
 from __future__ import annotations
 
-import numbers
 import random
+from functools import partial
 
 import torch
 
 from gpulab.compare import compare
 from gpulab.schedules import Step, as_text, device_of
-from grader.exercise import Case, Exercise, Neutral, borrowed, entry
+from grader.exercise import Case, Exercise, Neutral
 from grader.kit.cases import randint
 from grader.kit.close import close
-from grader.kit.ranks import RanksHung, launch_ranks
+from grader.runs import run_side
 
 LAB = "13_pipeline_parallel"
+RUN = run_side(LAB)  # the learner side: grader/runs/13_pipeline_parallel.py
 TITLE = "Pipeline parallelism: schedules as data"
-
-LAUNCH_TIMEOUT_S = 20.0  # per launch; a hung pipeline ends with RanksHung after about this long
 
 
 # --- schedules: dependencies, placement, references, measures --------------------------------------
@@ -227,15 +226,6 @@ def random_valid(gen, p: int, m: int, idle: float = 0.25, v: int = 1) -> list:
     return schedule
 
 
-def _plain(schedule) -> list:
-    """The learner's schedule as plain nested lists ``[[[stage, mb, kind], ...], ...]``."""
-    return [[[int(s), int(i), str(k)] for s, i, k in slot] for slot in schedule]
-
-
-def _tuples(schedule) -> list:
-    return [[(int(s), int(i), str(k)) for s, i, k in slot] for slot in schedule]
-
-
 def _picture(schedule, p: int, v: int = 1) -> str:
     if len(schedule) > 40 or p > 6:
         return ""
@@ -257,17 +247,12 @@ def _pm_cases(fixed, gen, public):
     return [Case(f"{rule}: p={p} stages, m={m} microbatches", dict(p=p, m=m)) for rule, p, m in rules]
 
 
-def _generator_run(name):
-    """The run side of a schedule generator ``name``: its schedule for the case's p and m."""
-    return lambda ns, case, device: {"schedule": _plain(entry(ns, name)(case.inputs["p"], case.inputs["m"]))}
-
-
 def _generator_judge(what, rule):
     """The judge of a schedule generator: valid, the right length (so the bubble equals the formula),
     then the schedule's own ``rule(schedule, p, m)``."""
     def judge(case, obs):
         p, m = case.inputs["p"], case.inputs["m"]
-        schedule = _tuples(obs["schedule"])
+        schedule = RUN._tuples(obs["schedule"])
         bad = violations(schedule, p, m)
         if bad:
             return f"your {what} schedule is not valid: {bad[0][0]}.{_picture(schedule, p)}"
@@ -301,7 +286,7 @@ def _gpipe_rule(schedule, p, m):
     return None
 
 
-GPIPE = Exercise("gpipe_schedule", 2, ("gpipe_schedule",), _gpipe_cases, _generator_run("gpipe_schedule"),
+GPIPE = Exercise("gpipe_schedule", 2, ("gpipe_schedule",), _gpipe_cases, partial(RUN._generator_run, "gpipe_schedule"),
                  _generator_judge("GPipe", _gpipe_rule), title="GPipe: all forwards, then all backwards",
                  hint="F(s, i) can run in slot s + i at the earliest. The backwards start once the last stage "
                       "finished its last forward (slot m + p - 2) and flow back up: B(s, i) in slot "
@@ -420,8 +405,8 @@ def _mutate_finish(sched, rng):
 
 
 def _validator_case(name, schedule, p, m, broken=None, base=None, v=1) -> Case:
-    return Case(name, dict(schedule=_plain(schedule), p=p, m=m, v=v, broken=broken,
-                           base=None if base is None else _plain(base)))
+    return Case(name, dict(schedule=RUN._plain(schedule), p=p, m=m, v=v, broken=broken,
+                           base=None if base is None else RUN._plain(base)))
 
 
 def _interleaved_validator_cases(gen, rng, public) -> list:
@@ -488,30 +473,9 @@ def _validator_cases(gen, public):
     return cases + _interleaved_validator_cases(gen, rng, public)
 
 
-def _validate(fn, plain_schedule, p, m, v=1) -> dict:
-    try:
-        ret = fn(_tuples(plain_schedule), p, m) if v == 1 else fn(_tuples(plain_schedule), p, m, v)
-    except ValueError as exc:
-        return {"verdict": "rejected", "message": str(exc)[:500]}
-    except NotImplementedError:
-        raise  # the stub: not attempted
-    except Exception as exc:  # noqa: BLE001 - any other exception is the learner's bug, reported
-        return {"verdict": "crashed", "message": f"{type(exc).__name__}: {str(exc)[:300]}"}
-    return {"verdict": "accepted", "returned": repr(ret)[:100]}
-
-
-def _validator_run(ns, case, device):
-    x = case.inputs
-    fn = entry(ns, "validate_schedule")
-    obs = _validate(fn, x["schedule"], x["p"], x["m"], x["v"])
-    if x.get("base") is not None:
-        obs["base"] = _validate(fn, x["base"], x["p"], x["m"], x["v"])
-    return obs
-
-
 def _validator_judge(case, obs):
     x = case.inputs
-    schedule = _tuples(x["schedule"])
+    schedule = RUN._tuples(x["schedule"])
     p, m, v = x["p"], x["m"], x["v"]
     bad = violations(schedule, p, m, v)
     assert bool(bad) == (x["broken"] is not None), "internal: mutation did not break the schedule"
@@ -519,7 +483,7 @@ def _validator_judge(case, obs):
     what = (f" (interleaved: validate_schedule(schedule, p={p}, m={m}, v={v}), virtual stages 0..{p * v - 1}, "
             f"virtual stage s on device s % p)") if v > 1 else ""
     if x.get("base") is not None:  # the valid schedule this one was made from must pass first
-        base = _tuples(x["base"])
+        base = RUN._tuples(x["base"])
         assert not violations(base, p, m, v), "internal: the base schedule is not valid"
         if obs["base"]["verdict"] != "accepted":
             return (f"this schedule is valid{what}, but your validator {obs['base']['verdict']} it: "
@@ -546,7 +510,7 @@ def _validator_judge(case, obs):
 
 
 VALIDATE = Exercise("validate_schedule", 3, ("validate_schedule",), _validator_cases,
-                    _validator_run, _validator_judge, title="Validate any schedule",
+                    RUN._validator_run, _validator_judge, title="Validate any schedule",
                     hint="Record the slot of every step (a repeat is an error), then check: kinds and ranges, one "
                          "step per device per slot (device_of(stage, p); the stage itself when v = 1), every step "
                          "of the p * v stages present, and each dependency in a strictly earlier slot. Name the "
@@ -571,7 +535,7 @@ def _1f1b_rule(schedule, p, m):
 
 
 ONE_F_ONE_B = Exercise("one_f_one_b_schedule", 3, ("one_f_one_b_schedule",), _1f1b_cases,
-                       _generator_run("one_f_one_b_schedule"), _generator_judge("1F1B", _1f1b_rule),
+                       partial(RUN._generator_run, "one_f_one_b_schedule"), _generator_judge("1F1B", _1f1b_rule),
                        title="1F1B: one forward, one backward",
                        hint="Write each stage's op order first: min(p - s - 1, m) warm-up forwards, then pairs "
                             "(next forward, oldest backward), then the remaining backwards. Then place_orders puts the "
@@ -595,9 +559,9 @@ def _measure_cases(gen, public):
         specs = [("GPipe", 4, 8, ref_gpipe(4, 8)), ("1F1B", 4, 8, ref_1f1b(4, 8)), ("GPipe", 3, 1, ref_gpipe(3, 1)),
                  ("1F1B", 5, 3, ref_1f1b(5, 3)), ("random valid", 3, 4, random_valid(gen, 3, 4, idle=0.4)),
                  ("one stage with idle slots", 1, 4, _with_idle_slot(gen, 1, 4))]
-        cases = [Case(f"{name} p={p} m={m}", dict(schedule=_plain(sched), p=p, m=m, v=1))
+        cases = [Case(f"{name} p={p} m={m}", dict(schedule=RUN._plain(sched), p=p, m=m, v=1))
                  for name, p, m, sched in specs]
-        return cases + [Case("interleaved 1F1B p=4 v=2 m=8", dict(schedule=_plain(ref_interleaved(4, 8, 2)),
+        return cases + [Case("interleaved 1F1B p=4 v=2 m=8", dict(schedule=RUN._plain(ref_interleaved(4, 8, 2)),
                                                                    p=4, m=8, v=2))]
     p_many, p_few, p_any = randint(gen, 2, 5), randint(gen, 3, 6), randint(gen, 2, 6)
     m_many, m_few = randint(gen, p_many + 1, 10), randint(gen, 1, p_few - 1)
@@ -607,21 +571,12 @@ def _measure_cases(gen, public):
              ("a random valid schedule with idle slots", randint(gen, 2, 6), randint(gen, 1, 10),
               lambda p, m: _with_idle_slot(gen, p, m)),
              ("one stage with idle slots", 1, randint(gen, 1, 10), lambda p, m: _with_idle_slot(gen, p, m))]
-    cases = [Case(f"{name}: p={p} m={m}", dict(schedule=_plain(make(p, m)), p=p, m=m, v=1))
+    cases = [Case(f"{name}: p={p} m={m}", dict(schedule=RUN._plain(make(p, m)), p=p, m=m, v=1))
              for name, p, m, make in specs]
     p, v = randint(gen, 2, 4), randint(gen, 2, 4)
     m = p * randint(gen, 1, 3)
     return cases + [Case(f"interleaved 1F1B: p={p} v={v} m={m}",
-                         dict(schedule=_plain(ref_interleaved(p, m, v)), p=p, m=m, v=v))]
-
-
-def _bubble_run(ns, case, device):
-    x = case.inputs
-    formula = entry(ns, "bubble_formula")
-    if borrowed(formula):  # lab 16's gpulab.planning.bubble_fraction(p, m) models this formula
-        return {"borrowed": borrowed(formula)}
-    return {"measured": float(entry(ns, "bubble_fraction")(_tuples(x["schedule"]), x["p"])),
-            "formula": float(formula(x["p"], x["m"]) if x["v"] == 1 else formula(x["p"], x["m"], x["v"]))}
+                         dict(schedule=RUN._plain(ref_interleaved(p, m, v)), p=p, m=m, v=v))]
 
 
 def _bubble_judge(case, obs):
@@ -629,7 +584,7 @@ def _bubble_judge(case, obs):
         return f"bubble_formula is {obs['borrowed']}, a course helper: write your own (p-1)/(v m+p-1)."
     x = case.inputs
     p, m, v = x["p"], x["m"], x["v"]
-    schedule = _tuples(x["schedule"])
+    schedule = RUN._tuples(x["schedule"])
     want = ref_bubble(schedule, p)
     where = "device" if v > 1 else "stage"
     if not close(obs["measured"], want):
@@ -650,7 +605,7 @@ def _bubble_judge(case, obs):
     return None
 
 
-BUBBLE = Exercise("bubble_fraction", 2, ("bubble_fraction", "bubble_formula"), _measure_cases, _bubble_run,
+BUBBLE = Exercise("bubble_fraction", 2, ("bubble_fraction", "bubble_formula"), _measure_cases, RUN._bubble_run,
                   _bubble_judge, title="Bubble fraction: measured vs (p-1)/(m+p-1)",
                   hint="Idle stage-slots / (p x len(schedule)); a stage is busy in a slot when one of the slot's "
                        "steps belongs to it.")
@@ -658,15 +613,11 @@ BUBBLE = Exercise("bubble_fraction", 2, ("bubble_fraction", "bubble_formula"), _
 
 # --- peak in-flight activations -------------------------------------------------------------------
 
-def _peaks_run(ns, case, device):
-    x = case.inputs
-    return {"peaks": [int(n) for n in entry(ns, "peak_activations")(_tuples(x["schedule"]), x["p"])]}
-
 
 def _peaks_judge(case, obs):
     x = case.inputs
     p, m = x["p"], x["m"]
-    schedule = _tuples(x["schedule"])
+    schedule = RUN._tuples(x["schedule"])
     want = ref_peaks(schedule, p)
     got = obs["peaks"]
     if got == want:
@@ -684,22 +635,13 @@ def _peaks_judge(case, obs):
     return msg + _picture(schedule, p, x["v"])
 
 
-PEAKS = Exercise("peak_activations", 2, ("peak_activations",), _measure_cases, _peaks_run, _peaks_judge,
+PEAKS = Exercise("peak_activations", 2, ("peak_activations",), _measure_cases, RUN._peaks_run, _peaks_judge,
                  title="Peak in-flight activations per stage",
                  hint="Walk the slots in order; per device (device_of(stage, p), the stage itself when v = 1), +1 "
                       "at each F (its activations are saved), -1 at each B (freed); return the maximum per device.")
 
 
 # --- a real pipeline across ranks -----------------------------------------------------------------
-
-def build_stage(s: int, p: int, d_in: int, hidden: int, d_out: int):
-    """Stage ``s`` of the lab's MLP: Linear + Tanh, and a final Linear to ``d_out`` on the last stage."""
-    from torch import nn
-
-    layers = [nn.Linear(d_in if s == 0 else hidden, hidden), nn.Tanh()]
-    if s == p - 1:
-        layers.append(nn.Linear(hidden, d_out))
-    return nn.Sequential(*layers)
 
 
 def _pipeline_case(gen, name, p, runs, mb=None, d_in=None, hidden=None, d_out=None):
@@ -715,7 +657,7 @@ def _pipeline_case(gen, name, p, runs, mb=None, d_in=None, hidden=None, d_out=No
     spec = []
     for kind, m in runs:
         schedule = ref_gpipe(p, m) if kind == "GPipe" else ref_1f1b(p, m)
-        spec.append(dict(kind=kind, m=m, schedule=_plain(schedule),
+        spec.append(dict(kind=kind, m=m, schedule=RUN._plain(schedule),
                          x=[torch.randn(mb, d_in, generator=gen) for _ in range(m)],
                          y=[torch.randn(mb, d_out, generator=gen) for _ in range(m)]))
     return Case(name, dict(p=p, d_in=d_in, hidden=hidden, d_out=d_out, weights=weights, runs=spec))
@@ -736,48 +678,6 @@ def _pipeline_cases(gen, public):
                            p, runs)]
 
 
-def _pipeline_rank(rank, world_size, run_stage, inputs):
-    """One rank of the check: its stage, the learner's ``run_stage`` on each run, what it observed."""
-    import torch
-
-    results = []
-    for run in inputs["runs"]:
-        stage = build_stage(rank, world_size, inputs["d_in"], inputs["hidden"], inputs["d_out"])
-        with torch.no_grad():
-            for prm, w in zip(stage.parameters(), inputs["weights"][rank]):
-                prm.copy_(w)
-        order = []  # "F" and "B" in the order the stage ran them
-
-        def on_forward(module, args, out):
-            order.append("F")
-            if isinstance(out, torch.Tensor) and out.requires_grad:
-                out.register_hook(lambda grad: order.append("B"))
-
-        stage.register_forward_hook(on_forward)
-        losses = run_stage(stage, _tuples(run["schedule"]), [x.clone() for x in run["x"]],
-                           [y.clone() for y in run["y"]], inputs["hidden"])
-        if losses is not None and not isinstance(losses, (list, tuple)):
-            losses = "not a list: " + type(losses).__name__
-        elif losses is not None:
-            losses = [float(v) for v in losses]
-        results.append({"losses": losses, "order": "".join(order),
-                        "grads": [None if prm.grad is None else prm.grad.detach().clone()
-                                  for prm in stage.parameters()]})
-    return results
-
-
-def _pipeline_run(ns, case, device):
-    fn = entry(ns, "run_stage")
-    # The probe: a stub raises at once, so no process starts to find out (a real answer fails here,
-    # harmlessly: no process group, and an empty schedule).
-    try:
-        per_rank = launch_ranks((_pipeline_rank, fn), _pipeline_rank, case.inputs["p"], fn, case.inputs,
-                                timeout_s=LAUNCH_TIMEOUT_S, probe=lambda: fn(None, [], [], [], 1))
-    except RanksHung as exc:  # the judge explains what makes a pipeline hang
-        return {"hung": exc.summary}
-    return {"ranks": per_rank}
-
-
 _PARAM_NAMES = ["first Linear weight", "first Linear bias", "output Linear weight", "output Linear bias"]
 
 
@@ -786,7 +686,7 @@ def reference_pipeline(inputs: dict, run: dict) -> tuple[list, list]:
     import torch.nn.functional as F
 
     p = inputs["p"]
-    stages = [build_stage(s, p, inputs["d_in"], inputs["hidden"], inputs["d_out"]).double() for s in range(p)]
+    stages = [RUN.build_stage(s, p, inputs["d_in"], inputs["hidden"], inputs["d_out"]).double() for s in range(p)]
     with torch.no_grad():
         for s, stage in enumerate(stages):
             for prm, w in zip(stage.parameters(), inputs["weights"][s]):
@@ -859,7 +759,7 @@ def _pipeline_judge(case, obs):
 
 
 PIPELINE = Exercise("pipeline_run", 5, ("run_stage",),
-                    _pipeline_cases, _pipeline_run, _pipeline_judge, title="A real pipeline across ranks",
+                    _pipeline_cases, RUN._pipeline_run, _pipeline_judge, title="A real pipeline across ranks",
                     hint="Keep each microbatch's input and output until its B. F: stage 0 reads the microbatch, "
                          "others dist.recv the activation (then requires_grad_()); the last stage computes the loss, "
                          "the others isend the output. B: the last stage backprops loss / m; the others recv the "
@@ -885,15 +785,6 @@ def _interleaved_cases(gen, public):
                   randint(gen, 2, 3))]
     return [Case(f"{rule}: p={p} devices, v={v} chunks, m={m} microbatches", dict(p=p, m=m, v=v))
             for rule, p, m, v in sizes]
-
-
-def _interleaved_run(ns, case, device):
-    x = case.inputs
-    try:
-        schedule = entry(ns, "interleaved_schedule")(x["p"], x["m"], x["v"])
-    except ValueError as exc:
-        return {"error": str(exc)[:300]}
-    return {"schedule": _plain(schedule)}
 
 
 def _device_major(stage, p, v):
@@ -940,7 +831,7 @@ def _interleaved_judge(case, obs):
                 f"(and what to change) instead of returning a schedule.")
     if "error" in obs:
         return f"interleaved_schedule({p}, {m}, {v}) raised ValueError({obs['error']!r}), but m is a multiple of p."
-    schedule = _tuples(obs["schedule"])
+    schedule = RUN._tuples(obs["schedule"])
     bad = violations(schedule, p, m, v)
     if bad:
         return _interleaved_invalid(schedule, p, m, v, bad)
@@ -964,7 +855,7 @@ def _interleaved_judge(case, obs):
 
 
 INTERLEAVED = Exercise("interleaved_schedule", 4, ("interleaved_schedule",), _interleaved_cases,
-                       _interleaved_run, _interleaved_judge, title="Interleaved 1F1B: virtual stages",
+                       RUN._interleaved_run, _interleaved_judge, title="Interleaved 1F1B: virtual stages",
                        hint="Raise ValueError unless m % p == 0. Per device d, its k-th forward is chunk (k // p) % v "
                             "on microbatch (k // (p v)) p + k % p, i.e. virtual stage chunk * p + d; its k-th "
                             "backward the same with the chunk reversed (v - 1 - chunk). Order: (p - d - 1) + "
@@ -988,20 +879,14 @@ def _sends_cases(gen, public):
     for rule, p, m, v in specs:
         sched = ref_gpipe(p, m) if rule == "GPipe" else ref_interleaved(p, m, v) if v > 1 else ref_1f1b(p, m)
         sep = " " if public else ": "
-        cases.append(Case(f"{rule}{sep}p={p} v={v} m={m}", dict(schedule=_plain(sched), p=p, m=m, v=v)))
+        cases.append(Case(f"{rule}{sep}p={p} v={v} m={m}", dict(schedule=RUN._plain(sched), p=p, m=m, v=v)))
     return cases
-
-
-def _sends_run(ns, case, device):
-    x = case.inputs
-    sends = entry(ns, "p2p_sends")(_tuples(x["schedule"]), x["p"])
-    return {"sends": int(sends) if isinstance(sends, numbers.Integral) and not isinstance(sends, bool) else sends}
 
 
 def _sends_judge(case, obs):
     x = case.inputs
     p, m, v = x["p"], x["m"], x["v"]
-    want = ref_sends(_tuples(x["schedule"]), p)
+    want = ref_sends(RUN._tuples(x["schedule"]), p)
     got = obs["sends"]
     if isinstance(got, bool) or not isinstance(got, int) or got != want:
         msg = (f"p2p_sends = {got!r}, expected {want} (an int): an activation after each F(s, i) to stage s + 1 "
@@ -1019,7 +904,7 @@ def _sends_judge(case, obs):
     return None
 
 
-SENDS = Exercise("p2p_sends", 2, ("p2p_sends",), _sends_cases, _sends_run, _sends_judge,
+SENDS = Exercise("p2p_sends", 2, ("p2p_sends",), _sends_cases, RUN._sends_run, _sends_judge,
                  title="Point-to-point messages: what interleaving costs",
                  hint="n = highest stage + 1. For each step: F(s, i) sends to s + 1 if s + 1 < n, B(s, i) to s - 1 if "
                       "s > 0; count it when device_of of the two stages differ.")

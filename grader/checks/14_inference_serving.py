@@ -11,17 +11,19 @@ import math
 
 import torch
 
-from gpulab.compare import compare, padded
+from gpulab.compare import compare
 from gpulab.peaks import Peaks
 from gpulab.serving import MODELS, ModelSpec, Request
 from gpulab.tiny_lm import LMConfig, make_lm
-from grader.exercise import Benchmark, Case, Exercise, borrowed, entry, to_cpu
+from grader.exercise import Benchmark, Case, Exercise
 from grader.kit.cases import choice, randint, randn, uniform
 from grader.kit.close import close
-from grader.kit.kernels import judge_kernel, observe_out
+from grader.kit.kernels import judge_kernel
 from grader.kit.variants import diagnose, tensor_match
+from grader.runs import run_side
 
 LAB = "14_inference_serving"
+RUN = run_side(LAB)  # the learner side: grader/runs/14_inference_serving.py
 TITLE = "Inference serving: KV cache, batching, speculation"
 
 _YOURS_COUNTS, _YOURS_IS = "\n  Yours counts {}.", "\n  Yours is {}."  # diagnose(): the mistake a number matches
@@ -77,34 +79,6 @@ def reference_cached(model, tokens, chunks, *, positions="absolute", mask="shift
         outs.append(model.logits(x))
         cache, past = new, past + t
     return torch.cat(outs, 1), cache
-
-
-def _lm_run(ns, case, device):
-    fn, x = entry(ns, "forward_cached"), case.inputs
-    model = make_lm(LMConfig(**x["cfg"]), x["seed"], device=device)
-    processed = []  # positions each block's q/k/v projection saw, per call
-    for block in model.blocks:
-        def counted(h, positions, _project=block.project_qkv):
-            processed.append(int(h.shape[1]))
-            return _project(h, positions)
-        block.project_qkv = counted
-    tokens, cache, past, logits, shapes, per_call = x["tokens"].to(device), None, 0, [], [], []
-    with torch.no_grad():
-        for t in x["chunks"]:
-            processed.clear()
-            ret = fn(model, tokens[:, past:past + t], cache)
-            if not isinstance(ret, (tuple, list)) or len(ret) != 2:
-                return {"bad_return": type(ret).__name__}
-            out, cache = ret
-            logits.append(to_cpu(out))
-            per_call.append(max(processed, default=0))
-            try:
-                shapes.append([[tuple(kv[0].shape), tuple(kv[1].shape)] for kv in cache])
-            except (TypeError, IndexError, AttributeError):
-                return {"logits": logits, "bad_cache": type(cache).__name__}
-            past += t
-    return {"logits": logits, "shapes": shapes, "processed": per_call,
-            "cache": [[to_cpu(kv[0]), to_cpu(kv[1])] for kv in cache]}
 
 
 def _lm_judge(case, obs):
@@ -166,7 +140,7 @@ def _lm_judge(case, obs):
 
 
 KV_DECODE = Exercise(
-    "kv_cache_decode", 4, ("forward_cached",), _lm_cases, _lm_run, _lm_judge, title="Decoding with a KV cache",
+    "kv_cache_decode", 4, ("forward_cached",), _lm_cases, RUN._lm_run, _lm_judge, title="Decoding with a KV cache",
     hint="past = cache length; positions = arange(past, past + T); per block: q, k, v = project_qkv(x, positions), k "
          "and v = cat(cached, new) on dim 2, repeat k and v n_heads // n_kv_heads times for attention (not in the "
          "cache), mask with ones(T, past + T).tril(past), then project_out, residual, feed_forward, residual.")
@@ -206,12 +180,6 @@ def _bytes_cases(gen, public):
             case("weights that do not fit", MODELS["Llama-2-70B"], 1, seq(), 2, choice(gen, [24, 40, 80]))]
 
 
-def _bytes_run(ns, case, device):
-    x, spec = case.inputs, ModelSpec(**case.inputs["spec"])
-    return {"bytes": entry(ns, "kv_cache_bytes")(spec, x["batch"], x["seq_len"], x["kv_bytes"]),
-            "max_batch": entry(ns, "max_batch")(spec, x["seq_len"], x["gpu_bytes"], x["weight_bytes"], x["kv_bytes"])}
-
-
 def _bytes_judge(case, obs):
     x = case.inputs
     number = lambda v: None if isinstance(v, bool) or not isinstance(v, (int, float)) else v  # noqa: E731
@@ -247,7 +215,7 @@ def _bytes_judge(case, obs):
 
 
 KV_BYTES = Exercise(
-    "kv_cache_bytes", 2, ("kv_cache_bytes", "max_batch"), _bytes_cases, _bytes_run, _bytes_judge,
+    "kv_cache_bytes", 2, ("kv_cache_bytes", "max_batch"), _bytes_cases, RUN._bytes_run, _bytes_judge,
     title="KV-cache bytes, and the batch that fits beside the weights",
     hint="Per token: 2 (K and V) x n_layers x n_kv_heads x head_dim x dtype_bytes. max_batch: (gpu_bytes - n_params x "
          "weight_bytes) // (bytes of one sequence of seq_len tokens), and 0 if the weights leave no room.")
@@ -291,16 +259,6 @@ def _step_cases(gen, public):
                  randint(gen, 256, 8192), peaks())]
 
 
-def _step_run(ns, case, device):
-    x = case.inputs
-    got = entry(ns, "step_roofline")(ModelSpec(**x["spec"]), x["batch"], x["new_tokens"], x["context"],
-                                     x["dtype_bytes"], Peaks(**x["peaks"]))
-    if not isinstance(got, dict):
-        return {"bad_return": type(got).__name__}
-    return {k: (got[k] if isinstance(got[k], (int, float, str)) else repr(got[k])) for k in
-            ("flops", "bytes", "intensity", "seconds", "bound") if k in got}
-
-
 def _step_judge(case, obs):
     x = case.inputs
     spec, peaks, b, t, nb = ModelSpec(**x["spec"]), Peaks(**x["peaks"]), x["batch"], x["new_tokens"], x["dtype_bytes"]
@@ -340,7 +298,7 @@ def _step_judge(case, obs):
             f"(intensity {want['intensity']:.1f} FLOP/B vs the ridge {peaks.ridge_point:.1f} FLOP/B).")
 
 
-ROOFLINE = Exercise("decode_roofline", 2, ("step_roofline",), _step_cases, _step_run, _step_judge,
+ROOFLINE = Exercise("decode_roofline", 2, ("step_roofline",), _step_cases, RUN._step_run, _step_judge,
                     title="Prefill and decode on the roofline", hint=(
                         "flops = 2 n_params B T + 4 L n_heads head_dim B (T context + T(T+1)/2); bytes = n_params "
                         "dtype_bytes + kv_cache_bytes(spec, B, context + T, dtype_bytes); seconds = max(flops / "
@@ -402,30 +360,6 @@ def _paged_cases(gen, public):
         name = f"{rule} (num_blocks={nb}, block_size={bs})" if public else f"{rule}: num_blocks={nb}, block_size={bs}"
         cases.append(Case(name, dict(num_blocks=nb, block_size=bs, ops=_paged_ops(gen, rule, nb, bs))))
     return cases
-
-
-def _paged_run(ns, case, device):
-    x = case.inputs
-    mgr = entry(ns, "BlockManager")(x["num_blocks"], x["block_size"])
-    seqs, log = {}, []  # every sequence appended to so far, in order (a dict as an ordered set)
-    for op in x["ops"]:
-        if op[0] == "append":
-            seqs[op[1]] = None
-            try:
-                result = [[int(b), int(o)] for b, o in mgr.append(op[1], op[2])]
-            except MemoryError:
-                result = "MemoryError"
-        else:
-            mgr.free(op[1])
-            result = None
-        tables = {}
-        for s in seqs:
-            try:
-                tables[s] = [int(b) for b in mgr.block_table(s)]
-            except (KeyError, IndexError, ValueError):
-                tables[s] = None
-        log.append({"result": result, "free": int(mgr.num_free()), "tables": tables})
-    return {"log": log}
 
 
 def _paged_judge(case, obs):
@@ -491,7 +425,7 @@ def _paged_judge(case, obs):
 
 
 PAGED_KV = Exercise(
-    "paged_kv", 3, ("BlockManager",), _paged_cases, _paged_run, _paged_judge,
+    "paged_kv", 3, ("BlockManager",), _paged_cases, RUN._paged_run, _paged_judge,
     title="A paged KV cache: blocks and block tables",
     hint="Keep a list of free block ids, and per sequence its block table and length. append: need = ceil((length + "
          "n) / block_size) - len(table); raise MemoryError before changing anything if need > free; slot of token p = "
@@ -540,26 +474,6 @@ def _sched_cases(gen, public):
                 f"max_batch={max_batch}")
         cases.append(Case(name, dict(num_blocks=num_blocks, block_size=bs, max_batch=max_batch, requests=requests)))
     return cases
-
-
-def _sched_run(ns, case, device):
-    x = case.inputs
-    if borrowed(entry(ns, "Scheduler")):
-        return {"borrowed": borrowed(entry(ns, "Scheduler")), "batches": []}
-    sched = entry(ns, "Scheduler")(x["num_blocks"], x["block_size"], x["max_batch"])
-    reqs = sorted((Request(**r) for r in x["requests"]), key=lambda r: (r.arrival, r.rid))
-    done, batches, added = {r.rid: 0 for r in reqs}, [], 0
-    for t in range(sum(r.max_new_tokens for r in reqs) + max(r.arrival for r in reqs) + 5):  # a right answer's steps
-        while added < len(reqs) and reqs[added].arrival <= t:
-            sched.add(reqs[added])
-            added += 1
-        batches.append([int(getattr(i, "rid", i)) for i in sched.step()])
-        for rid in batches[-1]:
-            if rid in done:
-                done[rid] += 1
-        if added == len(reqs) and all(done[r.rid] >= r.max_new_tokens for r in reqs):
-            break
-    return {"batches": batches}
 
 
 def _sched_judge(case, obs):
@@ -629,7 +543,7 @@ def _sched_judge(case, obs):
 
 
 SCHEDULER = Exercise(
-    "continuous_batching", 4, ("Scheduler",), _sched_cases, _sched_run, _sched_judge,
+    "continuous_batching", 4, ("Scheduler",), _sched_cases, RUN._sched_run, _sched_judge,
     title="Continuous batching: admit, decode, retire, preempt under a memory budget", hint=(
         "Keep the live requests in arrival order with their generated counts. step(): walk them oldest first, taking "
         "each while len(batch) < max_batch and its ceil((prompt + generated) / block_size) blocks fit; stop at the "
@@ -638,7 +552,6 @@ SCHEDULER = Exercise(
 
 # --- exercise 6: speculative decoding's rejection sampling ----------------------------------------
 
-TRIALS = 2000   # verification steps per case: enough to reject every wrong variant at P_FAIL
 P_FAIL = 1e-6   # a chi-square p-value below this fails; a correct answer fails once in a million cases
 
 
@@ -698,30 +611,6 @@ def _spec_cases(gen, public):
     return cases
 
 
-def _spec_run(ns, case, device):
-    fn, p, q = entry(ns, "speculative_verify"), case.inputs["p"], case.inputs["q"]
-    k, vocab = q.shape
-    gen = torch.Generator().manual_seed(case.inputs["seed"])
-    drafts = torch.multinomial(q, TRIALS, replacement=True, generator=gen).T  # (TRIALS, k), row i ~ q[i]
-    first, second, bonus, accepted = torch.zeros(vocab), torch.zeros(vocab), torch.zeros(vocab), torch.zeros(k + 1)
-    for draft in drafts:
-        out = fn(draft.clone(), q.clone(), p.clone(), gen)
-        try:
-            out = [int(t) for t in out]
-        except (TypeError, ValueError):
-            return {"invalid": f"returned {out!r}; expected a list of token ids"}
-        n = len(out) - 1  # drafts accepted
-        if not 0 <= n <= k or out[:n] != draft[:n].tolist() or not all(0 <= t < vocab for t in out):
-            return {"invalid": f"returned {out} for the draft tokens {draft.tolist()}"}
-        accepted[n] += 1
-        first[out[0]] += 1
-        if n >= 1 and k >= 2:
-            second[out[1]] += 1
-        if n == k:
-            bonus[out[-1]] += 1
-    return {"first": first, "second": second, "bonus": bonus, "accepted": accepted}
-
-
 def _spec_judge(case, obs):
     p, q, k = case.inputs["p"].double(), case.inputs["q"].double(), case.inputs["q"].shape[0]
     if "invalid" in obs:
@@ -757,7 +646,7 @@ def _spec_judge(case, obs):
     return None
 
 
-SPECULATIVE = Exercise("speculative_decoding", 4, ("speculative_verify",), _spec_cases, _spec_run, _spec_judge,
+SPECULATIVE = Exercise("speculative_decoding", 4, ("speculative_verify",), _spec_cases, RUN._spec_run, _spec_judge,
                        title="Speculative decoding: rejection sampling that keeps the target's distribution", hint=(
                            "For i in 0..k-1: accept draft x = draft_tokens[i] if u < p[i, x] / q[i, x] (u uniform "
                            "from gen); on the first rejection return the accepted ones plus a sample of max(p[i] - "
@@ -820,19 +709,9 @@ def _kernel_cases(gen, public):
             case("float16", 2, 2, 1, 32, 16, lens(2), "float16")]
 
 
-_KERNEL_INPUTS = ("q", "k_cache", "v_cache", "block_tables", "seq_lens")
-
-
-def _kernel_run(ns, case, device):
-    x, fn = case.inputs, entry(ns, "paged_decode_attention")
-    t = {n: padded(x[n], device) for n in _KERNEL_INPUTS}
-    return observe_out(lambda out: fn(*(t[n] for n in _KERNEL_INPUTS), scale=x["scale"], out=out),
-                       tuple(x["q"].shape), x["q"].dtype, device, inputs=t)
-
-
 def _kernel_judge(case, obs):
     x = case.inputs
-    args, dtype = [x[n] for n in _KERNEL_INPUTS], x["q"].dtype
+    args, dtype = [x[n] for n in RUN._KERNEL_INPUTS], x["q"].dtype
     scale = x["scale"] if x["scale"] is not None else 1 / math.sqrt(x["q"].shape[-1])
     ref = lambda s=scale, variant="": ref_paged_attention(*args, s, variant=variant)  # noqa: E731
     want, variants = ref(), [
@@ -847,7 +726,7 @@ def _kernel_judge(case, obs):
         compare(outputs["out"], want, dtype=dtype, name="out"), outputs["out"], variants, tensor_match(dtype)))
 
 
-PAGED_ATTENTION = Exercise("paged_decode_attention", 4, ("paged_decode_attention",), _kernel_cases, _kernel_run,
+PAGED_ATTENTION = Exercise("paged_decode_attention", 4, ("paged_decode_attention",), _kernel_cases, RUN._kernel_run,
                            _kernel_judge, title="Triton: decode attention over a paged KV cache",
                            hint="One program per (sequence, head). Loop j over cdiv(seq_len, BLOCK_SIZE): block = "
                                 "load(block_tables[seq, j]); keys at k_cache[block, slot, head // GROUP, :] for the "
@@ -880,5 +759,5 @@ def _bench_baseline(inp):
 
 BENCHMARKS = [Benchmark(f"paged decode attention B={b} ctx={ctx} H=32/KV=8 D=128 fp16 vs gather + SDPA",
                         "paged_decode_attention", _bench_make(b, ctx),
-                        lambda fn, inp: fn(*(inp[n] for n in _KERNEL_INPUTS)), _bench_baseline)
+                        lambda fn, inp: fn(*(inp[n] for n in RUN._KERNEL_INPUTS)), _bench_baseline)
               for b, ctx in ((8, 4096), (64, 2048))]

@@ -11,22 +11,19 @@ cases: one per rule (a case's name starts with its rule, before ':'), the same r
 """
 from __future__ import annotations
 
-import tracemalloc
-import weakref
-
 import torch
 
-from gpulab.compare import compare, padded
-from gpulab.launches import record_allocations
+from gpulab.compare import compare
 from gpulab.peaks import Peaks
-from gpulab.prefetch import RecordingTransfers
-from grader.exercise import Benchmark, Case, Exercise, entry, to_cpu
+from grader.exercise import Benchmark, Case, Exercise
 from grader.kit.cases import choice, randint, randn, uniform
 from grader.kit.close import close
-from grader.kit.kernels import judge_kernel, observe_kernel, torch_ops_verdict, wrapper_torch_ops
+from grader.kit.kernels import judge_kernel, torch_ops_verdict
 from grader.kit.variants import diagnose
+from grader.runs import run_side
 
 LAB = "15_gpu_algorithms"
+RUN = run_side(LAB)  # the learner side: grader/runs/15_gpu_algorithms.py
 TITLE = "GPU algorithms: top-K, k-means, vector search, trees, pipelines"
 
 _YOURS_IS, _YOURS_COUNTS = "\n  Yours is {}.", "\n  Yours counts {}."
@@ -86,36 +83,6 @@ def _heap_cases(gen, public):
             case("a long stream", [500] * 30, randint(gen, 3, 8), randn(gen, 15000))]
 
 
-def _one_at_a_time(chunks: list):
-    """A generator handing out ``chunks`` (which it empties: only the consumer can keep one alive), and a dict whose
-    "kept" is the most chunks kept alive at once besides the current one and the one before it."""
-    alive, state = [], {"kept": 0}   # weak references to the chunks handed out
-
-    def stream():
-        for j in range(len(chunks)):
-            chunk, chunks[j] = chunks[j], None
-            state["kept"] = max(state["kept"], sum(r() is not None for r in alive[:max(0, j - 1)]))
-            alive.append(weakref.ref(chunk))
-            yield chunk
-            del chunk
-
-    return stream(), state
-
-
-def _heap_run(ns, case, device):
-    stream, state = _one_at_a_time([c.clone() for c in case.inputs["chunks"]])
-    tracemalloc.start()   # Python objects only: a list of every value shows, a heap of k entries does not
-    try:
-        got = entry(ns, "heap_topk")(stream, case.inputs["k"])
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    try:
-        return {"pairs": [(float(v), int(i)) for v, i in got], "kept": state["kept"], "peak": peak}
-    except (TypeError, ValueError):
-        return {"bad": f"{type(got).__name__}: {str(got)[:80]}"}
-
-
 def _heap_judge(case, obs):
     chunks, k = case.inputs["chunks"], case.inputs["k"]
     if "bad" in obs:
@@ -143,7 +110,7 @@ def _heap_judge(case, obs):
                     got, variants, lambda a, b: a == b, _YOURS_IS.replace("is", "has"))
 
 
-HEAP_TOPK = Exercise("heap_topk", 2, ("heap_topk",), _heap_cases, _heap_run, _heap_judge,
+HEAP_TOPK = Exercise("heap_topk", 2, ("heap_topk",), _heap_cases, RUN._heap_run, _heap_judge,
                      title="Streaming top-K on the CPU: a heap of k entries",
                      hint="Keep a min-heap of k entries (value, -index): its root is the one to evict next (the "
                           "smallest value; among equal values the higher index). Offset each chunk's indices by the "
@@ -175,14 +142,6 @@ def _stream_cases(gen, public):
             case("negative values", 2, [5, 5, 5], randint(gen, 2, 6), _ints(gen, 2, 15, lo=-5, hi=-1)),
             case("one chunk", 2, [10], randint(gen, 1, 10), _ints(gen, 2, 10, hi=4)),
             case("zeros of both signs", 2, [4, 4, 4], randint(gen, 6, 10), _signed_zeros(gen, 2, 12))]
-
-
-def _stream_run(ns, case, device):
-    stream, state = _one_at_a_time([c.to(device, copy=True) for c in case.inputs["chunks"]])
-    got = entry(ns, "streaming_topk")(stream, case.inputs["k"])
-    if not isinstance(got, (tuple, list)) or len(got) != 2:
-        return {"bad": type(got).__name__}
-    return {"values": to_cpu(got[0]), "indices": to_cpu(got[1]), "kept": state["kept"]}
 
 
 def _pair_judge(case, obs, name, values, k):
@@ -224,7 +183,7 @@ def _stream_judge(case, obs):
     return verdict
 
 
-STREAMING_TOPK = Exercise("streaming_topk", 3, ("streaming_topk",), _stream_cases, _stream_run, _stream_judge,
+STREAMING_TOPK = Exercise("streaming_topk", 3, ("streaming_topk",), _stream_cases, RUN._stream_run, _stream_judge,
                           title="Streaming top-K in batches: torch.topk merges, exact on ties",
                           hint="Keep running (R, k) values and global column indices; for each chunk, concatenate "
                                "them with the chunk (indices offset + arange(C)) and keep the top k. torch.topk may "
@@ -250,20 +209,6 @@ def _kernel_cases(gen, public):
             case("negative values", 3, 48, randint(gen, 2, 8), _ints(gen, 3, 48, lo=-6, hi=-1)),
             case("k close to the width", 2, 9, randint(gen, 6, 9), _ints(gen, 2, 9, hi=3)),
             case("rows of a wider tensor", 3, 40, randint(gen, 2, 6), randn(gen, 3, 40), pad=randint(gen, 1, 24))]
-
-
-def _kernel_run(ns, case, device):
-    x, k, pad, fn = case.inputs["x"], case.inputs["k"], case.inputs.get("pad", 0), entry(ns, "topk_rows")
-    r, n = x.shape
-    # A row-strided view: NaN between the rows, so a kernel that assumes rows n apart reads them.
-    base = padded(torch.cat([x, torch.full((r, pad), float("nan"))], 1), device)   # (R, N + pad)
-    view = base[:, :n]                                                                # (R, N), stride(0) = N + pad
-    call = observe_kernel(lambda values, indices: fn(view, k, values=values, indices=indices),
-                          {"values": ((r, k), torch.float32), "indices": ((r, k), torch.int64)}, device,
-                          inputs={"x": base}, watch=lambda bufs: wrapper_torch_ops())
-    obs = {**call.as_obs(), "torch_ops": call.watched}
-    obs["inputs_after"] = {"x": obs["inputs_after"]["x"][:, :n]}   # the (R, N) the learner was given
-    return obs
 
 
 def triton_block(n: int) -> int:
@@ -305,7 +250,7 @@ def _kernel_judge(case, obs):
                                 "(values, indices) (the check passes buffers pre-filled with poison).")
 
 
-TOPK_KERNEL = Exercise("topk_kernel", 4, ("topk_rows",), _kernel_cases, _kernel_run, _kernel_judge,
+TOPK_KERNEL = Exercise("topk_kernel", 4, ("topk_rows",), _kernel_cases, RUN._kernel_run, _kernel_judge,
                        title="Triton: per-row top-K for a small K",
                        hint="One program per row: load the row (masked, other=-inf); K times: m = max(x); i = "
                             "min(where(x == m, cols, BLOCK_N)) (the lowest column holding it); store m and i; x = "
@@ -333,15 +278,6 @@ def _assign_cases(gen, public):
             case("float points", randn(gen, randint(gen, 50, 200), 16), randn(gen, randint(gen, 3, 12), 16)),
             case("points far from the origin", randn(gen, 80, 4) + 20, randn(gen, 5, 4) + 20),
             case("one centroid", randn(gen, 20, 3), randn(gen, 1, 3))]
-
-
-def _assign_run(ns, case, device):
-    x, c = case.inputs["x"].to(device), case.inputs["c"].to(device)
-    with record_allocations() as made:
-        got = entry(ns, "kmeans_assign")(x, c)
-    if not isinstance(got, (tuple, list)) or len(got) != 2:
-        return {"bad": type(got).__name__}
-    return {"labels": to_cpu(got[0]), "dist2": to_cpu(got[1]), "biggest": made.biggest}
 
 
 def _labels_verdict(name, got, x, c, exact: bool):
@@ -401,7 +337,7 @@ def _assign_judge(case, obs):
         "\n  Your dist2 matches {} instead.")
 
 
-KMEANS_ASSIGN = Exercise("kmeans_assign", 3, ("kmeans_assign",), _assign_cases, _assign_run, _assign_judge,
+KMEANS_ASSIGN = Exercise("kmeans_assign", 3, ("kmeans_assign",), _assign_cases, RUN._assign_run, _assign_judge,
                          title="k-means: the assignment as one matmul",
                          hint="d2 = (x * x).sum(1, keepdim=True) - 2 * x @ c.T + (c * c).sum(1) (N, K); labels = "
                               "d2.argmin(1) (the first minimum: the lower centroid); dist2 = d2 at the labels, "
@@ -452,14 +388,6 @@ def _lloyd_cases(gen, public):
             case("more centroids than blobs", blobs(80, 2, 2), 5, 4, randint(gen, 0, 999))]
 
 
-def _lloyd_run(ns, case, device):
-    x = case.inputs
-    got = entry(ns, "kmeans")(x["x"].to(device), x["k"], x["iters"], x["seed"])
-    if not isinstance(got, (tuple, list)) or len(got) != 2:
-        return {"bad": type(got).__name__}
-    return {"centroids": to_cpu(got[0]), "labels": to_cpu(got[1])}
-
-
 def _lloyd_judge(case, obs):
     x, k, iters, seed = (case.inputs[n] for n in ("x", "k", "iters", "seed"))
     if "bad" in obs:
@@ -488,7 +416,7 @@ def _lloyd_judge(case, obs):
     return verdict
 
 
-KMEANS = Exercise("kmeans_lloyd", 2, ("kmeans",), _lloyd_cases, _lloyd_run, _lloyd_judge,
+KMEANS = Exercise("kmeans_lloyd", 2, ("kmeans",), _lloyd_cases, RUN._lloyd_run, _lloyd_judge,
                   title="k-means: Lloyd's iterations from a seeded start",
                   hint="c = x[randperm(N, generator=Generator().manual_seed(seed))[:k]]; each iteration: labels = "
                        "kmeans_assign(x, c)[0]; sums = zeros(K, D).index_add_(0, labels, x); counts = bincount(labels, "
@@ -528,15 +456,6 @@ def _cost_cases(gen, public):
                  peaks())]
 
 
-def _cost_run(ns, case, device):
-    x = case.inputs
-    got = entry(ns, "kmeans_step_cost")(x["n"], x["k"], x["d"], x["dtype_bytes"], x["fused"], Peaks(**x["peaks"]))
-    if not isinstance(got, dict):
-        return {"bad": type(got).__name__}
-    return {key: (got[key] if isinstance(got[key], (int, float, str)) else repr(got[key])) for key in
-            ("flops", "bytes", "intensity", "seconds", "bound") if key in got}
-
-
 def _cost_judge(case, obs):
     x = case.inputs
     n, k, d, nb, fused, peaks = x["n"], x["k"], x["d"], x["dtype_bytes"], x["fused"], Peaks(**x["peaks"])
@@ -573,7 +492,7 @@ def _cost_judge(case, obs):
     return None
 
 
-KMEANS_COST = Exercise("kmeans_roofline", 2, ("kmeans_step_cost",), _cost_cases, _cost_run, _cost_judge,
+KMEANS_COST = Exercise("kmeans_roofline", 2, ("kmeans_step_cost",), _cost_cases, RUN._cost_run, _cost_judge,
                        title="k-means on the roofline: FLOPs, bytes, intensity",
                        hint="flops = 2 n k d; bytes = (n d + k d) dtype_bytes + 8 n (+ 2 x 4 n k unfused: the "
                             "float32 distances written, then read by the argmin); seconds = max(flops / (TFLOP/s "
@@ -614,13 +533,6 @@ def _recall_cases(gen, public):
             case("truth with more than k columns", *draw(3, k, k, hit=0.6, beyond=True), k)]
 
 
-def _recall_run(ns, case, device):
-    x = case.inputs
-    got = entry(ns, "recall_at_k")(x["found"].to(device), x["truth"].to(device), x["k"])
-    return {"recall": got if isinstance(got, (int, float)) else float(got) if isinstance(got, torch.Tensor)
-            and got.numel() == 1 else repr(got)[:80]}
-
-
 def _recall_judge(case, obs):
     found, truth, k = case.inputs["found"], case.inputs["truth"], case.inputs["k"]
     q = found.shape[0]
@@ -651,7 +563,7 @@ def _recall_judge(case, obs):
                         ("a percentage: return the fraction, between 0 and 1", 100 * want)], close, _YOURS_IS)
 
 
-RECALL = Exercise("recall_at_k", 2, ("recall_at_k",), _recall_cases, _recall_run, _recall_judge,
+RECALL = Exercise("recall_at_k", 2, ("recall_at_k",), _recall_cases, RUN._recall_run, _recall_judge,
                   title="recall@k, counted right",
                   hint="hits = (truth[:, :k, None] == found[:, None, :k]).any(-1): (Q, k), each true neighbour found "
                        "or not (once, however often it is returned; -1 never matches); recall = hits.sum() / (Q k).")
@@ -701,17 +613,6 @@ def _ivf_cases(gen, public):
             case("lists shorter than k (-1 padding)", 30, 3, 8, 3, randint(gen, 12, 16), 1)]
 
 
-def _ivf_run(ns, case, device):
-    x = {n: (v.to(device) if isinstance(v, torch.Tensor) else v) for n, v in case.inputs.items()}
-    lists = entry(ns, "build_ivf")(x["x"], x["centroids"])
-    got = entry(ns, "ivf_search")(x["x"], x["centroids"], lists, x["queries"], x["k"], x["nprobe"])
-    try:
-        lists = [to_cpu(torch.as_tensor(lst)).long() for lst in lists]
-    except (TypeError, ValueError, RuntimeError):
-        lists = repr(type(lists))
-    return {"lists": lists, "ids": to_cpu(got)}
-
-
 def _ivf_judge(case, obs):
     x, c, q, k, nprobe = (case.inputs[n] for n in ("x", "centroids", "queries", "k", "nprobe"))
     ref = lambda **mistake: ref_ivf(x, c, q, k, nprobe, **mistake)  # noqa: E731
@@ -744,7 +645,7 @@ def _ivf_judge(case, obs):
                     lambda a, b: torch.equal(a, b), "\n  Your ids match {} instead.")
 
 
-IVF = Exercise("ivf_search", 3, ("build_ivf", "ivf_search"), _ivf_cases, _ivf_run, _ivf_judge,
+IVF = Exercise("ivf_search", 3, ("build_ivf", "ivf_search"), _ivf_cases, RUN._ivf_run, _ivf_judge,
                title="Vector search: an IVF index from the k-means",
                hint="build_ivf: labels = kmeans_assign(x, centroids)[0]; list j = nonzero(labels == j). ivf_search: "
                     "per query, the nprobe nearest centroids (a stable sort of the distances), the union of their "
@@ -772,15 +673,6 @@ def _hist_cases(gen, public):
             case("one feature", randint(gen, 20, 60), 1, choice(gen, [8, 32])),
             case("more bins than rows", randint(gen, 5, 12), 3, 32),
             case("squared loss (hessian 1)", randint(gen, 30, 80), 3, 8, logistic=False)]
-
-
-def _hist_run(ns, case, device):
-    x = {n: (v.to(device) if isinstance(v, torch.Tensor) else v) for n, v in case.inputs.items()}
-    bins = entry(ns, "bin_features")(x["x"], x["edges"])
-    got = entry(ns, "grad_histograms")(x["bins"], x["grad"], x["hess"], x["n_bins"])
-    if not isinstance(got, (tuple, list)) or len(got) != 2:
-        return {"binned": to_cpu(bins), "bad": type(got).__name__}
-    return {"binned": to_cpu(bins), "G": to_cpu(got[0]), "H": to_cpu(got[1])}
 
 
 def ref_histograms(bins, grad, hess, n_bins):
@@ -822,7 +714,8 @@ def _hist_judge(case, obs):
     return None
 
 
-HISTOGRAMS = Exercise("gbdt_histograms", 3, ("bin_features", "grad_histograms"), _hist_cases, _hist_run, _hist_judge,
+HISTOGRAMS = Exercise("gbdt_histograms", 3, ("bin_features", "grad_histograms"), _hist_cases, RUN._hist_run,
+                      _hist_judge,
                       title="Gradient-boosted trees: binning and gradient histograms",
                       hint="bin_features: (x[:, :, None] >= edges[None]).sum(-1), the number of edges <= x. "
                            "grad_histograms: a flat slot f * n_bins + bins[:, f] per (row, feature); "
@@ -873,15 +766,6 @@ def _split_cases(gen, public):
             case("many bins", 2, 64, lam(), 0.0)]
 
 
-def _split_run(ns, case, device):
-    x = case.inputs
-    got = entry(ns, "best_split")(x["G"].to(device), x["H"].to(device), x["lam"], x["gamma"])
-    try:
-        return {"split": [int(got[0]), int(got[1]), float(got[2])]}
-    except (TypeError, ValueError, IndexError):
-        return {"bad": repr(got)[:80]}
-
-
 def _split_judge(case, obs):
     G, H, lam, gamma = (case.inputs[n] for n in ("G", "H", "lam", "gamma"))
     if "bad" in obs:
@@ -906,7 +790,7 @@ def _split_judge(case, obs):
                          "to b included)", variant(after=False))], same, _YOURS_IS.replace("is", "uses"))
 
 
-BEST_SPLIT = Exercise("best_split", 3, ("best_split",), _split_cases, _split_run, _split_judge,
+BEST_SPLIT = Exercise("best_split", 3, ("best_split",), _split_cases, RUN._split_run, _split_judge,
                       title="Gradient-boosted trees: the best split from the histograms",
                       hint="GL, HL = G.cumsum(1)[:, :-1], H.cumsum(1)[:, :-1]; GR = G.sum(1) - GL, HR = H.sum(1) - HL; "
                            "gain = (GL^2/(HL+lam) + GR^2/(HR+lam) - G^2/(H+lam)) / 2 - gamma; the first argmax of the "
@@ -922,17 +806,6 @@ def _pipe_cases(gen, public):
     if public:
         return [case("", 4), case("", 2), case("", 1)]
     return [case("one batch", 1), case("two batches", 2), case("a longer stream", randint(gen, 5, 9))]
-
-
-def _pipe_run(ns, case, device):
-    batches = case.inputs["batches"]
-    io = RecordingTransfers(batches)
-    results = entry(ns, "prefetch_loop")(batches, io.step(lambda x: x.sum(0)), io)
-    try:
-        results = [to_cpu(r) for r in results]
-    except TypeError:
-        results = repr(results)[:80]
-    return {"log": io.log, "results": results}
 
 
 def _pipe_judge(case, obs):
@@ -999,7 +872,7 @@ def _pipe_judge(case, obs):
     return None
 
 
-PREFETCH = Exercise("prefetch_loop", 3, ("prefetch_loop",), _pipe_cases, _pipe_run, _pipe_judge,
+PREFETCH = Exercise("prefetch_loop", 3, ("prefetch_loop",), _pipe_cases, RUN._pipe_run, _pipe_judge,
                     title="A data pipeline that overlaps copies with compute",
                     hint="fetch(i) = io.to_device(io.pin(batches[i]), non_blocking=True, stream=io.copy_stream). Fetch "
                          "batch 0; then for each i: io.wait(io.copy_stream); x = the fetched batch; fetch batch i + 1 "

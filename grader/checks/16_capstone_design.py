@@ -47,12 +47,14 @@ from gpulab.reliability import (
     make_step_times,
 )
 from gpulab.serving import MODELS, ModelSpec, make_trace
-from grader.exercise import Case, Exercise, entry
+from grader.exercise import Case, Exercise
 from grader.kit.cases import choice, randint, uniform
 from grader.kit.close import close
 from grader.kit.variants import diagnose
+from grader.runs import run_side
 
 LAB = "16_capstone_design"
+RUN = run_side(LAB)  # the learner side: grader/runs/16_capstone_design.py
 TITLE = "Capstone: planning, capacity, reliability and MLOps"
 
 HEADROOM = 0.9          # a plan may use 90% of GPU memory: the rest is the allocator's, NCCL's and workspace
@@ -63,26 +65,6 @@ _YOURS = "\n  Yours counts {}."
 
 A100 = CLUSTERS["A100-80GB x 1024 (Selene-like, HDR InfiniBand)"]
 H100 = CLUSTERS["H100-80GB x 8192 (RoCE 400G)"]
-
-
-def _spec(x) -> ModelSpec:
-    return ModelSpec(**x)
-
-
-def _cluster(x) -> Cluster:
-    return Cluster(**x)
-
-
-def _layout(x) -> Layout:
-    return Layout(**x)
-
-
-def _work(x) -> Workload:
-    return Workload(**{**x, "prompt_len": tuple(x["prompt_len"]), "new_tokens": tuple(x["new_tokens"])})
-
-
-def _plain(obj) -> dict:
-    return dataclasses.asdict(obj)
 
 
 def _numbers(got, keys) -> dict | str:
@@ -162,8 +144,8 @@ _MEM_VARIANTS = (("no optimizer", "no optimizer states: Adam keeps an fp32 maste
 def _layout_case(rule, spec, seq, batch, cluster, layout):
     name = (f"{rule}: {spec.name}, sequence {seq}, batch {batch}, {cluster.n_gpus} x {cluster.gpu_bytes / 1e9:.0f} GB "
             f"GPUs in nodes of {cluster.gpus_per_node}; {layout}")
-    return Case(name, dict(spec=_plain(spec), seq_len=seq, global_batch=batch, cluster=_plain(cluster),
-                           layout=_plain(layout)))
+    return Case(name, dict(spec=RUN._plain(spec), seq_len=seq, global_batch=batch, cluster=RUN._plain(cluster),
+                           layout=RUN._plain(layout)))
 
 
 def _published_cases(*rows):
@@ -192,12 +174,6 @@ def _training_memory_cases(gen, public):
     return cases
 
 
-def _training_memory_run(ns, case, device):
-    x = case.inputs
-    got = entry(ns, "training_memory")(_spec(x["spec"]), x["seq_len"], _layout(x["layout"]))
-    return {"mem": got if isinstance(got, dict) else repr(got)}
-
-
 _MEM_HINTS = {
     "weights": "bf16 weights: 2 bytes per parameter of this GPU's n_params / (tp * pp); divided by dp at ZeRO-3.",
     "grads": "bf16 gradients: 2 bytes per parameter of this GPU's share; divided by dp from ZeRO-2 on.",
@@ -213,11 +189,10 @@ _MEM_HINTS = {
 
 def _training_memory_judge(case, obs):
     x = case.inputs
-    spec, layout = _spec(x["spec"]), _layout(x["layout"])
+    spec, layout = RUN._spec(x["spec"]), RUN._layout(x["layout"])
     return _judge_numbers("training_memory", obs["mem"], ref_training_memory(spec, x["seq_len"], layout),
                           lambda bug: ref_training_memory(spec, x["seq_len"], layout, bug=bug), _MEM_HINTS, case,
                           " bytes per GPU")
-
 
 
 # --- 2. step time -----------------------------------------------------------------------------------------
@@ -284,13 +259,6 @@ def _step_time_cases(gen, public):
     return cases
 
 
-def _step_time_run(ns, case, device):
-    x = case.inputs
-    got = entry(ns, "step_time")(_spec(x["spec"]), x["seq_len"], x["global_batch"], _layout(x["layout"]),
-                                 _cluster(x["cluster"]))
-    return {"time": got if isinstance(got, dict) else repr(got)}
-
-
 _TIME_HINTS = {
     "compute": "6 x n_params x tokens FLOPs per step (8 x with recomputation), over dp x tp x pp GPUs at "
                "peak_flops x mfu.",
@@ -308,10 +276,9 @@ _TIME_HINTS = {
 
 def _step_time_judge(case, obs):
     x = case.inputs
-    args = (_spec(x["spec"]), x["seq_len"], x["global_batch"], _layout(x["layout"]), _cluster(x["cluster"]))
+    args = (RUN._spec(x["spec"]), x["seq_len"], x["global_batch"], RUN._layout(x["layout"]), RUN._cluster(x["cluster"]))
     return _judge_numbers("step_time", obs["time"], ref_step_time(*args), lambda bug: ref_step_time(*args, bug=bug),
                           _TIME_HINTS, case, " s")
-
 
 
 # --- 3. feasibility ----------------------------------------------------------------------------------------
@@ -338,8 +305,8 @@ def ref_layout_problems(spec, seq_len, global_batch, layout, cluster, *, bug: st
 def _with_control(case: Case, layout: Layout, cluster: Cluster) -> Case:
     """``case`` plus a control layout of the other verdict (same model and batch), so an answer that accepts or
     rejects everything fails every case."""
-    return dataclasses.replace(case, inputs=dict(case.inputs, control=dict(layout=_plain(layout),
-                                                                           cluster=_plain(cluster))))
+    return dataclasses.replace(case, inputs=dict(case.inputs, control=dict(layout=RUN._plain(layout),
+                                                                           cluster=RUN._plain(cluster))))
 
 
 def _layout_problems_cases(gen, public):
@@ -381,26 +348,8 @@ def _layout_problems_cases(gen, public):
     return [_with_control(cases[0], across, a100)] + [_with_control(c, gpt3_layout, a100) for c in cases[1:]]
 
 
-def _layout_problems_run(ns, case, device):
-    x = case.inputs
-    fn = entry(ns, "layout_problems")
-
-    def ask(layout, cluster):
-        got = fn(_spec(x["spec"]), x["seq_len"], x["global_batch"], _layout(layout), _cluster(cluster))
-        return [str(p) for p in got] if isinstance(got, (list, tuple)) else repr(got)
-
-    def memory(layout):  # the learner's own memory model (exercise 1), to name a memory mistake; None without it
-        try:
-            return float(ns["training_memory"](_spec(x["spec"]), x["seq_len"], _layout(layout))["total"])
-        except Exception:  # noqa: BLE001 (not written yet, or wrong: the verdict does not depend on it)
-            return None
-    return {"problems": ask(x["layout"], x["cluster"]), "memory": memory(x["layout"]),
-            "control": ask(x["control"]["layout"], x["control"]["cluster"]),
-            "control_memory": memory(x["control"]["layout"])}
-
-
 def _judge_problems(x, layout, cluster, got, name, memory) -> str | None:
-    args = (_spec(x["spec"]), x["seq_len"], x["global_batch"], layout, cluster)
+    args = (RUN._spec(x["spec"]), x["seq_len"], x["global_batch"], layout, cluster)
     want = ref_layout_problems(*args)
     if not isinstance(got, list):
         return f"layout_problems must return a list of strings (empty when the layout can run), got {got}."
@@ -430,8 +379,8 @@ def _judge_problems(x, layout, cluster, got, name, memory) -> str | None:
 
 def _layout_problems_judge(case, obs):
     x, control = case.inputs, case.inputs["control"]
-    lay, cl = _layout(control["layout"]), _cluster(control["cluster"])
-    return _judge_problems(x, _layout(x["layout"]), _cluster(x["cluster"]), obs["problems"], case.name,
+    lay, cl = RUN._layout(control["layout"]), RUN._cluster(control["cluster"])
+    return _judge_problems(x, RUN._layout(x["layout"]), RUN._cluster(x["cluster"]), obs["problems"], case.name,
                            obs.get("memory")) or \
         _judge_problems(x, lay, cl, obs["control"], f"{lay} on {cl.n_gpus} GPUs (the same model and batch)",
                         obs.get("control_memory"))
@@ -472,8 +421,8 @@ def ref_plan_training(spec, seq_len, global_batch, cluster) -> tuple:
 def _plan_training_cases(gen, public):
     def case(rule, name, spec, seq, batch, cluster, published=None):
         return Case(f"{rule}: {name}, sequence {seq}, batch {batch}, {cluster.n_gpus} GPUs",
-                    dict(spec=_plain(spec), seq_len=seq, global_batch=batch, cluster=_plain(cluster),
-                         published=None if published is None else _plain(published)))
+                    dict(spec=RUN._plain(spec), seq_len=seq, global_batch=batch, cluster=RUN._plain(cluster),
+                         published=None if published is None else RUN._plain(published)))
 
     if public:
         return [case("a published run", name, spec, seq, batch, cl, lay)
@@ -483,25 +432,6 @@ def _plan_training_cases(gen, public):
     return [case("a published run", "GPT-3 175B", *gpt3[:4], gpt3[4]),
             case("a mid-size model", spec.name, spec, 4096, 64 * randint(gen, 4, 16), H100.with_gpus(
                 choice(gen, (64, 128, 256))))]
-
-
-def _plan_training_run(ns, case, device):
-    x = case.inputs
-    spec, cluster = _spec(x["spec"]), _cluster(x["cluster"])
-    out = entry(ns, "plan_training")(spec, x["seq_len"], x["global_batch"], cluster)
-    obs = {"plan": repr(out)}
-    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], Layout):
-        obs = {"plan": _plain(out[0]), "why": str(out[1])}
-    if x["published"] is not None:  # the learner's own model must call the published layout good
-        pub = _layout(x["published"])
-        obs["published_problems"] = [str(p) for p in entry(ns, "layout_problems")(spec, x["seq_len"],
-                                                                                  x["global_batch"], pub, cluster)]
-        obs["published_time"] = float(entry(ns, "step_time")(spec, x["seq_len"], x["global_batch"], pub,
-                                                             cluster)["total"])
-        if isinstance(obs["plan"], dict):
-            obs["plan_time"] = float(entry(ns, "step_time")(spec, x["seq_len"], x["global_batch"],
-                                                            _layout(obs["plan"]), cluster)["total"])
-    return obs
 
 
 def _plan_against_reference(name: str, plan, case, args, problems, step, planner) -> tuple | str:
@@ -523,20 +453,20 @@ def _planned_layout(name: str, plan, case, problems) -> Layout | str:
             plan["zero"] not in (0, 1, 2, 3) or not isinstance(plan["recompute"], bool):
         return (f"{name} returned {plan}: dp, tp, pp, ep and micro_batch must be positive ints, zero one of 0-3 and "
                 "recompute a bool.")
-    lay = _layout(plan)
+    lay = RUN._layout(plan)
     found = problems(lay)
     return f"{name} chose {lay} for {case.name}, which cannot run: {'; '.join(found)}." if found else lay
 
 
 def _plan_training_judge(case, obs):
     x = case.inputs
-    spec, cluster = _spec(x["spec"]), _cluster(x["cluster"])
+    spec, cluster = RUN._spec(x["spec"]), RUN._cluster(x["cluster"])
     got = _plan_against_reference("plan_training", obs["plan"], case, (spec, x["seq_len"], x["global_batch"], cluster),
                                   ref_layout_problems, ref_step_time, ref_plan_training)
     if isinstance(got, str):
         return got
     lay, t, best, t_best = got
-    published = None if x["published"] is None else _layout(x["published"])
+    published = None if x["published"] is None else RUN._layout(x["published"])
     if t > (1 + PLAN_RTOL) * t_best and lay != published:
         return (f"plan_training chose {lay}: {t:.3f} s per step in the model, but {best} takes {t_best:.3f} s "
                 f"for {case.name}. Search every tp dividing the node, pp dividing the rest, the microbatch size, "
@@ -556,9 +486,6 @@ def _plan_training_judge(case, obs):
 
 
 # --- 4b. mixture of experts: expert parallelism ---------------------------------------------------------------
-
-def _moe_spec(x) -> ModelSpec:
-    return MoESpec(**x) if "num_experts" in x else ModelSpec(**x)
 
 
 def ref_moe_training_memory(spec: MoESpec, seq_len: int, layout: Layout, *, bug: str = "") -> dict:
@@ -623,15 +550,9 @@ def _moe_training_memory_cases(gen, public):
     return cases
 
 
-def _moe_training_memory_run(ns, case, device):
-    x = case.inputs
-    got = entry(ns, "moe_training_memory")(_moe_spec(x["spec"]), x["seq_len"], _layout(x["layout"]))
-    return {"mem": got if isinstance(got, dict) else repr(got)}
-
-
 def _moe_training_memory_judge(case, obs):
     x = case.inputs
-    spec, layout = _moe_spec(x["spec"]), _layout(x["layout"])
+    spec, layout = RUN._moe_spec(x["spec"]), RUN._layout(x["layout"])
     return _judge_numbers("moe_training_memory", obs["mem"], ref_moe_training_memory(spec, x["seq_len"], layout),
                           lambda bug: ref_moe_training_memory(spec, x["seq_len"], layout, bug=bug), _MOE_MEM_HINTS,
                           case, " bytes per GPU")
@@ -705,16 +626,10 @@ def _moe_step_time_cases(gen, public):
             for rule, lay in (("EP inside a node or across", lay), ("EP across nodes", cross))]
 
 
-def _moe_step_time_run(ns, case, device):
-    x = case.inputs
-    got = entry(ns, "moe_step_time")(_moe_spec(x["spec"]), x["seq_len"], x["global_batch"], _layout(x["layout"]),
-                                     _cluster(x["cluster"]))
-    return {"time": got if isinstance(got, dict) else repr(got)}
-
-
 def _moe_step_time_judge(case, obs):
     x = case.inputs
-    args = (_moe_spec(x["spec"]), x["seq_len"], x["global_batch"], _layout(x["layout"]), _cluster(x["cluster"]))
+    args = (RUN._moe_spec(x["spec"]), x["seq_len"], x["global_batch"], RUN._layout(x["layout"]),
+            RUN._cluster(x["cluster"]))
     return _judge_numbers("moe_step_time", obs["time"], ref_moe_step_time(*args),
                           lambda bug: ref_moe_step_time(*args, bug=bug), _MOE_TIME_HINTS, case, " s")
 
@@ -755,20 +670,6 @@ def _moe_layout_problems_cases(gen, public):
         [_with_control(c, *control) for c in rest]
 
 
-def _moe_layout_problems_run(ns, case, device):
-    x = case.inputs
-    fn = entry(ns, "moe_layout_problems")
-
-    def ask(layout, cluster):
-        got = fn(_moe_spec(x["spec"]), x["seq_len"], x["global_batch"], _layout(layout), _cluster(cluster))
-        return [str(p) for p in got] if isinstance(got, (list, tuple)) else repr(got)
-    control_spec = MIXTRAL_8X7B if "num_experts" not in x["spec"] else _moe_spec(x["spec"])
-    got = fn(control_spec, x["seq_len"], x["global_batch"], _layout(x["control"]["layout"]),
-             _cluster(x["control"]["cluster"]))
-    return {"problems": ask(x["layout"], x["cluster"]),
-            "control": [str(p) for p in got] if isinstance(got, (list, tuple)) else repr(got)}
-
-
 def _judge_moe_problems(spec, x, layout, cluster, got, name) -> str | None:
     want = ref_moe_layout_problems(spec, x["seq_len"], x["global_batch"], layout, cluster)
     if not isinstance(got, list):
@@ -792,11 +693,11 @@ def _judge_moe_problems(spec, x, layout, cluster, got, name) -> str | None:
 
 def _moe_layout_problems_judge(case, obs):
     x, control = case.inputs, case.inputs["control"]
-    control_spec = MIXTRAL_8X7B if "num_experts" not in x["spec"] else _moe_spec(x["spec"])
-    return _judge_moe_problems(_moe_spec(x["spec"]), x, _layout(x["layout"]), _cluster(x["cluster"]),
+    control_spec = MIXTRAL_8X7B if "num_experts" not in x["spec"] else RUN._moe_spec(x["spec"])
+    return _judge_moe_problems(RUN._moe_spec(x["spec"]), x, RUN._layout(x["layout"]), RUN._cluster(x["cluster"]),
                                obs["problems"], case.name) or \
-        _judge_moe_problems(control_spec, x, _layout(control["layout"]), _cluster(control["cluster"]),
-                            obs["control"], f"{_layout(control['layout'])} for {control_spec.name}")
+        _judge_moe_problems(control_spec, x, RUN._layout(control["layout"]), RUN._cluster(control["cluster"]),
+                            obs["control"], f"{RUN._layout(control['layout'])} for {control_spec.name}")
 
 
 @lru_cache(maxsize=8)
@@ -813,7 +714,8 @@ def ref_plan_moe_training(spec, seq_len, global_batch, cluster) -> tuple:
 def _plan_moe_training_cases(gen, public):
     def case(rule, seq, batch, n_gpus):
         return Case(f"{rule}: Mixtral-8x7B, sequence {seq}, batch {batch}, {n_gpus} H100s",
-                    dict(spec=_plain(MIXTRAL_8X7B), seq_len=seq, global_batch=batch, cluster=_plain(_moe_cluster(
+                    dict(spec=RUN._plain(MIXTRAL_8X7B), seq_len=seq, global_batch=batch,
+                         cluster=RUN._plain(_moe_cluster(
                         n_gpus))))
 
     if public:
@@ -822,18 +724,9 @@ def _plan_moe_training_cases(gen, public):
             case("a small cluster", 2048, 64 * choice(gen, (4, 8)), 64)]
 
 
-def _plan_moe_training_run(ns, case, device):
-    x = case.inputs
-    out = entry(ns, "plan_moe_training")(_moe_spec(x["spec"]), x["seq_len"], x["global_batch"],
-                                         _cluster(x["cluster"]))
-    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], Layout):
-        return {"plan": _plain(out[0]), "why": str(out[1])}
-    return {"plan": repr(out)}
-
-
 def _plan_moe_training_judge(case, obs):
     x = case.inputs
-    args = (_moe_spec(x["spec"]), x["seq_len"], x["global_batch"], _cluster(x["cluster"]))
+    args = (RUN._moe_spec(x["spec"]), x["seq_len"], x["global_batch"], RUN._cluster(x["cluster"]))
     got = _plan_against_reference("plan_moe_training", obs["plan"], case, args, ref_moe_layout_problems,
                                   ref_moe_step_time, ref_plan_moe_training)
     if isinstance(got, str):
@@ -849,7 +742,6 @@ def _plan_moe_training_judge(case, obs):
     if len(obs["why"].split()) < 5:
         return "plan_moe_training's explanation is missing: say why this layout (EP, memory per GPU, step time)."
     return None
-
 
 
 # --- 5. serving memory -------------------------------------------------------------------------------------
@@ -882,7 +774,7 @@ _SERVE_HINTS = {"weights": "n_params x weight_bytes / tp: each GPU of the replic
 def _serving_memory_cases(gen, public):
     def case(rule, spec, tp, batch, context, wb, kvb):
         return Case(f"{rule}: {spec.name}, TP={tp}, {batch} sequences of {context} tokens, weights {wb} B, KV {kvb} B",
-                    dict(spec=_plain(spec), tp=tp, batch=batch, context=context, weight_bytes=wb, kv_bytes=kvb))
+                    dict(spec=RUN._plain(spec), tp=tp, batch=batch, context=context, weight_bytes=wb, kv_bytes=kvb))
 
     if public:
         return [case("MHA", GPT3_175B, 8, 64, 536, 1, 1), case("GQA", MODELS["Llama-2-70B"], 4, 32, 4096, 2, 2),
@@ -894,19 +786,11 @@ def _serving_memory_cases(gen, public):
             case("fewer KV heads than GPUs", MODELS["Mistral-7B"], 16, randint(gen, 1, 64), 4096, 1, 1)]
 
 
-def _serving_memory_run(ns, case, device):
-    x = case.inputs
-    got = entry(ns, "serving_memory")(_spec(x["spec"]), x["tp"], x["batch"], x["context"], x["weight_bytes"],
-                                      x["kv_bytes"])
-    return {"mem": got if isinstance(got, dict) else repr(got)}
-
-
 def _serving_memory_judge(case, obs):
     x = case.inputs
-    args = (_spec(x["spec"]), x["tp"], x["batch"], x["context"], x["weight_bytes"], x["kv_bytes"])
+    args = (RUN._spec(x["spec"]), x["tp"], x["batch"], x["context"], x["weight_bytes"], x["kv_bytes"])
     return _judge_numbers("serving_memory", obs["mem"], ref_serving_memory(*args),
                           lambda bug: ref_serving_memory(*args, bug=bug), _SERVE_HINTS, case, " bytes per GPU")
-
 
 
 # --- 6. the serving plan -----------------------------------------------------------------------------------
@@ -947,8 +831,8 @@ def _plan_serving_cases(gen, public):
     def case(rule, spec, work):
         return Case(f"{rule}: {spec.name} at {work.rate:g} requests/s, prompts {work.prompt_len}, outputs "
                     f"{work.new_tokens} tokens, p99 < {work.p99_s:g} s, weights {work.weight_bytes:g} B, KV "
-                    f"{work.kv_bytes:g} B per value", dict(spec=_plain(spec), work=_plain(work),
-                                                            cluster=_plain(H100.with_gpus(512))))
+                    f"{work.kv_bytes:g} B per value", dict(spec=RUN._plain(spec), work=RUN._plain(work),
+                                                            cluster=RUN._plain(H100.with_gpus(512))))
 
     if public:
         return [case("the interview's case", GPT3_175B, SERVE_175B),
@@ -958,19 +842,10 @@ def _plan_serving_cases(gen, public):
                                                                         (8, 32), 1.0, 2.0, 2.0))]
 
 
-def _plan_serving_run(ns, case, device):
-    x = case.inputs
-    got = entry(ns, "plan_serving")(_spec(x["spec"]), Workload(**x["work"]), _cluster(x["cluster"]))
-    try:
-        return {"plan": {k: int(got[k]) for k in ("tp", "replicas", "max_batch")}}
-    except (TypeError, KeyError, ValueError, IndexError):
-        return {"plan": repr(got)}
-
-
 def _plan_serving_judge(case, obs):
     x = case.inputs
-    spec, cluster = _spec(x["spec"]), _cluster(x["cluster"])
-    work = _work(x["work"])
+    spec, cluster = RUN._spec(x["spec"]), RUN._cluster(x["cluster"])
+    work = RUN._work(x["work"])
     plan = obs["plan"]
     if not isinstance(plan, dict) or not all(isinstance(plan[k], int) and plan[k] > 0 for k in plan):
         return f"plan_serving must return {{'tp': int, 'replicas': int, 'max_batch': int}}, got {plan}."
@@ -1080,7 +955,7 @@ def _prefill_decode_split_cases(gen, public):
     def case(rule, spec, work, tp, batch):
         return Case(f"{rule}: {spec.name} at {work.rate:g} requests/s, prompts {work.prompt_len}, outputs "
                     f"{work.new_tokens}, TP={tp}, decode batch {batch}, weights {work.weight_bytes:g} B, KV "
-                    f"{work.kv_bytes:g} B", dict(spec=_plain(spec), work=_plain(work), cluster=_plain(
+                    f"{work.kv_bytes:g} B", dict(spec=RUN._plain(spec), work=RUN._plain(work), cluster=RUN._plain(
                         H100.with_gpus(512)), tp=tp, decode_batch=batch))
 
     long_prompts = Workload(8.0, (1024, 4096), (64, 256), 4.0, 2.0, 2.0)
@@ -1094,20 +969,11 @@ def _prefill_decode_split_cases(gen, public):
                  choice(gen, (8, 16, 32)))]
 
 
-def _prefill_decode_split_run(ns, case, device):
-    x = case.inputs
-    got = entry(ns, "prefill_decode_split")(_spec(x["spec"]), _work(x["work"]), _cluster(x["cluster"]), x["tp"],
-                                            x["decode_batch"])
-    return {"split": got if isinstance(got, dict) else repr(got)}
-
-
 def _prefill_decode_split_judge(case, obs):
     x = case.inputs
-    args = (_spec(x["spec"]), _work(x["work"]), _cluster(x["cluster"]), x["tp"], x["decode_batch"])
+    args = (RUN._spec(x["spec"]), RUN._work(x["work"]), RUN._cluster(x["cluster"]), x["tp"], x["decode_batch"])
     return _judge_numbers("prefill_decode_split", obs["split"], ref_prefill_decode_split(*args),
                           lambda bug: ref_prefill_decode_split(*args, bug=bug), _PD_HINTS, case)
-
-
 
 
 # --- 7. 7B on 4 GPUs -----------------------------------------------------------------------------------------
@@ -1132,19 +998,13 @@ def ref_four_gpu_options(spec, cluster, work, batch, *, bug: str = "") -> dict:
 def _four_gpu_options_cases(gen, public):
     def case(rule, spec, batch):
         return Case(f"{rule}: {spec.name}, batch {batch} per group, {work.new_tokens[1]} new tokens",
-                    dict(spec=_plain(spec), cluster=_plain(H100.with_gpus(4)), work=_plain(work), batch=batch))
+                    dict(spec=RUN._plain(spec), cluster=RUN._plain(H100.with_gpus(4)), work=RUN._plain(work),
+                         batch=batch))
     work = Workload(10.0, (128, 1024), (64, 256), 1.0, 2.0, 2.0)
     if public:
         return [case("one sequence", MODELS["Llama-2-7B"], 1), case("a batch", MODELS["Mistral-7B"], 32)]
     return [case("one sequence", choice(gen, [MODELS["Llama-2-7B"], MODELS["Llama-3-8B"]]), 1),
             case("a batch", choice(gen, [MODELS["Llama-2-7B"], MODELS["Mistral-7B"]]), randint(gen, 8, 64))]
-
-
-def _four_gpu_options_run(ns, case, device):
-    x = case.inputs
-    work = Workload(**x["work"])
-    got = entry(ns, "four_gpu_options")(_spec(x["spec"]), _cluster(x["cluster"]), work, x["batch"])
-    return {"got": {k: dict(v) for k, v in got.items()} if isinstance(got, dict) else repr(got)}
 
 
 _FOUR_HINTS = {"_variants": (
@@ -1157,8 +1017,8 @@ _FOUR_HINTS = {"_variants": (
 
 def _four_gpu_options_judge(case, obs):
     x = case.inputs
-    work = _work(x["work"])
-    args = (_spec(x["spec"]), _cluster(x["cluster"]), work, x["batch"])
+    work = RUN._work(x["work"])
+    args = (RUN._spec(x["spec"]), RUN._cluster(x["cluster"]), work, x["batch"])
     got = obs["got"]
     if not isinstance(got, dict):
         return f"four_gpu_options must return a dict of dicts, got {got}."
@@ -1168,7 +1028,6 @@ def _four_gpu_options_judge(case, obs):
         if wrong:
             return wrong
     return None
-
 
 
 # --- 8. ResNet-152: batching against a latency target ------------------------------------------------------
@@ -1200,12 +1059,6 @@ def _resnet_batch_cases(gen, public):
             case("a target no batch meets", 3e-3, 1e-3, 3000.0, uniform(gen, 0.001, 0.005))]
 
 
-def _resnet_batch_run(ns, case, device):
-    x = case.inputs
-    got = entry(ns, "resnet_batch")(x["t_fixed"], x["t_per_item"], x["rate"], x["slo"])
-    return {"got": dict(got) if isinstance(got, dict) else repr(got)}
-
-
 def _resnet_batch_judge(case, obs):
     x = case.inputs
     args = (x["t_fixed"], x["t_per_item"], x["rate"], x["slo"])
@@ -1226,7 +1079,6 @@ def _resnet_batch_judge(case, obs):
                     "latency = (b - 1) / rate (the first image waits for the b - 1 after it) + t_fixed + b t_per_item; "
                     "items_per_s = b / (t_fixed + b t_per_item).")
     return None
-
 
 
 # --- 8b. a slow multi-GPU deployment, methodically ------------------------------------------------------
@@ -1251,13 +1103,6 @@ def ref_diagnose_deployment(profile: dict) -> dict:
 def _diagnose_deployment_cases(gen, public):
     return [Case(f"{b}: {8 if public else 16} ranks", dict(profile={k: v for k, v in make_profile(
         randint(gen, 0, 2**31), b, 8 if public else 16).items() if k != "slow_rank"})) for b in BOTTLENECKS]
-
-
-def _diagnose_deployment_run(ns, case, device):
-    got = entry(ns, "diagnose_deployment")({k: v.clone() for k, v in case.inputs["profile"].items()})
-    if not isinstance(got, dict) or not {"bottleneck", "rank"} <= set(got):
-        return {"got": repr(got)}
-    return {"got": {"bottleneck": str(got["bottleneck"]), "rank": int(got["rank"])}}
 
 
 def _diagnose_deployment_judge(case, obs):
@@ -1294,11 +1139,6 @@ def _checkpoint_interval_cases(gen, public):
             case("one node", float(randint(gen, 5, 60)), float(randint(gen, 10_000, 100_000)), 8)]
 
 
-def _checkpoint_interval_run(ns, case, device):
-    x = case.inputs
-    return {"got": entry(ns, "checkpoint_interval")(x["ckpt_s"], x["gpu_mtbf_s"], x["n_gpus"])}
-
-
 def _checkpoint_interval_judge(case, obs):
     x = case.inputs
     c, m, n = x["ckpt_s"], x["gpu_mtbf_s"], x["n_gpus"]
@@ -1311,7 +1151,6 @@ def _checkpoint_interval_judge(case, obs):
         ("sqrt(C M): Young/Daly's factor 2 is missing", math.sqrt(c * m / n)),
         ("one GPU's MTBF: with n GPUs a failure comes n times as often", math.sqrt(2 * c * m)),
         ("sqrt(C M) with one GPU's MTBF", math.sqrt(c * m))], lambda g, w: close(g, w, 1e-6), "\n  Yours is {}.")
-
 
 
 # --- 10. elastic restart: re-shard a ZeRO checkpoint ---------------------------------------------------------
@@ -1327,15 +1166,6 @@ def _reshard_zero_cases(gen, public):
     return [case("shrink", randint(gen, 100, 5000), 8, choice(gen, (3, 5, 6, 7))),
             case("grow", randint(gen, 10, 500), choice(gen, (2, 3, 5)), choice(gen, (8, 16))),
             case("fewer elements than ranks", randint(gen, 1, 6), 2, 8)]
-
-
-def _reshard_zero_run(ns, case, device):
-    x = case.inputs
-    shards = [s.clone() for s in x["shards"]]
-    got = entry(ns, "reshard_zero")(shards, x["numel"], x["new_world"])
-    return {"got": [t.detach().cpu() if isinstance(t, torch.Tensor) else repr(t) for t in got]
-            if isinstance(got, (list, tuple)) else repr(got),
-            "inputs_kept": all(torch.equal(a, b) for a, b in zip(shards, x["shards"]))}
 
 
 def _reshard_zero_judge(case, obs):
@@ -1367,7 +1197,6 @@ def _reshard_zero_judge(case, obs):
     if not obs["inputs_kept"]:
         return "reshard_zero modified the old shards: a checkpoint is read, never written."
     return None
-
 
 
 # --- 11. stragglers and hangs -------------------------------------------------------------------------------
@@ -1406,13 +1235,6 @@ def _find_stragglers_cases(gen, public):
                  slowdown=1.3)]
 
 
-def _find_stragglers_run(ns, case, device):
-    got = entry(ns, "find_stragglers")(case.inputs["times"].clone())
-    if not isinstance(got, dict) or not {"stragglers", "hung"} <= set(got):
-        return {"got": repr(got)}
-    return {"got": {k: sorted(int(r) for r in got[k]) for k in ("stragglers", "hung")}}
-
-
 def _find_stragglers_judge(case, obs):
     times, got = case.inputs["times"], obs["got"]
     want = ref_find_stragglers(times)
@@ -1436,7 +1258,6 @@ def _find_stragglers_judge(case, obs):
                         "so only a rank slow step after step counts.")
         return message
     return None
-
 
 
 # --- 12. a diverging run ------------------------------------------------------------------------------------
@@ -1477,14 +1298,6 @@ def _diagnose_divergence_cases(gen, public):
     return [case(cause) for cause in CAUSES]
 
 
-def _diagnose_divergence_run(ns, case, device):
-    got = entry(ns, "diagnose_divergence")({k: v.clone() for k, v in case.inputs["trace"].items()})
-    if not isinstance(got, dict):
-        return {"got": repr(got)}
-    return {"got": {k: (str(v) if k == "cause" else int(v)) for k, v in got.items()
-                    if k in ("first_spike", "first_nan", "layer", "batch", "cause")}}
-
-
 _DIVERGE_HINTS = {
     "first_spike": f"the first step t >= {WINDOW} whose loss is NaN or > {SPIKE} x median(loss[t-{WINDOW}:t])",
     "first_nan": "the first step whose loss is NaN, -1 if none",
@@ -1507,7 +1320,6 @@ def _diagnose_divergence_judge(case, obs):
             return (f"diagnose_divergence: {key} = {got[key]!r}, expected {value!r} for {case.name}: "
                     f"{_DIVERGE_HINTS[key]}.")
     return None
-
 
 
 # --- 13. MLOps: the checklist and the canary ------------------------------------------------------------------
@@ -1572,14 +1384,6 @@ def _mlops_cases(gen, public):
     return cases
 
 
-def _mlops_run(ns, case, device):
-    x = case.inputs
-    if "scenario" in x:
-        got = entry(ns, "mlops_checklist")(x["scenario"])
-        return {"got": sorted(str(i) for i in got) if isinstance(got, (list, set, tuple)) else repr(got)}
-    return {"got": str(entry(ns, "rollout_decision")(dict(x["baseline"]), dict(x["canary"]), dict(x["slo"])))}
-
-
 def _mlops_judge(case, obs):
     x, got = case.inputs, obs["got"]
     if "scenario" in x:
@@ -1611,7 +1415,6 @@ def _mlops_judge(case, obs):
             f"p99 {c['p99_ms']:.0f} ms (target {x['slo']['p99_ms']:.0f}), PSI {c['psi']:.2f}; the error limit p + 3 "
             f"sqrt(p (1 - p) / n_canary) is {_error_limit(b, c):.3%}, not a fixed multiple of p. Too few requests: "
             "wait; an SLO, error-rate (over 3 standard errors) or drift (PSI >= 0.25) breach: rollback; else promote.")
-
 
 
 # --- the exercises: titles and hints, then the declarations ----------------------------------------
@@ -1726,6 +1529,6 @@ _POINTS = dict(training_memory=3, step_time=3, layout_problems=2, plan_training=
                reshard_zero=2, find_stragglers=2, diagnose_divergence=3, mlops=3)
 _ENTRIES = {"mlops": ("mlops_checklist", "rollout_decision")}  # names other than the exercise id
 
-EXERCISES = [Exercise(eid, points, _ENTRIES.get(eid, (eid,)), globals()[f"_{eid}_cases"], globals()[f"_{eid}_run"],
+EXERCISES = [Exercise(eid, points, _ENTRIES.get(eid, (eid,)), globals()[f"_{eid}_cases"], getattr(RUN, f"_{eid}_run"),
                       globals()[f"_{eid}_judge"], **_TEXT[eid]) for eid, points in _POINTS.items()]
 BENCHMARKS: list = []

@@ -3,7 +3,7 @@
 - :mod:`grader.kit.cases`: seeded case generation (``randint``, ``uniform``, ``choice``, ``randn``);
 - :mod:`grader.kit.close`: numeric closeness, one tolerance policy per kind of number;
 - :mod:`grader.kit.kernels`: one observed call of a kernel wrapper and the verdict ladder (labs 02-08);
-- :mod:`grader.kit.ranks`: learner code on real ranks, one policy for stubs, errors and hangs (labs 11-13);
+- :mod:`grader.runs.ranks`: learner code on real ranks, one policy for stubs, errors and hangs (labs 11-13);
 - :mod:`grader.kit.variants`: "your output matches the X variant instead".
 
 What an exercise *is* (``Exercise``, ``Case``, ``Benchmark``, ``Neutral``) lives in
