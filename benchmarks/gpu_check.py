@@ -215,6 +215,10 @@ def goal_verdicts(records: list[dict]) -> list[dict]:
             else:
                 why = rec.get("why") or (rec.get("result") or {}).get("error", "")
                 why_missing[lab] = f"its benchmark step {rec['status']}: {why}"
+    planned = {rec["name"].split(":", 1)[1] for rec in records if rec["name"].startswith("bench:")}
+    for goal in GOALS:
+        if goal.lab not in planned:
+            why_missing[goal.lab] = "its benchmark step is not in this run's plan (--tiny or --only)"
     return [verdict(goal, rows, why_missing) for goal in GOALS]
 
 
@@ -285,6 +289,22 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def record_notebook_times(records: list[dict], device: str) -> None:
+    """Each notebook's run time, added to ``.gpulab/notebook_times_<device>.json`` (what CI uploads)."""
+    times = {r["name"].split(":", 1)[1]: round(r["result"]["seconds"], 1) for r in records
+             if r["name"].startswith("notebook:") and r["status"] == "done" and r["result"].get("status") == "ok"}
+    if not times:
+        return
+    path = ROOT / ".gpulab" / f"notebook_times_{device}.json"
+    path.parent.mkdir(exist_ok=True)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    data.update(times)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True))
+
+
 # --- wheels carried for Jupyter --------------------------------------------------------------------------------
 
 PREINSTALLED = ("numpy", "torch", "triton", "nvidia")  # the machine's own builds: a carried copy must not shadow them
@@ -351,6 +371,7 @@ def main(argv=None) -> int:
     report["not_run"] = [r["name"] for r in records if r["status"] == "not run"]
     (out_dir / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     (out_dir / "gpu_check.md").write_text(markdown(report))
+    record_notebook_times(records, args.device)
     print(markdown(report))
     print(f"wrote {out_dir / 'gpu_check.json'} and gpu_check.md")
     return 1 if report["problems"] else 0

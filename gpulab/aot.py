@@ -131,6 +131,11 @@ _BRANCH = re.compile(r"\bBRA\s+(?:`\()?(0x[0-9a-f]+)")
 SCHEDULERS_PER_SM = 4  # warp schedulers per SM (Volta to Hopper): each issues one warp instruction per clock
 
 
+def instructions(sass: str) -> list[str]:
+    """Every instruction of ``sass`` in address order, ``NOP`` padding left out."""
+    return [text.strip() for _, text in _SASS_LINE.findall(sass) if not text.strip().startswith("NOP")]
+
+
 def main_loop(sass: str) -> list[str]:
     """The instructions of the longest loop in ``sass`` (a backward branch's target up to the branch,
     ``NOP`` padding left out): for a kernel that walks K, one K step."""
