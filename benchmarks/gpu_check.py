@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import subprocess
 import sys
 import time
@@ -289,22 +290,6 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def record_notebook_times(records: list[dict], device: str) -> None:
-    """Each notebook's run time, added to ``.gpulab/notebook_times_<device>.json`` (what CI uploads)."""
-    times = {r["name"].split(":", 1)[1]: round(r["result"]["seconds"], 1) for r in records
-             if r["name"].startswith("notebook:") and r["status"] == "done" and r["result"].get("status") == "ok"}
-    if not times:
-        return
-    path = ROOT / ".gpulab" / f"notebook_times_{device}.json"
-    path.parent.mkdir(exist_ok=True)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        data = {}
-    data.update(times)
-    path.write_text(json.dumps(data, indent=1, sort_keys=True))
-
-
 # --- wheels carried for Jupyter --------------------------------------------------------------------------------
 
 PREINSTALLED = ("numpy", "torch", "triton", "nvidia")  # the machine's own builds: a carried copy must not shadow them
@@ -346,7 +331,7 @@ def main(argv=None) -> int:
     out_dir = Path(args.out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     budget_s = args.budget if args.budget is not None else (TINY_BUDGET_S if args.tiny else DEFAULT_BUDGET_S)
-    env = dict(__import__("os").environ)
+    env = dict(os.environ)
     paths = [str(ROOT)]
     if args.wheels:
         site = ROOT / ".gpulab" / "wheels"
@@ -371,7 +356,6 @@ def main(argv=None) -> int:
     report["not_run"] = [r["name"] for r in records if r["status"] == "not run"]
     (out_dir / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     (out_dir / "gpu_check.md").write_text(markdown(report))
-    record_notebook_times(records, args.device)
     print(markdown(report))
     print(f"wrote {out_dir / 'gpu_check.json'} and gpu_check.md")
     return 1 if report["problems"] else 0
