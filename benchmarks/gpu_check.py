@@ -15,9 +15,9 @@ The steps run most informative first, each in a process of its own: the environm
 every kernel benchmark of labs 02-05, 08, 14 and 15 (output checked against the baseline, then timed);
 the exercises of those labs (public cases, then a real sandboxed ``python -m grader grade``); the
 CUDA-only lesson paths; then notebooks, most suspect first. A step starts only when its estimate fits
-in what is left of the budget, and is stopped when the budget ends. The run writes ``gpu_check.json``
-and ``gpu_check.md`` (a verdict per performance goal) to ``--out``; a figure appears there only when
-this run measured it.
+in what is left of the budget, and is stopped when the budget ends or at three times its estimate. The
+run writes ``gpu_check.json`` and ``gpu_check.md`` (a verdict per performance goal) to ``--out``; a figure
+appears there only when this run measured it.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project, importable as a script
 from gpulab.paths import ROOT  # noqa: E402
 
+OVERRUN = 3  # a step may take this many times its estimate before it is stopped
 DEFAULT_BUDGET_S = 540  # one 10-minute command, with a minute for start-up and the copy back
 TINY_BUDGET_S = 240
 
@@ -75,8 +76,8 @@ def plan(device: str, tiny: bool) -> list[Step]:
     from gpu_steps import KERNEL_LABS
 
     if tiny:  # the CPU smoke run: one of each kind, at CPU estimates
-        return [Step("environment", 20), Step("bench:02_triton_basics", 30), Step("exercises:02_triton_basics", 60),
-                Step("lesson-paths", 5), Step("notebook:solutions/01_performance_model.ipynb", 60)]
+        return [Step("environment", 30), Step("bench:02_triton_basics", 40), Step("exercises:02_triton_basics", 60),
+                Step("lesson-paths", 20), Step("notebook:solutions/01_performance_model.ipynb", 60)]
     steps = [Step("environment", 40)]
     steps += [Step(f"bench:{stem}", BENCH_ESTIMATE[stem]) for stem in KERNEL_LABS]
     steps.append(Step("exercises:02_triton_basics", 90))  # the real sandboxed grade of one kernel lab, early
@@ -155,8 +156,9 @@ def run_all(steps: list[Step], budget: Budget, device: str, tiny: bool, out_dir:
             records.append({**record, "status": "not run", "why": f"budget: {max(budget.left(), 0):.0f} s left, "
                                                                     f"the step needs about {step.estimate_s:.0f} s"})
             continue
-        limit = budget.left() if budget.seconds else 3600.0
-        print(f"[gpu-check] {step.name} (about {step.estimate_s:.0f} s; {limit:.0f} s left)", flush=True)
+        # A step that overruns its estimate threefold is stopped: one runaway step must not eat every later one.
+        limit = min(budget.left(), OVERRUN * step.estimate_s)
+        print(f"[gpu-check] {step.name} (about {step.estimate_s:.0f} s, stopped at {limit:.0f} s)", flush=True)
         start = time.monotonic()
         argv = [sys.executable, str(Path(__file__).resolve()), "--step", step.name, "--device", device,
                 "--out", str(out_dir), "--limit", f"{max(limit - 10, 1):.0f}"] + (["--tiny"] if tiny else [])
@@ -169,7 +171,8 @@ def run_all(steps: list[Step], budget: Budget, device: str, tiny: bool, out_dir:
                 record.update({"status": "error", "error": f"the step's process exited {proc.returncode} "
                                f"without a result", "output_tail": (proc.stdout + proc.stderr)[-3000:]})
         except subprocess.TimeoutExpired:
-            record.update({"status": "timeout", "why": f"stopped at the end of the budget ({limit:.0f} s)"})
+            record.update({"status": "timeout", "why": f"stopped after {limit:.0f} s (the budget's end or "
+                                                       f"{OVERRUN:g} x its estimate)"})
         record["seconds"] = time.monotonic() - start
         print(f"[gpu-check]   {record['status']} in {record['seconds']:.0f} s", flush=True)
         records.append(record)

@@ -155,9 +155,10 @@ def test_a_step_that_does_not_fit_the_budget_never_starts(tmp_path, monkeypatch)
     clock = FakeClock()
     started = []
 
-    def fake_run(argv, **kwargs):
+    def fake_run(argv, timeout, **kwargs):
         name = argv[argv.index("--step") + 1]
         started.append(name)
+        assert timeout == min(100 - clock.now, 3 * {"a": 40, "c": 30}[name])  # the budget's end or 3 x estimate
         clock.now += 50  # every step takes 50 s
         path = gpu_check._step_file(tmp_path, name)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -175,8 +176,9 @@ def test_a_step_that_does_not_fit_the_budget_never_starts(tmp_path, monkeypatch)
 def test_continue_keeps_finished_steps_and_runs_the_rest(tmp_path, monkeypatch):
     started = []
 
-    def fake_run(argv, **kwargs):
+    def fake_run(argv, timeout, **kwargs):
         started.append(argv[argv.index("--step") + 1])
+        assert timeout == 3  # no budget: three times the estimate
         return subprocess.CompletedProcess(argv, 1, "", "boom")  # no result file: an error record
 
     monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
