@@ -87,16 +87,8 @@ def benchmark(fn, *args, device=None, warmup: int = 3, repeats: int = 20,
         samples = triton.testing.do_bench(lambda: fn(*args, **kwargs), warmup=warmup_ms,
                                           rep=rep_ms, return_mode="all")
         return summarize(list(samples))
-    for _ in range(warmup):
-        fn(*args, **kwargs)
-    synchronize(device)
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(*args, **kwargs)
-        synchronize(device)
-        samples.append((time.perf_counter() - start) * 1e3)
-    return summarize(samples)
+    # one call per sample, synchronised: the host clock over back-to-back calls, one call at a time
+    return host_clock(lambda: fn(*args, **kwargs), device=device, calls=1, warmup=warmup, rounds=repeats)
 
 
 FLUSHES = ("zero", "read", "none")
