@@ -153,3 +153,11 @@ def read_the_case():
     while frame is not None and "case" not in frame.f_locals:
         frame = frame.f_back
     return frame.f_locals["case"] if frame is not None else None
+
+
+def mutant(sol: dict, stem: str, eid: str, old: str, new: str) -> dict:
+    """The solution namespace ``sol`` of lab ``stem`` with one piece of its answer to ``eid`` replaced
+    (a plausible bug), executed as a learner's cell would be."""
+    from grader.notebooks import exec_source
+
+    return exec_source(solution_with(stem, eid, old, new), f"<wrong {eid}: {new}>", dict(sol))
