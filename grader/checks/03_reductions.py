@@ -120,7 +120,7 @@ _SOFTMAX_KINDS = {
     "fp16_long": ": long float16 rows",
     "large": ": values near +-1000 (exp overflows without max subtraction)",
     "masked": ": -inf (masked) entries in every row",
-    "fully_masked": ": a fully masked row (all -inf) must give all zeros",
+    "fully_masked": ": a fully masked row (all -inf)",
     "padded": ": rows of a row-padded view (stride(0) > N)",
 }
 
