@@ -14,10 +14,8 @@ import triton.language as tl
 
 from grader.checks import exercises
 from grader.exercise import evaluate
-from grader.notebooks import exec_source
 from tests import graderkit as kit
 from tests.conftest import grade, solution_namespace, with_answer
-from tests.graderkit import solution_with
 
 STEM = "03_reductions"
 
@@ -445,7 +443,7 @@ def _padded_cases(eid, seeds=(1, 2)):
 
 def _wrong_solution(sol03, eid, old, new):
     """The solution with one piece of its answer to ``eid`` replaced (a plausible bug)."""
-    return exec_source(solution_with(STEM, eid, old, new), f"<wrong {eid}: {new}>", dict(sol03))
+    return kit.mutant(sol03, STEM, eid, old, new)
 
 
 @pytest.mark.parametrize("eid, old, new", [

@@ -9,10 +9,8 @@ import triton.language as tl
 
 from grader.checks import exercises
 from grader.exercise import evaluate
-from grader.notebooks import exec_source
 from tests import graderkit as kit
 from tests.conftest import grade, solution_namespace, with_answer
-from tests.graderkit import solution_with
 
 STEM = "04_matmul"
 
@@ -319,7 +317,7 @@ def test_epilogue_with_the_wrong_activation_says_so(sol04):
 
 def _wrong(sol04, eid, old, new):
     """The solution with one piece of its answer to ``eid`` replaced (a plausible bug)."""
-    return exec_source(solution_with(STEM, eid, old, new), f"<wrong {eid}: {new}>", dict(sol04))
+    return kit.mutant(sol04, STEM, eid, old, new)
 
 
 def _hidden(eid, pick, seeds=(1, 2, 3)):
