@@ -440,3 +440,26 @@ def _attention(B, H, Sq, Sk, D, b, causal=False, strict=False, bytes_without_out
 ])
 def test_wrong_costs_fail_on_every_seed(sol01, name, answer, text):
     kit.assert_fails_every_seed(_ex("costs"), with_answer(sol01, **answer), text)
+
+
+def _synced_once_after_the_loop(fn, *args, device=None, warmup=3, repeats=20):
+    for _ in range(warmup):
+        fn(*args)
+    synchronize(device)
+    samples = []
+    for _ in range(repeats):  # BUG: the clock is read per call, the device synchronised once at the end
+        start = time.perf_counter()
+        fn(*args)
+        samples.append((time.perf_counter() - start) * 1e3)
+    synchronize(device)
+    return {"median_ms": _pct(samples, 50), "p95_ms": _pct(samples, 95), "p99_ms": _pct(samples, 99)}
+
+
+@pytest.mark.parametrize("timer, text", [
+    (_timer(sync_after=False, warmup_used=True, sync_before=False), "synchronize"),
+    (_timer(sync_after=True, warmup_used=False), "warmup"),
+    (_timer(sync_after=False, warmup_used=True, sync_before=True), "synchronize"),
+    (_synced_once_after_the_loop, "synchronize"),
+], ids=["never synchronised", "no warm-up", "synchronised before the call only", "synchronised once, at the end"])
+def test_timer_mistakes_fail_on_every_seed(sol01, timer, text):
+    kit.assert_fails_every_seed(_ex("benchmark"), with_answer(sol01, benchmark=timer), text)
