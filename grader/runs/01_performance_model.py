@@ -30,13 +30,6 @@ def _roofline_run(ns, case, device):
             "bound": entry(ns, "bound")(x["flops"], x["bytes"], x["peak_flops"], x["peak_bw"])}
 
 
-class _Device(SimulatedDevice):
-    """The simulated GPU, able to say whether work is still queued."""
-
-    def pending(self) -> bool:
-        return self._busy_until > self.clock.now
-
-
 class _Clock(SimulatedClock):
     """The simulated clock, counting its reads and noting how many kernel calls had been made at the
     first read that came while work was still queued (a clock read before the work finished)."""
@@ -66,7 +59,7 @@ def _inside(code) -> bool:
 def _benchmark_run(ns, case, device):
     x = case.inputs
     clock = _Clock()
-    clock.device = _Device(clock=clock)
+    clock.device = SimulatedDevice(clock=clock)
     kernel = SimulatedKernel(clock.device, cold_ms=x["cold_ms"], cold_calls=x["cold_calls"],
                              durations_ms=x["durations_ms"])
     clock.calls = lambda: kernel.calls
