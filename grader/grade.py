@@ -52,7 +52,9 @@ DEFAULT_DEADLINE = 1200.0  # seconds per submission, all workers and the noteboo
 STARTUP_ALLOWANCE = 30.0  # importing torch and triton, and the locked setup cells
 LOG_CAP = 32 * 1024       # bytes of a worker's own stdout/stderr kept for grader.log
 LOG_DRAIN = 16 << 20      # bytes of a worker's stdout/stderr read at all; then the judge closes the pipe
-CHATTER_CAP = 16 << 20    # bytes of markers and output frames per worker (an honest one sends < 1 MiB)
+CHATTER_CAP = 16 << 20    # bytes of frames per worker besides accepted observations (an honest one: < 1 MiB)
+FRAME_COST = 256          # the least a frame counts against CHATTER_CAP (a flood of empty frames is a flood)
+SPOOL_FROM = 1 << 20      # observation frames from this size on go to a temporary file, smaller ones stay in memory
 DRAIN_CPU_S = 20.0        # CPU seconds the judge spends reading one worker's pipes
 OBSERVATION_BUDGET = 128 << 20  # bytes of observations one submission may send back, all exercises together
 FRAME_CAP = {b"M": 256, b"T": 256 * 1024, b"O": 1 << 40}  # the largest frame of each kind (O: see the budget)
@@ -156,10 +158,11 @@ class _Frames:
     """Splits the worker's channel into frames ``(kind, payload, size)``, holding at most one small
     frame in memory.
 
-    An observation frame's payload goes to a temporary file as it arrives (``payload`` is that file);
-    one larger than what is left of the submission's budget is skipped as it arrives (``payload`` is
-    ``None``), so a 10 GiB answer costs the judge no memory. Markers and output frames count against
-    :data:`CHATTER_CAP`; anything outside :data:`FRAME_CAP` is refused.
+    A large observation frame's payload goes to a temporary file as it arrives (``payload`` is that
+    file); one larger than what is left of the submission's budget is skipped as it arrives
+    (``payload`` is ``None``), so a 10 GiB answer costs the judge no memory. Every frame counts against
+    :data:`CHATTER_CAP` (at least :data:`FRAME_COST` bytes; an observation's payload only once it is
+    refused, :meth:`refuse`); anything outside :data:`FRAME_CAP` is refused.
     """
 
     def __init__(self, budget: Budget) -> None:
@@ -181,7 +184,7 @@ class _Frames:
             if isinstance(self.sink, bytearray):
                 self.sink += view[pos:pos + take]
             elif self.sink is not None:
-                self.sink.write(view[pos:pos + take])
+                self.sink.write(view[pos:pos + take])  # a temporary file
             pos += take
             self.left -= take
             if self.left == 0:
@@ -192,17 +195,23 @@ class _Frames:
     def _start(self, kind: bytes, size: int) -> None:
         if kind not in FRAME_CAP or size > FRAME_CAP[kind]:
             raise _Refused("tampered")
-        if kind != b"O":
-            self.chatter += HEADER.size + size
-            if self.chatter > CHATTER_CAP:
-                raise _Refused("flood")
-            self.sink = bytearray()
+        self.refuse(HEADER.size + max(FRAME_COST, 0 if kind == b"O" else size))
+        if kind == b"O" and size > self.budget.left:
+            self.sink = None
+        elif kind == b"O" and size >= SPOOL_FROM:
+            self.sink = tempfile.TemporaryFile(prefix="gpulab-obs-")
         else:
-            self.sink = tempfile.TemporaryFile(prefix="gpulab-obs-") if size <= self.budget.left else None
+            self.sink = bytearray()
         self.kind, self.size, self.left = kind, size, size
 
+    def refuse(self, size: int) -> None:
+        """Count ``size`` bytes the judge read for nothing; too many is a flood."""
+        self.chatter += size
+        if self.chatter > CHATTER_CAP:
+            raise _Refused("flood")
+
     def close(self) -> None:
-        if self.kind == b"O" and self.sink is not None:
+        if self.kind == b"O" and not isinstance(self.sink, (bytearray, type(None))):
             self.sink.close()
 
 
@@ -278,6 +287,7 @@ def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeo
             if running and running not in run.observations:
                 run.refused.setdefault(running, size)
             return
+        spool = io.BytesIO(spool) if isinstance(spool, bytearray) else spool
         spool.seek(0)
         tag = prefix + (running or "").encode() + b"\0"
         if running and running not in run.observations and running not in run.refused \
@@ -286,6 +296,7 @@ def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeo
             budget.left -= size
         else:
             spool.close()
+            frames.refuse(size)
 
     def finished() -> bool:
         return run.how == "tampered" or run.marker == "done" or set(runs) <= set(run.observations)

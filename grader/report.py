@@ -93,8 +93,9 @@ def table(result: dict) -> str:
         msg = ex["message"].splitlines()[0] if ex["message"] else ""
         lines.append(f"  {ex['id']:<22}{ex['score']:>6g}/{ex['points']:<5g}  {_MARK.get(ex['status'], '?'):<7}  "
                      f"{msg[:90]}")
+    seed = f", seed {result['seed']}" if "seed" in result else ""  # the terminal is the instructor's
     lines.append(f"  {'total':<22}{result['score']:>6g}/{result['max_score']:<5g}  ({result['duration_s']} s on "
-                 f"{result['device']})")
+                 f"{result['device']}{seed})")
     run = result.get("notebook_run")
     if run:
         lines.append(f"  notebook top to bottom: {run['status']}" +

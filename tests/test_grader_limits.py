@@ -164,21 +164,23 @@ def _frame(kind: bytes, payload: bytes) -> bytes:
     return grading.HEADER.pack(kind, len(payload)) + payload
 
 
-def test_frames_spool_observations_skip_what_is_over_budget_and_refuse_floods():
+def test_frames_spool_observations_skip_what_is_over_budget_and_refuse_floods(monkeypatch):
+    monkeypatch.setattr(grading, "SPOOL_FROM", 50)
     frames = grading._Frames(grading.Budget(left=100))
     got = frames.feed(_frame(b"O", b"x" * 60) + _frame(b"O", b"y" * 200)[:30])
-    got += frames.feed(_frame(b"O", b"y" * 200)[30:] + _frame(b"M", b"n run a"))
-    (k1, spool, n1), (k2, skipped, n2), (k3, marker, _) = got
-    assert (k1, n1, k2, n2, k3) == (b"O", 60, b"O", 200, b"M")
-    spool.seek(0)
-    assert spool.read() == b"x" * 60 and skipped is None and bytes(marker) == b"n run a"
+    got += frames.feed(_frame(b"O", b"y" * 200)[30:] + _frame(b"M", b"n run a") + _frame(b"O", b"z" * 10))
+    (k1, spool, n1), (k2, skipped, n2), (k3, marker, _), (k4, small, n4) = got
+    assert (k1, n1, k2, n2, k3, k4, n4) == (b"O", 60, b"O", 200, b"M", b"O", 10)
+    spool.seek(0)  # a temporary file, from SPOOL_FROM bytes on
+    assert spool.read() == b"x" * 60 and skipped is None and bytes(marker) == b"n run a" and small == b"z" * 10
     spool.close()
     with pytest.raises(grading._Refused, match="tampered"):
         grading._Frames(grading.Budget(left=100)).feed(_frame(b"X", b""))
-    flood = grading._Frames(grading.Budget(left=100))
-    with pytest.raises(grading._Refused, match="flood"):
-        for _ in range(grading.CHATTER_CAP // (128 << 10) + 1):
-            flood.feed(_frame(b"T", b"z" * (128 << 10)))
+    for payload in (b"z" * (128 << 10), b""):  # large output frames, or a stream of empty ones
+        flood = grading._Frames(grading.Budget(left=100))
+        with pytest.raises(grading._Refused, match="flood"):
+            for _ in range(grading.CHATTER_CAP // max(len(payload), grading.FRAME_COST) + 1):
+                flood.feed(_frame(b"T", payload))
 
 
 RETURNS_BIG = ("\nimport torch\n_calls_{name} = [0]\n_own_{name} = {name}\n"
@@ -376,3 +378,12 @@ def test_gradebook_quotes_formulas_after_leading_spaces(name):
     from grader.cohort import _text_cell
 
     assert _text_cell(name).startswith("'")
+
+
+def test_the_command_line_defaults_are_the_graders():
+    from grader.cli import build_parser
+
+    for argv in (["grade", "x.ipynb"], ["cohort", "in", "--lab", L1, "--out", "o"]):
+        args = build_parser().parse_args(argv)
+        assert (args.deadline, args.timeout) == (grading.DEFAULT_DEADLINE, grading.DEFAULT_TIMEOUT)
+    assert build_parser().parse_args(["grade", "x.ipynb", "--deadline", "90"]).deadline == 90
