@@ -44,7 +44,6 @@ KNOWN_OFFENDERS = {
 }
 # The same for case names that hold the solution's own answer (a label) for that case.
 NAMED_AFTER_ANSWER = {
-    "01_performance_model": "roofline's random cases end in their bound ('random machine #0, memory-bound')",
     "15_gpu_algorithms": "kmeans_roofline's 'distances in memory: ...' case is memory-bound (say 'materialized')",
     "16_capstone_design": "diagnose_deployment and diagnose_divergence cases are named after their diagnosis",
 }
