@@ -395,3 +395,35 @@ def test_the_command_line_defaults_are_the_graders():
         args = build_parser().parse_args(argv)
         assert (args.deadline, args.timeout) == (grading.DEFAULT_DEADLINE, grading.DEFAULT_TIMEOUT)
     assert build_parser().parse_args(["grade", "x.ipynb", "--deadline", "90"]).deadline == 90
+
+
+def test_the_notebook_run_is_read_up_to_its_cap_and_no_further(monkeypatch):
+    """A rebuilt notebook that prints without end is stopped at OUTPUT_CAP, never held whole by the judge."""
+    import subprocess
+    import sys
+
+    from grader import rebuild
+
+    monkeypatch.setattr(rebuild, "OUTPUT_CAP", 1 << 20)
+    flood = "import sys\nsys.stdin.read()\nwhile True: sys.stdout.write('x' * 65536)"
+    proc = subprocess.Popen([sys.executable, "-c", flood], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        out, err, timed_out = rebuild._communicate_capped(proc, b"notebook", 60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not timed_out and len(out) == (1 << 20) + 1
+
+
+def test_the_notebook_run_reads_everything_of_a_normal_run():
+    import subprocess
+    import sys
+
+    from grader import rebuild
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys\nsys.stdout.write(sys.stdin.read().upper())\n"
+                             "sys.stderr.write('log')"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    out, err, timed_out = rebuild._communicate_capped(proc, b"notebook", 60)
+    assert (out, err, timed_out) == (b"NOTEBOOK", b"log", False)
