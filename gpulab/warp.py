@@ -2,7 +2,7 @@
 
 NVIDIA's CUDA simulator runs threads and blocks but not warp-level primitives, so the course models
 them here, exactly as the CUDA C++ Programming Guide defines them ("Warp Shuffle Functions", "Warp
-Vote Functions"); ``tests/test_gpulab.py`` checks the model on the guide's own examples. A
+Vote Functions"); ``tests/test_simt_tools.py`` checks the model on the guide's own examples. A
 :class:`Warp` holds 32 lanes, some of them active; a per-lane variable is a NumPy array of 32 values
 (one per lane), and each call is the same instruction executed by every active lane:
 

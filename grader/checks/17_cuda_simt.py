@@ -80,7 +80,8 @@ def _uninitialised(accesses, shapes) -> str | None:
             key = (a.block, a.array, a.index)
             first_write[key] = min(first_write.get(key, a.epoch), a.epoch)
     for a in sorted(accesses):
-        if a.space == "shared" and a.kind in "ra" and first_write.get((a.block, a.array, a.index), a.epoch + 1) > a.epoch:
+        written = first_write.get((a.block, a.array, a.index), a.epoch + 1)
+        if a.space == "shared" and a.kind in "ra" and written > a.epoch:
             return (f"thread {a.thread} of block {a.block} reads {_element(shapes, a.array, a.index)} before any "
                     "thread of the block wrote it: shared memory starts with garbage (the simulator fills it with "
                     "NaN). Initialise it, then cuda.syncthreads().")
@@ -215,7 +216,8 @@ def _indexing_judge(case, obs):
     for (b, d, t), got in zip(x["launches"], obs["index"]):
         want = (b[1] * d[1] + t[1], b[0] * d[0] + t[0])
         if got is None or tuple(got) != want:
-            msg = f"global_index_2d(block_idx={b}, block_dim={d}, thread_idx={t}) = {got}, expected (row, col) = {want}."
+            msg = (f"global_index_2d(block_idx={b}, block_dim={d}, thread_idx={t}) = {got}, "
+                   f"expected (row, col) = {want}.")
             if got is not None and tuple(got) == want[::-1]:
                 msg += " Row and column are swapped: x (the fast axis) indexes columns, y rows."
             return msg
@@ -308,7 +310,8 @@ def _block_sum_compiled(case, obs):
 
 
 BLOCK_REDUCE = Exercise("block_reduce", 3, ("block_sum_kernel", "block_sum_source"), _block_reduce_cases,
-                        RUN._block_reduce_run, _block_reduce_judge, title="A block reduction, in the simulator and in C++",
+                        RUN._block_reduce_run, _block_reduce_judge,
+                        title="A block reduction, in the simulator and in C++",
                         hint="Load (0 past the end), barrier, halve the stride each step with a barrier after each; "
                              "in C++ stop the tree at 32 and finish with __shfl_down_sync.")
 
@@ -438,7 +441,8 @@ def _warp_softmax_judge(case, obs):
             i = int(np.argmax(np.abs(out - want)))
             msg = f"softmax_row: element {i} (lane {i % 32}) = {out[i]:.6g}, expected {want[i]:.6g}."
             if any(c[0] == "shfl_down_sync" for c in got["calls"]):
-                msg += " After a shfl_down tree only lane 0 holds the max and the sum: use shfl_xor_sync so every lane does."
+                msg += (" After a shfl_down tree only lane 0 holds the max and the sum: use shfl_xor_sync so every "
+                        "lane does.")
             return msg
         if len([c for c in got["calls"] if c[0].startswith("shfl")]) < 10:
             return ("softmax_row must reduce across the warp's lanes with shuffles: a butterfly of 5 "
@@ -512,7 +516,8 @@ def _bank_conflicts_judge(case, obs):
     if out.shape != want.shape or not np.array_equal(out, want):
         bad = np.argwhere(~(out == want))
         i, j = (int(v) for v in bad[0]) if len(bad) else (0, 0)
-        msg = f"transpose of a {tuple(x.shape)} matrix: out[{i}, {j}] = {out[i, j]}, expected x[{j}, {i}] = {want[i, j]}."
+        msg = (f"transpose of a {tuple(x.shape)} matrix: out[{i}, {j}] = {out[i, j]}, "
+               f"expected x[{j}, {i}] = {want[i, j]}.")
         if np.isnan(out[i, j]):
             msg += " It was never written: the tail tiles need blocks too, and the guards must let their threads store."
         return msg
@@ -635,17 +640,18 @@ def _occupancy_judge(case, obs):
 def _occupancy_hint(k, dev, got) -> str:
     warps = math.ceil(k["threads"] / 32)
     smem = math.ceil(k["shared"] / dev.smem_alloc_unit) * dev.smem_alloc_unit
-    variants = {
+    variants = {  # the mistake, and the device that makes it
         " Registers are given to each warp in units of 256 (8 per thread): round registers * 32 up to 256 first.":
-            ref_occupancy(k["registers"], k["threads"], k["shared"], _replace(dev, reg_alloc_unit=1))[0],
+            _replace(dev, reg_alloc_unit=1),
         f" An SM holds at most {dev.blocks_per_sm} blocks, however small they are.":
-            ref_occupancy(k["registers"], k["threads"], k["shared"], _replace(dev, blocks_per_sm=10**6))[0],
+            _replace(dev, blocks_per_sm=10**6),
         " Each block also holds 1 KiB of shared memory for the system: add it to the block's shared memory.":
-            ref_occupancy(k["registers"], k["threads"], k["shared"], _replace(dev, smem_reserved_per_block=0))[0],
+            _replace(dev, smem_reserved_per_block=0),
     }
-    for hint, value in variants.items():
-        if got == value:
-            return hint
+    for hint, wrong in variants.items():
+        if k["shared"] or wrong.smem_reserved_per_block:  # no shared memory at all: no limit to divide by
+            if got == ref_occupancy(k["registers"], k["threads"], k["shared"], wrong)[0]:
+                return hint
     if k["shared"] > dev.smem_per_block and got:
         return f" {k['shared']} B is over the {dev.smem_per_block} B a block may have: it cannot launch (0 blocks)."
     return f" Limits: threads {dev.threads_per_sm // (warps * 32)}, blocks {dev.blocks_per_sm}, shared memory " \
@@ -671,7 +677,8 @@ def _fix_occupancy_cases(gen, public):
 def _fix_occupancy_judge(case, obs):
     threads = obs["threads"]
     if not isinstance(threads, int) or not 32 <= threads <= 1024 or threads % 32:
-        return f"smooth_fast() must return (source, threads per block) with a multiple of 32 up to 1024; got {threads!r}."
+        return (f"smooth_fast() must return (source, threads per block) with a multiple of 32 up to 1024; "
+                f"got {threads!r}.")
     for arch in case.inputs["archs"]:
         report = obs["compiled"][arch].get("smooth_fast")
         if report is None:
@@ -681,11 +688,13 @@ def _fix_occupancy_judge(case, obs):
                              ("BAR", "shares the tile through shared memory with a barrier"),
                              ("FFMA", "computes the filter")):
             if not any(op.startswith(needed) for op in ops):
-                return f"smooth_fast for {arch} no longer {what} (no {needed} in its SASS): fix occupancy, keep the work."
+                return (f"smooth_fast for {arch} no longer {what} (no {needed} in its SASS): fix occupancy, "
+                        "keep the work.")
         if report["spill_stores"] or report["spill_loads"]:
             return (f"smooth_fast still spills on {arch}: {report['spill_stores']} bytes stored, "
-                    f"{report['spill_loads']} loaded, with {report['registers']} registers. Do not keep all 97 products "
-                    "live (accumulate as you go), and do not cap registers with __launch_bounds__(..., 1) minimum blocks.")
+                    f"{report['spill_loads']} loaded, with {report['registers']} registers. Do not keep all 97 "
+                    "products live (accumulate as you go), and do not cap registers with __launch_bounds__(..., 1) "
+                    "minimum blocks.")
         if report["stack"]:
             return (f"smooth_fast on {arch} keeps a {report['stack']}-byte per-thread array in local memory (stack): "
                     "accumulate in a register instead.")
@@ -700,7 +709,8 @@ def _fix_occupancy_judge(case, obs):
 
 FIX_OCCUPANCY = Exercise("fix_occupancy", 3, ("smooth_fast",), _fix_occupancy_cases, RUN._fix_occupancy_run,
                          _fix_occupancy_judge, title="Fix this kernel's occupancy",
-                         hint="Drop __launch_bounds__(1024, 1), use 256 threads, accumulate the 97 taps in one register.")
+                         hint="Drop __launch_bounds__(1024, 1), use 256 threads, accumulate the 97 taps in one "
+                              "register.")
 
 EXERCISES = [INDEXING, BLOCK_REDUCE, WARP_SHUFFLE, WARP_SOFTMAX, BANK_CONFLICTS, HISTOGRAM, OCCUPANCY, FIX_OCCUPANCY]
 BENCHMARKS: list = []

@@ -123,10 +123,11 @@ def _histogram_run(ns, case, device):
 # --- 6 · occupancy ------------------------------------------------------------------------------------
 
 def _occupancy_run(ns, case, device):
+    from gpulab.aot import occupancy as course_calculator
     from gpulab.cuda_cpp import TARGETS
 
     fn = entry(ns, "occupancy")
-    found = borrowed(fn)
+    found = borrowed(fn, forbidden=(course_calculator,))
     if found:
         return {"borrowed": found}
     got = []
