@@ -17,10 +17,10 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project, importable as a script
 
 from gpulab.cuda_cpp import compile_report, nvcc_version, resource_table  # noqa: E402
+from gpulab.paths import ROOT  # noqa: E402
 
 NOTEBOOKS = ("notebooks/17_cuda_simt.ipynb", "solutions/17_cuda_simt.ipynb")
 ARCHS = ("sm_80", "sm_90")
