@@ -6,7 +6,7 @@ needed, a full mask on a tail warp, a ballot counted by hand; a softmax without 
 conflicts counted without broadcasts or by byte, an unpadded tile, a tile padded to 64 words, a naive transpose
 (uncoalesced stores); a histogram with only global atomics, or without its barriers or its zeroing; occupancy
 without the register granularity, the block limit or the reserved 1 KiB, or the course's calculator; a kernel
-still spilling, or unable to launch.
+still spilling, or unable to launch; a device buffer that copies, frees twice after a move, or leaks on move-assign.
 
 Kernels run in NVIDIA's CUDA simulator, C++ compiles with nvcc (cached by content, so each source compiles once
 per target); wrong answers are tried on the public cases only, where that is enough to name them.
@@ -409,3 +409,19 @@ def test_a_kernel_without_the_register_cap_cannot_fit_1024_threads(sol17):
     source = _slow_source(sol17).replace("__launch_bounds__(1024, 1)", "")
     r = public(STEM, "fix_occupancy", with_answer(sol17, smooth_fast=lambda: (source, 1024)))
     assert r.status == "failed" and "block(s) per SM" in r.message, r.message
+
+
+# --- 9 · an RAII device buffer --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("old, new, named", [
+    ("    DeviceBuffer(const DeviceBuffer&) = delete;",
+     "    DeviceBuffer(const DeviceBuffer& o) : ptr_(o.ptr_), n_(o.n_) {}", "can be copied"),
+    ("ptr_(std::exchange(other.ptr_, nullptr))", "ptr_(other.ptr_)", "frees its memory twice"),
+    ("            Alloc::release(ptr_);                               // the buffer this one held\n", "",
+     "leaks the buffer the target held"),
+])
+def test_raii_mistakes_are_named(sol17, old, new, named):
+    source = sol17["device_buffer_source"]()
+    assert old in source
+    r = public(STEM, "raii_buffer", with_answer(sol17, device_buffer_source=lambda: source.replace(old, new)))
+    assert r.status == "failed" and named in r.message, r.message

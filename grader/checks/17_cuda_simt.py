@@ -1,12 +1,13 @@
 """Checks of lab 17, CUDA C++ and the SIMT model: indexing, sectors, a block reduction, warp shuffles,
-bank conflicts, a histogram, occupancy, and a kernel's occupancy fixed.
+a one-warp softmax, bank conflicts, a histogram, occupancy, a kernel's occupancy fixed, an RAII buffer.
 
 Kernels written in CUDA Python run in NVIDIA's CUDA simulator (numba-cuda), which records every memory
 access (``gpulab.simt``); the verdicts here read that record: a race (two threads of a block touching
 one shared element between the same two barriers, one writing), shared memory read before any thread
 wrote it, a warp request's 32-byte sectors and bank conflicts. CUDA C++ is compiled by NVIDIA's nvcc
-(``gpulab.cuda_cpp``) and judged from ``ptxas``'s and ``cuobjdump``'s report. Lane-level answers run
-on ``gpulab.warp``, the Programming Guide's semantics of shuffles and votes.
+(``gpulab.cuda_cpp``) and judged from ``ptxas``'s and ``cuobjdump``'s report; host C++ is compiled into a
+test program that runs on the CPU. Lane-level answers run on ``gpulab.warp``, the Programming Guide's
+semantics of shuffles and votes.
 """
 from __future__ import annotations
 
@@ -712,5 +713,64 @@ FIX_OCCUPANCY = Exercise("fix_occupancy", 3, ("smooth_fast",), _fix_occupancy_ca
                          hint="Drop __launch_bounds__(1024, 1), use 256 threads, accumulate the 97 taps in one "
                               "register.")
 
-EXERCISES = [INDEXING, BLOCK_REDUCE, WARP_SHUFFLE, WARP_SOFTMAX, BANK_CONFLICTS, HISTOGRAM, OCCUPANCY, FIX_OCCUPANCY]
+
+# --- 9 · an RAII device buffer ----------------------------------------------------------------------------------
+
+def _raii_buffer_cases(gen, public):
+    return [Case("host scenarios: scope, moves, an exception, a refused allocation", {})]
+
+
+def _scenarios(lines) -> dict:
+    """``{"scope": {"allocs": 1, ...}, ...}`` from the test program's ``name key=value ...`` lines."""
+    out = {}
+    for line in lines:
+        name, *pairs = line.split()
+        out[name] = {k: int(v) for k, v in (p.split("=") for p in pairs if "=" in p)}
+    return out
+
+
+def _raii_buffer_judge(case, obs):
+    got = _scenarios(obs["lines"])
+    missing = [s for s in ("traits", "sized", "scope", "moved", "move_construct", "move_assign", "exception",
+                           "refusal", "refused") if s not in got]
+    if missing:
+        return f"the test program stopped before the {missing[0]!r} scenario; it printed: {obs['lines']}"
+    traits = got["traits"]
+    if traits["copy_constructible"] or traits["copy_assignable"]:
+        return ("DeviceBuffer can be copied: two buffers would own one allocation and free it twice. Delete the copy "
+                "constructor and the copy assignment (`= delete`).")
+    if not (traits["nothrow_move_constructible"] and traits["nothrow_move_assignable"]):
+        return ("the moves must be `noexcept` (they only swap pointers), or containers such as std::vector copy "
+                "instead of moving.")
+    if got["sized"] != {"size": 16, "data": 1}:
+        return f"DeviceBuffer(16): size() and data() gave {got['sized']}; expected size 16 and a non-null pointer."
+    for name, what in (("scope", "a buffer leaving its scope"), ("exception", "a buffer unwound by an exception")):
+        if got[name]["frees"] != got[name]["allocs"] or got[name]["live"]:
+            return f"{what} leaks: {got[name]}. The destructor must release what the constructor allocated."
+    moved = got["move_construct"]
+    if moved["bad_frees"] or got["moved"]["source_data"]:
+        return ("moving a buffer frees its memory twice (or the moved-from buffer still holds the pointer): "
+                f"{moved}. Take the pointer and leave nullptr behind: ptr_ = std::exchange(other.ptr_, nullptr).")
+    assign = got["move_assign"]
+    if assign["bad_frees"]:
+        return f"move assignment frees a pointer twice: {assign}. Null the source after taking its pointer."
+    if assign["frees"] != assign["allocs"] or assign["live"]:
+        return (f"move assignment leaks the buffer the target held: {assign}. Release the old allocation before "
+                "taking the other's.")
+    refused = got["refused"]
+    if not got["refusal"]["caught"]:
+        return "a refused allocation must throw out of the constructor (std::bad_alloc), not be swallowed."
+    if refused["bad_frees"] or refused["frees"] or refused["live"]:
+        return (f"when the allocation throws, the constructor never finished, so nothing may be freed: {refused}. "
+                "Allocate in the constructor, release only in the destructor.")
+    return None
+
+
+RAII_BUFFER = Exercise("raii_buffer", 2, ("device_buffer_source",), _raii_buffer_cases, RUN._raii_buffer_run,
+                       _raii_buffer_judge, title="An RAII device buffer (host C++)",
+                       hint="Constructor allocates, destructor releases; copies deleted; noexcept moves take the "
+                            "pointer with std::exchange(other.ptr_, nullptr); move assignment releases the old one.")
+
+EXERCISES = [INDEXING, BLOCK_REDUCE, WARP_SHUFFLE, WARP_SOFTMAX, BANK_CONFLICTS, HISTOGRAM, OCCUPANCY, FIX_OCCUPANCY,
+             RAII_BUFFER]
 BENCHMARKS: list = []

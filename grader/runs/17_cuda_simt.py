@@ -147,3 +147,73 @@ def _fix_occupancy_run(ns, case, device):
     return {"threads": _plain(threads),
             "compiled": {arch: {name: r.as_dict() for name, r in compile_report(source, arch).items()}
                          for arch in case.inputs["archs"]}}
+
+
+# --- 8 · an RAII device buffer, compiled and unit-tested on the host ---------------------------------
+
+# The test program around the learner's DeviceBuffer<T, Alloc>: an allocator that counts, refuses on
+# request and knows which pointers it handed out; each scenario prints what happened, never a verdict.
+RAII_HARNESS_HEAD = r"""
+#include <cstddef>
+#include <cstdio>
+#include <new>
+#include <set>
+#include <stdexcept>
+#include <type_traits>
+#include <utility>
+
+struct CountingAlloc {
+    static inline int allocs = 0, frees = 0, bad_frees = 0, refuse_next = 0;
+    static inline std::set<void*> live;
+    static void* allocate(std::size_t bytes) {
+        if (refuse_next) { refuse_next = 0; throw std::bad_alloc(); }
+        void* p = ::operator new(bytes == 0 ? 1 : bytes);
+        ++allocs;
+        live.insert(p);
+        return p;
+    }
+    static void release(void* p) noexcept {
+        if (p == nullptr) return;
+        if (live.erase(p) == 0) { ++bad_frees; return; }  // freed twice, or never allocated
+        ++frees;
+        ::operator delete(p);
+    }
+};
+"""
+
+RAII_HARNESS_MAIN = r"""
+using Buf = DeviceBuffer<float, CountingAlloc>;
+static void report(const char* scenario) {
+    std::printf("%s allocs=%d frees=%d bad_frees=%d live=%zu\n", scenario, CountingAlloc::allocs,
+                CountingAlloc::frees, CountingAlloc::bad_frees, CountingAlloc::live.size());
+    CountingAlloc::allocs = CountingAlloc::frees = CountingAlloc::bad_frees = 0;
+    CountingAlloc::live.clear();  // each scenario starts clean (a leak is reported once)
+}
+int main() {
+    std::printf("traits copy_constructible=%d copy_assignable=%d nothrow_move_constructible=%d "
+                "nothrow_move_assignable=%d\n", (int)std::is_copy_constructible_v<Buf>,
+                (int)std::is_copy_assignable_v<Buf>, (int)std::is_nothrow_move_constructible_v<Buf>,
+                (int)std::is_nothrow_move_assignable_v<Buf>);
+    { Buf b(16); std::printf("sized size=%zu data=%d\n", (size_t)b.size(), (int)(b.data() != nullptr)); }
+    report("scope");
+    { Buf a(8); Buf b(std::move(a)); std::printf("moved source_data=%d target_data=%d\n",
+                                                 (int)(a.data() != nullptr), (int)(b.data() != nullptr)); }
+    report("move_construct");
+    { Buf a(8); Buf b(4); b = std::move(a); }
+    report("move_assign");
+    try { Buf a(8); throw std::runtime_error("after the allocation"); } catch (const std::runtime_error&) {}
+    report("exception");
+    int caught = 0;
+    try { CountingAlloc::refuse_next = 1; Buf a(8); } catch (const std::bad_alloc&) { caught = 1; }
+    std::printf("refusal caught=%d\n", caught);
+    report("refused");
+}
+"""
+
+
+def _raii_buffer_run(ns, case, device):
+    from gpulab.cuda_cpp import run_host_program
+
+    source = entry(ns, "device_buffer_source")()
+    out = run_host_program(RAII_HARNESS_HEAD + source + RAII_HARNESS_MAIN)
+    return {"lines": out.splitlines()}
