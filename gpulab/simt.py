@@ -18,6 +18,9 @@ one shared element in the same epoch, one of them writing, is a race however the
 schedule them; the 32 addresses of one warp's k-th access give its sectors and bank conflicts. New
 shared arrays are filled with a poison value (NaN, or the integer type's largest value), so a read of
 shared memory no thread wrote shows too.
+
+Importing this module also fixes a race of the simulator: two threads reaching ``cuda.shared.array`` at
+once could each create "the" block's array; here it is made under a lock, once.
 """
 from __future__ import annotations
 
@@ -123,8 +126,12 @@ def _poison(ary: np.ndarray) -> None:
         ary.fill(np.iinfo(ary.dtype).max)
 
 
+_ALLOCATING = threading.Lock()
+
+
 def _shared_array(self, shape, dtype, alignment=None):
-    """``FakeCUDAShared.array``, returning watched, poisoned arrays (one per source line, as the original)."""
+    """``FakeCUDAShared.array``, returning watched, poisoned arrays (one per source line, as the original),
+    made under a lock: every thread of the block gets the same array."""
     from numba.core import types
     from numba.np import numpy_support
 
@@ -133,11 +140,12 @@ def _shared_array(self, shape, dtype, alignment=None):
     if isinstance(dtype, types.Type):
         dtype = numpy_support.as_dtype(dtype)
     caller = tuple(traceback.extract_stack(sys._getframe())[-2][0:2])
-    res = self._allocations.get(caller)
-    if res is None:
-        res = np.empty(shape, dtype).view(_WatchedShared)
-        _poison(res)
-        self._allocations[caller] = res
+    with _ALLOCATING:  # the simulator's own version lets two threads each make "the" array (rarely): one only
+        res = self._allocations.get(caller)
+        if res is None:
+            res = np.empty(shape, dtype).view(_WatchedShared)
+            _poison(res)
+            self._allocations[caller] = res
     return res
 
 
@@ -174,6 +182,10 @@ def _atomic(method):
     return wrapped
 
 
+# Every launch gets its shared arrays from _shared_array: one array per allocation, poisoned, watched (it
+# records only inside `recording`).
+_sim_api.FakeCUDAShared.array = _shared_array
+
 _original: dict = {}
 _ATOMICS = ("add", "sub", "and_", "or_", "xor", "inc", "dec", "max", "min", "exch", "cas", "compare_and_swap")
 
@@ -187,13 +199,12 @@ def recording():
     recorder = _Recorder()
     _original.update(get=_sim_arrays.FakeWithinKernelCUDAArray.__getitem__,
                      set=_sim_arrays.FakeWithinKernelCUDAArray.__setitem__,
-                     sync=_sim_kernel.BlockThread.syncthreads, shared=_sim_api.FakeCUDAShared.array)
+                     sync=_sim_kernel.BlockThread.syncthreads)
     atomics = {name: getattr(_sim_api.FakeCUDAAtomic, name) for name in _ATOMICS
                if hasattr(_sim_api.FakeCUDAAtomic, name)}
     _sim_arrays.FakeWithinKernelCUDAArray.__getitem__ = _watched_getitem
     _sim_arrays.FakeWithinKernelCUDAArray.__setitem__ = _watched_setitem
     _sim_kernel.BlockThread.syncthreads = _counting_syncthreads
-    _sim_api.FakeCUDAShared.array = _shared_array
     for name, method in atomics.items():
         setattr(_sim_api.FakeCUDAAtomic, name, _atomic(method))
     _ACTIVE.append(recorder)
@@ -204,6 +215,5 @@ def recording():
         _sim_arrays.FakeWithinKernelCUDAArray.__getitem__ = _original["get"]
         _sim_arrays.FakeWithinKernelCUDAArray.__setitem__ = _original["set"]
         _sim_kernel.BlockThread.syncthreads = _original["sync"]
-        _sim_api.FakeCUDAShared.array = _original["shared"]
         for name, method in atomics.items():
             setattr(_sim_api.FakeCUDAAtomic, name, method)
