@@ -249,7 +249,7 @@ def test_conflict_degrees_counted_wrong_are_named(sol17, wrong, named):
 
 
 def _transpose(width, barrier=True, tiled=True):
-    TILE, ROWS = 32, 8
+    TILE, ROWS = 32, 4
 
     @cuda.jit
     def kernel(x, out):

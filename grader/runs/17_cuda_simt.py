@@ -12,9 +12,11 @@ import numpy as np
 
 from grader.exercise import borrowed, entry
 
+# The simulator runs each thread of a block as an OS thread, and the grading sandbox caps a worker's threads
+# (grader.sandbox.PROCESSES): blocks stay at 128 threads or fewer.
 BLOCK_THREADS = 64            # the reduction's and the histogram's blocks (the lab's THREADS)
 HISTOGRAM_BLOCKS = 2
-TILE, ROWS = 32, 8            # the transpose's tile and its (TILE, ROWS) block of threads
+TILE, ROWS = 32, 4            # the transpose's tile and its (TILE, ROWS) block of threads: 128 of them
 
 
 def _plain(value):
