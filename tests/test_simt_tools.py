@@ -100,3 +100,10 @@ def test_nvcc_comes_from_the_pypi_wheel_and_reports_resources():
     assert 0 < report.registers <= 32 and report.spills == 0 and report.uses("FFMA") and not report.uses("SHFL")
     with pytest.raises(CompileError, match="kernel.cu"):
         compile_report(source.replace("threadIdx.x;", "threadIdx.x"), "sm_90")
+
+
+def test_the_judge_reads_accesses_with_the_simulator_record_s_fields():
+    from gpulab.simt import FIELDS
+    from grader.checks import load_lab
+
+    assert load_lab("17_cuda_simt").Access._fields == FIELDS
