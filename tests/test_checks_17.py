@@ -425,3 +425,42 @@ def test_raii_mistakes_are_named(sol17, old, new, named):
     assert old in source
     r = public(STEM, "raii_buffer", with_answer(sol17, device_buffer_source=lambda: source.replace(old, new)))
     assert r.status == "failed" and named in r.message, r.message
+
+
+# --- on a GPU: the solution's C++ kernels run for real ---------------------------------------------------------
+
+@pytest.mark.gpu
+def test_the_cpp_kernels_compute_on_a_gpu(sol17):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from gpulab.cuda_cpp import load_inline
+
+    fast_source, threads = sol17["smooth_fast"]()
+    wrappers = r"""
+torch::Tensor block_sums(torch::Tensor x) {
+    int n = x.numel(), blocks = (n + 255) / 256;
+    auto partial = torch::empty({blocks}, x.options());
+    block_sum<<<blocks, 256>>>(x.data_ptr<float>(), partial.data_ptr<float>(), n);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return partial;
+}
+torch::Tensor smooth(torch::Tensor x, torch::Tensor w, int64_t threads) {
+    auto y = torch::empty_like(x);
+    int n = x.numel();
+    smooth_fast<<<(n + threads - 1) / threads, threads>>>(x.data_ptr<float>(), w.data_ptr<float>(),
+                                                         y.data_ptr<float>(), n);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return y;
+}
+"""
+    module = load_inline("lab17_test", "#include <torch/extension.h>\n#include <c10/cuda/CUDAException.h>\n"
+                         + sol17["block_sum_source"]() + fast_source + wrappers,
+                         "torch::Tensor block_sums(torch::Tensor x);\n"
+                         "torch::Tensor smooth(torch::Tensor x, torch::Tensor w, int64_t threads);",
+                         ["block_sums", "smooth"])
+    x = torch.randn(100_003, device="cuda")
+    torch.testing.assert_close(module.block_sums(x).sum(), x.sum(), rtol=1e-4, atol=1e-2)
+    w = torch.randn(97, device="cuda")
+    want = torch.nn.functional.conv1d(x.view(1, 1, -1), w.view(1, 1, -1), padding=48).view(-1)  # (n,)
+    torch.testing.assert_close(module.smooth(x, w, threads), want, rtol=1e-4, atol=1e-4)
