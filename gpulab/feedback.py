@@ -2,9 +2,9 @@
 
 In a notebook the verdict is plain HTML (with its text as the plain fallback) and its hint sits folded
 under "Show hint" (hints before solutions): no widget, so a saved notebook shows its verdicts after a
-restart, a day later or in any notebook viewer, with no kernel running. Elsewhere (papermill,
-nbconvert, a terminal) the same verdict prints as text. With ``GPULAB_STRICT=1`` (set by the test suite) a failed check raises, so a solution
-notebook whose check fails cannot pass CI.
+restart, a day later or in any notebook viewer, with no kernel running. Outside a notebook (a script,
+a terminal) the same verdict prints as text. With ``GPULAB_STRICT=1`` (set by the test suite) a failed
+check raises, so a solution notebook whose check fails cannot pass CI.
 """
 from __future__ import annotations
 
