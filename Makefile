@@ -15,14 +15,14 @@ QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # Your work lives in $(WORKSPACE)/ (git-ignored): copies of the lessons, labs and drills, made on first use and
-# never overwritten, so the tracked notebooks stay as shipped and `git pull` updates the course. JupyterLab
-# saves widget state (the drills' boxes show after a restart) and talks to its kernels over local sockets.
+# never overwritten, so the tracked notebooks stay as shipped and `git pull` updates the course. With
+# gpulab/jupyter/lab/overrides.json JupyterLab saves widget state (the drills' boxes show after a restart).
 WORKSPACE ?= workspace
 lab: $(STAMP)
 	GPULAB_WORKSPACE="$(WORKSPACE)" $(PY) -m gpulab.workspace
 	GPULAB_WORKSPACE="$(WORKSPACE)" $(VENV)/bin/jupyter lab --ServerApp.port=$(PORT) --ServerApp.root_dir="$(CURDIR)" \
 		--LabApp.default_url=/lab/tree/$(WORKSPACE)/notebooks/00_start_here.ipynb \
-		--LabApp.app_settings_dir="$(CURDIR)/gpulab/jupyterlab" --KernelManager.transport=ipc $(LAB_ARGS)
+		--LabApp.app_settings_dir="$(CURDIR)/gpulab/jupyter/lab" $(LAB_ARGS)
 
 test: $(STAMP)
 	$(PY) -m ruff check .

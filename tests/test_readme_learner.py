@@ -30,5 +30,5 @@ def test_corrected_claims_stay_corrected():
     assert "which is what CI does" not in README  # .ci/run runs plain `make test`
     assert "Every number from 00" not in README  # 00 is a lesson, not a lab
     make = (ROOT / "Makefile").read_text()
-    assert "--KernelManager.transport=ipc" in make  # no "TCP without encryption" warning per kernel
+    assert "gpulab/jupyter/lab" in make  # JupyterLab saves widget state
     assert "gpulab.workspace" in make and "/lab/tree/$(WORKSPACE)/notebooks/00_start_here.ipynb" in make
