@@ -38,6 +38,7 @@ SHOTS = ROOT / ".gpulab"
 WORKSPACE = f".gpulab/browser-workspace-{os.getpid()}"  # git-ignored; `make lab WORKSPACE=...` copies into it
 LESSON = f"{WORKSPACE}/notebooks/00_start_here.ipynb"
 LAB = f"{WORKSPACE}/labs/02_triton_basics.ipynb"
+DRILLS = f"{WORKSPACE}/notebooks/16_interview_drills.ipynb"
 TIMEOUT_MS = 120_000  # one step (a cell, a page load) on a loaded 2-core machine
 
 # JupyterLab user settings for the test's own settings folder: never autosave (the test must not
@@ -375,15 +376,38 @@ def _lab_02(page, findings: list[str]) -> None:
     _close_without_saving(page, Path(LAB).name)
 
 
-def _save_close_and_reopen(page, name: str) -> None:
-    """Save (Ctrl+S), close and shut down the kernel, then open the notebook again from disk."""
-    page.keyboard.press("Control+s")
+def _drill(page) -> None:
+    """A drill answered in its box, saved, closed and reopened: the answer is still shown, in the restored
+    widget (make lab saves widget state), with no "model not found"."""
+    cells = _cell_index(DRILLS)
+    _open(page, DRILLS)
+    for cell_id in ("parameters", "setup", "q-opt-1-drill"):
+        _run_cell(page, cells[cell_id], f"running the drills' {cell_id} cell")
+    box = _cell(page, cells["q-opt-1-drill"]).locator("textarea")
+    box.fill("Quantize the weights to int8 and measure")  # saved to the answers file on every change
+    page.wait_for_timeout(1000)  # let the widget sync the value to the kernel (a debounce, not a poll)
+    _save_close_and_reopen(page, Path(DRILLS).name, DRILLS)
+    cell = _cell(page, cells["q-opt-1-drill"])
+    cell.scroll_into_view_if_needed()
+    output = cell.locator(".jp-OutputArea")
+    output.locator(".jp-OutputArea-output").first.wait_for()
+    _wait(page, lambda s: "Loading widget" not in output.inner_text(), "restoring the drill's widget")
+    shown = output.inner_text() + " ".join(t.input_value() for t in output.locator("textarea").all())
+    assert "Quantize the weights to int8" in shown, shown
+    assert "model not found" not in shown and "Error displaying widget" not in shown, shown
+    _close_without_saving(page, Path(DRILLS).name)
+
+
+def _save_close_and_reopen(page, name: str, path: str = LAB) -> None:
+    """Save (File > Save Notebook: a focused widget keeps Ctrl+S to itself), close and shut down the kernel, then
+    open the notebook again from disk."""
+    _menu(page, "File", "Save Notebook")
     deadline = time.monotonic() + TIMEOUT_MS / 1000
     while _is_dirty(page):
         assert time.monotonic() < deadline, f"{name} was not saved"
         page.wait_for_timeout(100)  # a poll interval
     _close_without_saving(page, name)
-    _open(page, LAB)
+    _open(page, path)
 
 
 @pytest.mark.slow
@@ -412,6 +436,7 @@ def test_first_session_in_a_browser(tmp_path):
                 page.goto(f"http://127.0.0.1:{port}/?token={token}")  # the server's root: lesson 00
                 _lesson_00(page, findings)
                 _lab_02(page, findings)
+                _drill(page)
             except BaseException:
                 print(f"screenshot: {_screenshot(page, 'failure')}")
                 print("found before the failure:", *findings, sep="\n")
