@@ -31,4 +31,19 @@ def test_corrected_claims_stay_corrected():
     assert "Every number from 00" not in README  # 00 is a lesson, not a lab
     make = (ROOT / "Makefile").read_text()
     assert "gpulab/jupyter/lab" in make  # JupyterLab saves widget state
+    assert "$(KERNEL_CONFIG)" in make.split("\nlab:")[1].splitlines()[0]  # no TCP warning on every kernel start
     assert "gpulab.workspace" in make and "/lab/tree/$(WORKSPACE)/notebooks/00_start_here.ipynb" in make
+
+
+def test_the_kernel_config_drops_only_the_tcp_warning():
+    import logging
+
+    namespace = {}
+    exec((ROOT / "gpulab" / "jupyter" / "ipython_kernel_config.py").read_text(), namespace)
+    (hush,) = [f for f in logging.getLogger("IPKernelApp").filters if type(f).__name__ == "_QuietLocalTCP"][-1:]
+    record = logging.LogRecord("IPKernelApp", logging.WARNING, "", 0, "Kernel is running over TCP without "
+                               "encryption. All communication ...", None, None)
+    assert not hush.filter(record)
+    record.msg = "Parent appears to have exited, shutting down."
+    assert hush.filter(record)
+    logging.getLogger("IPKernelApp").removeFilter(hush)
