@@ -49,12 +49,14 @@ def take():
     return value
 
 
-def unfinished(exc: BaseException, assigned: tuple[str, ...], namespace: dict) -> bool:
+def unfinished(exc: BaseException, assigned: tuple[str, ...], namespace: dict, headers: tuple = ()) -> bool:
     """Report a cell cut short by an unfinished exercise; ``False`` means "not ours: raise it".
 
     Ours: a stub's ``NotImplementedError``; a ``NameError`` for a name a cut-short cell never assigned;
-    and, while a stub this session met is still defined, any other error (a later cell that works on
-    the unfinished results), which is then named in one line (``%tb`` shows its traceback)."""
+    and, while a stub this session met is still defined, any other error (a later demo cell that works on
+    the unfinished results), which is then named in one line (``%tb`` shows its traceback). An error in
+    the header of a ``def`` or ``class`` (``headers``: their line ranges; a decorator, a default value)
+    is the learner's own and always shows."""
     if is_stub(exc):
         what = _exercise(exc)
         _hit.setdefault(_stub_code(exc, namespace), what)
@@ -64,7 +66,7 @@ def unfinished(exc: BaseException, assigned: tuple[str, ...], namespace: dict) -
         what = _missing[exc.name]
         print(f"TODO: this cell needs `{exc.name}`, which an earlier cell could not compute because "
               f"{what} is unfinished. (Carrying on with the next cell.)")
-    elif isinstance(exc, Exception) and (what := _live_stub(namespace)):
+    elif isinstance(exc, Exception) and not _in_header(exc, headers) and (what := _live_stub(namespace)):
         import sys
 
         sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__  # for %tb
@@ -78,6 +80,18 @@ def unfinished(exc: BaseException, assigned: tuple[str, ...], namespace: dict) -
         if name not in namespace:
             _missing[name] = what
     return True
+
+
+def _in_header(exc: BaseException, headers: tuple) -> bool:
+    """Whether the cell's own line that raised ``exc`` (its traceback's first entry) is in a def/class header."""
+    line = exc.__traceback__.tb_lineno if exc.__traceback__ else 0
+    return any(start <= line <= end for start, end in headers)
+
+
+def _headers(body: list[ast.stmt]) -> list[tuple[int, int]]:
+    """The lines of each top-level ``def``/``class`` header: decorators down to the line before its body."""
+    return [(min([d.lineno for d in node.decorator_list] + [node.lineno]), max(node.lineno, node.body[0].lineno - 1))
+            for node in body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
 
 
 def _stub_code(exc: BaseException, namespace: dict):
@@ -141,7 +155,8 @@ class GuardUnfinished(ast.NodeTransformer):
         exc = "_gpulab_unfinished"  # bound by `except ... as`, deleted by Python at the end of the handler
         names = ast.Tuple([ast.Constant(n) for n in _assigned(body)], ast.Load())
         namespace = ast.Call(ast.Name("globals", ast.Load()), [], [])
-        ours = _call("unfinished", ast.Name(exc, ast.Load()), names, namespace)
+        headers = ast.Constant(tuple(_headers(body)))
+        ours = _call("unfinished", ast.Name(exc, ast.Load()), names, namespace, headers)
         handler = ast.ExceptHandler(ast.Name("Exception", ast.Load()), exc,
                                     [ast.If(ast.UnaryOp(ast.Not(), ours), [ast.Raise()], [])])
         new = [ast.Try(guarded, [handler], [], [])]

@@ -52,6 +52,7 @@ def test_a_later_error_is_excused_only_while_the_stub_is_still_there(shell, caps
     shell.run_cell("R = {}\nR['a'] = f(1)")
     assert shell.run_cell("R['a']").success  # half-filled results, while f is unfinished
     assert "stopped at `KeyError: 'a'`, most likely because exercise `e` is unfinished" in capsys.readouterr().out
+    assert not shell.run_cell("@undefined_decorator\ndef g():\n    pass").success  # an answer cell's own error
     shell.run_cell("def f(x):\n    return x")  # the learner writes it
     assert not shell.run_cell("R['a']").success  # now a real error: a traceback, and Run All stops
 
