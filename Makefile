@@ -14,9 +14,21 @@ QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 # Containers often run as root, which Jupyter refuses without --allow-root.
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
-lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --ServerApp.port=$(PORT) --ServerApp.root_dir="$(CURDIR)" \
-		--LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb $(LAB_ARGS)
+# Your work lives in $(WORKSPACE)/ (git-ignored): copies of the lessons, labs and drills, made on first use and
+# never overwritten, so the tracked notebooks stay as shipped and `git pull` updates the course. With
+# gpulab/jupyter/lab/overrides.json JupyterLab saves widget state (the drills' boxes show after a restart).
+WORKSPACE ?= workspace
+KERNEL_CONFIG := $(VENV)/etc/ipython/ipython_kernel_config.py
+lab: $(STAMP) $(KERNEL_CONFIG)
+	GPULAB_WORKSPACE="$(WORKSPACE)" $(PY) -m gpulab.workspace
+	GPULAB_WORKSPACE="$(WORKSPACE)" $(VENV)/bin/jupyter lab --ServerApp.port=$(PORT) --ServerApp.root_dir="$(CURDIR)" \
+		--LabApp.default_url=/lab/tree/$(WORKSPACE)/notebooks/00_start_here.ipynb \
+		--LabApp.app_settings_dir="$(CURDIR)/gpulab/jupyter/lab" $(LAB_ARGS)
+
+# The kernels' settings (gpulab/jupyter/ipython_kernel_config.py: no warning about local TCP on every start).
+$(KERNEL_CONFIG): gpulab/jupyter/ipython_kernel_config.py | $(STAMP)
+	mkdir -p "$(@D)"
+	cp $< $@
 
 test: $(STAMP)
 	$(PY) -m ruff check .

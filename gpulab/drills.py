@@ -5,8 +5,9 @@ self-grading, the labs whose measurements an answer should cite, and a progress 
   the prompt, a time limit in minutes, the rubric's points, the lab stems to cite). :data:`FAMILIES` are the
   interview questions of ``shared/curriculum.md`` plus the MLOps ones; every family has at least one drill.
 - :class:`DrillStore`: the answers, as JSON (``{qid: {"answer", "started", "elapsed_s", "revealed", "checked",
-  "saved"}}``) in ``notebooks/16_interview_drills.answers.json`` beside the drills notebook (``GPULAB_DRILLS``
-  moves it). Every change is written at once, so an answer survives a closed notebook or a crashed kernel.
+  "saved"}}``) in ``workspace/notebooks/16_interview_drills.answers.json``, beside your copy of the drills notebook
+  (git-ignored; ``GPULAB_DRILLS`` moves it). Every change is written at once, so an answer survives a closed
+  notebook or a crashed kernel.
 - :class:`Drill`: one drill's logic, on an injectable clock: ``start()``, ``remaining()``, ``save(text)``,
   ``reveal()`` (stops the clock, returns the rubric), ``check(indices)`` (the self-grade). No widget needed:
   tests drive it directly.
@@ -16,6 +17,7 @@ self-grading, the labs whose measurements an answer should cite, and a progress 
 """
 from __future__ import annotations
 
+import html
 import json
 import os
 import threading
@@ -232,12 +234,20 @@ def parse_drills(text: str) -> list[Question]:
 
 
 QUESTIONS = parse_drills(DRILLS_TEXT)
+ANSWERS = "16_interview_drills.answers.json"
 BY_ID = {q.qid: q for q in QUESTIONS}
 
 
 def drills_file() -> Path:
-    """The answers' JSON file: beside the drills notebook, or ``$GPULAB_DRILLS``."""
-    return Path(os.environ.get("GPULAB_DRILLS", ROOT / "notebooks" / "16_interview_drills.answers.json"))
+    """The answers' JSON file: beside the drills notebook in your workspace (:mod:`gpulab.workspace`), or
+    ``$GPULAB_DRILLS``. Answers saved before the workspace existed (beside ``notebooks/``) stay where they are."""
+    if "GPULAB_DRILLS" in os.environ:
+        return Path(os.environ["GPULAB_DRILLS"])
+    from gpulab.workspace import workspace_dir
+
+    path = workspace_dir() / "notebooks" / ANSWERS
+    legacy = ROOT / "notebooks" / ANSWERS
+    return legacy if legacy.exists() and not path.exists() else path
 
 
 class DrillStore:
@@ -334,6 +344,39 @@ def _in_notebook() -> bool:
     return front_end()
 
 
+def drill_record(qid: str, record: dict) -> tuple[str, str]:
+    """``(text, html)``: drill ``qid`` and what ``record`` holds (answer, time, self-score), readable without a
+    kernel or widgets: a notebook viewer shows it where the live drill cannot run."""
+    q = BY_ID[qid]
+    answer = record.get("answer", "").strip()
+    minutes = f"{record['elapsed_s'] / 60:.1f} of {q.minutes} min" if "elapsed_s" in record else f"{q.minutes} min"
+    score = f", self-score {record['score']}" if record.get("score") else ""
+    saved = f" (saved {record['saved']})" if record.get("saved") else ""
+    text = (f"{q.qid} ({minutes}{score}): {q.prompt}\n"
+            f"  your answer{saved}: {answer or '(none yet)'}")
+    body = (f"<pre style='white-space:pre-wrap;word-break:normal;overflow-wrap:break-word'>{html.escape(answer)}</pre>"
+            if answer else "<p><i>No answer saved yet.</i></p>")
+    page = (f"<div class='gpulab-drill'><h4>{q.qid} · {minutes}{html.escape(score)}</h4><p>{html.escape(q.prompt)}</p>"
+            f"<p><b>Your answer</b>{html.escape(saved)}:</p>{body}"
+            f"<p><i>Run this cell in JupyterLab for the timer, the answer box and the rubric.</i></p></div>")
+    return text, page
+
+
+def _drill_box_class():
+    import ipywidgets as w
+
+    class DrillBox(w.VBox):
+        """The drill's widgets; in a saved notebook, a viewer without widgets shows :func:`drill_record`."""
+
+        def _repr_mimebundle_(self, **kwargs):
+            bundle = super()._repr_mimebundle_(**kwargs)
+            data = bundle[0] if isinstance(bundle, tuple) else bundle
+            data["text/plain"], data["text/html"] = drill_record(self.drill.question.qid, self.drill.record)
+            return bundle
+
+    return DrillBox
+
+
 def drill_widget(qid: str, store: DrillStore | None = None, clock: Callable[[], float] = time.monotonic,
                  ticking: bool = True):
     """The drill as an ipywidgets box: Start (the timer counts down in a background thread when ``ticking``), an
@@ -341,6 +384,7 @@ def drill_widget(qid: str, store: DrillStore | None = None, clock: Callable[[], 
     as ticked), and the links. Returns the box; ``box.drill`` is the :class:`Drill` behind it."""
     import ipywidgets as w
 
+    _DrillBox = _drill_box_class()
     drill = Drill(qid, store, clock)
     q, saved = drill.question, drill.record
     timer = w.HTML(f"<b>{q.minutes} min</b> — press Start")
@@ -383,7 +427,7 @@ def drill_widget(qid: str, store: DrillStore | None = None, clock: Callable[[], 
     header = w.HTML(f"<h4>{q.qid} · {q.minutes} min</h4><p>{q.prompt}</p>")
     links = w.HTML("<p>Cite your measurements from: " + ", ".join(
         f"<a href='{stem}.ipynb' target='_blank'>{stem}</a>" for stem in q.labs) + "</p>")
-    box = w.VBox([header, w.HBox([start, timer]), answer, reveal, rubric_box, links])
+    box = _DrillBox([header, w.HBox([start, timer]), answer, reveal, rubric_box, links])
     box.drill, box.parts = drill, dict(start=start, answer=answer, reveal=reveal, rubric=rubric_box, timer=timer)
     return box
 
@@ -419,12 +463,12 @@ def show_progress(store: DrillStore | None = None) -> None:
     rows = progress_rows(store)
     done = sum(r["drilled"] for r in rows)
     text = [f"drilled {done}/{len(rows)}", "drill       done  minutes  self-score"]
-    html = [f"<p><b>Drilled {done} of {len(rows)}</b></p><table><tr><th>drill</th><th>done</th>"
+    page = [f"<p><b>Drilled {done} of {len(rows)}</b></p><table><tr><th>drill</th><th>done</th>"
             "<th>minutes (limit)</th><th>self-score</th></tr>"]
     for r in rows:
         mark = "yes" if r["drilled"] else "-"
         text.append(f"{r['qid']:<11} {mark:<5} {r['minutes']:>4}/{r['limit']:<3} {r['score']}")
-        html.append(f"<tr><td>{r['qid']}</td><td>{'✅' if r['drilled'] else ''}</td>"
+        page.append(f"<tr><td>{r['qid']}</td><td>{'yes ✅' if r['drilled'] else 'not yet'}</td>"
                     f"<td>{r['minutes']} ({r['limit']})</td><td>{r['score']}</td></tr>")
-    html.append("</table>")
-    display_rich("\n".join(text), "".join(html))
+    page.append("</table>")
+    display_rich("\n".join(text), "".join(page))

@@ -1,9 +1,10 @@
 """The inline ``check``: run an exercise's public cases on the learner's code, show the verdict.
 
-In JupyterLab the verdict is an ipywidget with a "Show hint" button (hints before solutions);
-where no widget front end exists (papermill, nbconvert, a terminal) the same verdict prints as
-text. With ``GPULAB_STRICT=1`` (set by the test suite) a failed check raises, so a solution
-notebook whose check fails cannot pass CI.
+In a notebook the verdict is plain HTML (with its text as the plain fallback) and its hint sits folded
+under "Show hint" (hints before solutions): no widget, so a saved notebook shows its verdicts after a
+restart, a day later or in any notebook viewer, with no kernel running. Outside a notebook (a script,
+a terminal) the same verdict prints as text. With ``GPULAB_STRICT=1`` (set by the test suite) a failed
+check raises, so a solution notebook whose check fails cannot pass CI.
 """
 from __future__ import annotations
 
@@ -71,60 +72,45 @@ def format_text(result, hint: str) -> str:
     return "\n".join(lines)
 
 
+# Messages wrap at spaces, never inside a word (JupyterLab breaks <pre> text anywhere by default); a
+# token longer than the line (a path) may still break, rather than widen the output.
+_PRE = "margin:0 0 0 2em;white-space:pre-wrap;word-break:normal;overflow-wrap:break-word"
+
+
 def _case_html(case, previous: str | None) -> str:
     if case.status == "passed":
         return ""
     shown, folded = split_message(case.message)
     if shown == previous:
-        return "<i>the same error as the case above</i>"
-    out = f"<pre style='margin:0'>{html.escape(shown)}</pre>"
+        return "<div style='margin-left:2em'><i>the same error as the case above</i></div>"
+    out = f"<pre style='{_PRE}'>{html.escape(shown)}</pre>"
     if folded:
-        out += (f"<details><summary>full traceback</summary>"
-                f"<pre style='margin:0'>{html.escape(folded)}</pre></details>")
+        out += (f"<details style='margin-left:2em'><summary>full traceback</summary>"
+                f"<pre style='{_PRE}'>{html.escape(folded)}</pre></details>")
     return out
 
 
-def format_html(result) -> str:
+def format_html(result, hint: str = "") -> str:
+    """The verdict as self-contained HTML: it is stored in the notebook and shows after a restart, or in any
+    notebook viewer, with no kernel. A failed verdict's hint is folded in a ``<details>`` until asked for."""
     color = _COLOR.get(result.status, "#c62828")
     rows, previous = [], None
     for case in result.cases:
         case_color = _COLOR.get(case.status, "#c62828")
-        rows.append(f"<tr><td style='color:{case_color};white-space:nowrap'><b>{verdict(case.status)}</b></td>"
-                    f"<td>{html.escape(case.name)}</td>"
-                    f"<td style='text-align:left'>{_case_html(case, previous)}</td></tr>")
+        # One line per case (the mark, then the case name at full width), its message below.
+        rows.append(f"<div><b class='gpulab-mark' style='color:{case_color};white-space:nowrap'>"
+                    f"{verdict(case.status)}</b> {html.escape(case.name)}</div>{_case_html(case, previous)}")
         if case.status != "passed":
             previous = split_message(case.message)[0]
-    return (f"<div style='border-left:4px solid {color};padding-left:8px'>"
+    hint_html = ""
+    if result.status != "passed" and hint:
+        hint_html = (f"<details class='gpulab-hint'><summary><b>Show hint</b></summary>"
+                     f"<i>Hint: {html.escape(hint)}</i></details>")
+    return (f"<div class='gpulab-verdict' style='border-left:4px solid {color};padding-left:8px'>"
             f"<b style='color:{color}'>{verdict(result.status)}</b> "
             f"<b>{html.escape(result.id)}</b>: <span style='color:{color}'>{result.status}</span> "
             f"({result.score:g}/{result.points:g} points on the public cases)"
-            f"<table>{''.join(rows)}</table></div>")
-
-
-def _widget(result, hint: str, text: str):
-    import ipywidgets as widgets
-
-    class Verdict(widgets.VBox):
-        def _repr_mimebundle_(self, **kwargs):  # plain text where widgets cannot render
-            bundle = super()._repr_mimebundle_(**kwargs)
-            if isinstance(bundle, tuple):
-                bundle = bundle[0]
-            bundle["text/plain"] = text
-            return bundle
-
-    children = [widgets.HTML(format_html(result))]
-    if result.status != "passed" and hint:
-        hint_box = widgets.HTML(f"<i>Hint: {html.escape(hint)}</i>")
-        hint_box.layout.display = "none"
-        button = widgets.Button(description="Show hint", icon="lightbulb-o")
-
-        def reveal(_):
-            hint_box.layout.display = None
-            button.disabled = True
-
-        button.on_click(reveal)
-        children += [button, hint_box]
-    return Verdict(children)
+            f"{''.join(rows)}{hint_html}</div>")
 
 
 class CheckFailed(AssertionError):
@@ -161,15 +147,8 @@ def check_result(exercise_id: str, namespace: dict, device: str | None = None,
     text = format_text(result, hint)
     if quiet:
         pass
-    elif _in_notebook():
-        from IPython.display import display
-
-        try:
-            display(_widget(result, hint, text))
-        except ImportError:
-            display_rich(text, format_html(result))
     else:
-        print(text)
+        display_rich(text, format_html(result, hint))
     if strict is None:
         strict = os.environ.get("GPULAB_STRICT") == "1"
     if strict and result.status != "passed":

@@ -3,12 +3,18 @@
 Datasheet peaks are never reached; "% of peak" in this course means "% of what a plain copy
 (``torch.Tensor.copy_``) or ``torch.matmul`` achieves on this machine". Both are measured once
 and cached per machine in ``~/.cache/gpulab/peaks.json`` (``GPULAB_CACHE`` moves it).
+
+A measurement taken while the machine was busy stays low for good: :func:`measured_peaks` warns when
+a peak is implausibly low for the device (:data:`PLAUSIBLE`), and ``python -m gpulab.peaks --refresh``
+(or ``measured_peaks(refresh=True)``) measures again and replaces the cached figures.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -78,8 +84,37 @@ def measure_peaks(device: str | None = None) -> Peaks:
                  matmul_dtype=str(dtype).replace("torch.", ""), copy_bytes=n_bytes, matmul_size=size)
 
 
+# Floors below which a measured peak says more about the machine's load than about the device: about a tenth
+# of what a loaded 2-core cloud VM measured (20 GB/s copy, 0.06 TFLOP/s fp32 matmul, lesson 00) and of what
+# the smallest current GPUs reach (hundreds of GB/s of memory bandwidth, tens of fp16 TFLOP/s).
+PLAUSIBLE = {"cpu": {"copy_gbps": 2.0, "matmul_tflops": 0.006}, "cuda": {"copy_gbps": 100.0, "matmul_tflops": 5.0}}
+
+
+def implausibly_low(peaks: Peaks) -> list[str]:
+    """The peaks of ``peaks`` below :data:`PLAUSIBLE`'s floor for its device, as readable phrases."""
+    floors = PLAUSIBLE.get(peaks.device, {})
+    units = {"copy_gbps": ("copy bandwidth", "GB/s"), "matmul_tflops": ("matmul rate", "TFLOP/s")}
+    return [f"{units[k][0]} {getattr(peaks, k):.3g} {units[k][1]} (expected at least {floor:g})"
+            for k, floor in floors.items() if getattr(peaks, k) < floor]
+
+
+def _warn_if_low(peaks: Peaks) -> None:
+    low = implausibly_low(peaks)
+    if low:  # printed, not warnings.warn: a busy test machine must not turn this into an error
+        print(f"gpulab: warning: the measured peaks of {peaks.name} look too low for the device: {'; '.join(low)}. "
+              "Was the machine busy when they were measured? When it is quiet, measure again with "
+              "`python -m gpulab.peaks --refresh` (or measured_peaks(refresh=True)).", file=sys.stderr)
+
+
 def measured_peaks(device: str | None = None, refresh: bool = False) -> Peaks:
-    """This device's peaks, measured on first use and then read from the per-machine cache."""
+    """This device's peaks, measured on first use and then read from the per-machine cache (``refresh``
+    measures again and replaces them); warns when they are implausibly low for the device."""
+    peaks = _cached_or_measured(device, refresh)
+    _warn_if_low(peaks)
+    return peaks
+
+
+def _cached_or_measured(device: str | None, refresh: bool) -> Peaks:
     device = pick_device(device) if device else current_device()
     key = _cache_key(device)
     path = _cache_file()
@@ -102,3 +137,20 @@ def measured_peaks(device: str | None = None, refresh: bool = False) -> Peaks:
     except OSError:
         pass  # a read-only home still gets the numbers, just not cached
     return peaks
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpulab.peaks",
+                                     description="Show this machine's measured peaks (measured once, then cached).")
+    parser.add_argument("--refresh", action="store_true", help="measure again (on a quiet machine) and replace the "
+                                                                 "cached figures")
+    parser.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
+    args = parser.parse_args(argv)
+    peaks = measured_peaks(args.device, refresh=args.refresh)
+    print(f"{peaks.name}: copy {peaks.copy_gbps:.1f} GB/s, matmul {peaks.matmul_tflops:.3f} TFLOP/s "
+          f"({peaks.matmul_dtype}), ridge point {peaks.ridge_point:.1f} FLOP/byte; cached in {_cache_file()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """The grader's command line: ``python -m grader <command>``.
 
-Commands and options are a fixed contract (instructors' scripts rely on them); README.md, "The tour,
-for an instructor", describes each command and the ``result.json`` it writes.
+Commands and options are a fixed contract (instructors' scripts rely on them); README.md, "For
+instructors", describes each command and the ``result.json`` it writes.
 """
 from __future__ import annotations
 
@@ -163,7 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m grader", formatter_class=_HelpFormatter,
         description="Release labs, grade submissions, and time kernels for GPU Systems Lab.",
         epilog="Each command has its own help, e.g. `python -m grader grade --help`. README.md "
-               "(\"The tour, for an instructor\") describes the commands and result.json.")
+               "(section \"For instructors\") describes the commands and result.json. Run the grader with the "
+               "project's Python, `.venv/bin/python -m grader ...` (`make setup` creates it): the system Python "
+               "lacks PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name, help, description=None):

@@ -52,12 +52,37 @@ class ReleaseError(ValueError):
     """A solution notebook cannot be released; the message names the notebook and cell."""
 
 
-def _stub_code(region: list[str], indent: str, eid: str | None) -> list[str]:
+def _stub_code(region: list[str], indent: str, eid: str | None, where_in: str | None = None) -> list[str]:
     hints = [line.strip()[len(HINT):].strip() for line in region if line.strip().startswith(HINT)]
     out = [f"{indent}# Hint: {h}" for h in hints]
     what = f"exercise `{eid}`" if eid else "this part"
+    if where_in:  # several stubs in one exercise: say which one still raises
+        what += f", {where_in}"
     out.append(f'{indent}raise NotImplementedError("{what}: replace this line with your code.")')
     return out
+
+
+def _enclosing(lines: list[str], indent: str) -> str | None:
+    """``"function `f`"``, ``"method `C.f`"`` or ``"class `C`"``: the definitions around a region that
+    starts at ``indent``, after ``lines`` (the cell so far)."""
+    names, kind, level = [], None, len(indent)
+    for line in reversed(lines):
+        stripped = line.lstrip()
+        depth = len(line) - len(stripped)
+        if not stripped or depth >= level:
+            continue
+        level = depth
+        for word, what in (("def ", "function"), ("async def ", "function"), ("class ", "class")):
+            if stripped.startswith(word):
+                names.insert(0, stripped[len(word):].split("(")[0].split(":")[0].strip())
+                kind = kind or what
+        if level == 0:
+            break
+    if not names:
+        return None
+    if kind == "function" and len(names) > 1:
+        kind = "method"
+    return f"{kind} `{'.'.join(names)}`"
 
 
 def strip_regions(source: str, *, markdown: bool, where: str, eid: str | None = None) -> tuple[str, int]:
@@ -67,6 +92,7 @@ def strip_regions(source: str, *, markdown: bool, where: str, eid: str | None = 
     region: list[str] | None = None
     indent = ""
     count = 0
+    several = sum(line.strip().startswith(BEGIN) for line in lines) > 1
     for number, line in enumerate(lines, start=1):
         marker = line.strip()
         if marker.startswith(BEGIN):
@@ -77,7 +103,8 @@ def strip_regions(source: str, *, markdown: bool, where: str, eid: str | None = 
         elif marker.startswith(END):
             if region is None:
                 raise ReleaseError(f"{where}: '{END}' at line {number} without a '{BEGIN}' before it.")
-            out.extend(["_Your answer here._"] if markdown else _stub_code(region, indent, eid))
+            where_in = _enclosing(out, indent) if several and not markdown else None
+            out.extend(["_Your answer here._"] if markdown else _stub_code(region, indent, eid, where_in))
             region = None
         elif region is not None:
             region.append(line)

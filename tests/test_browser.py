@@ -1,9 +1,11 @@
-"""A learner's first session, in a real browser: `make lab`, lesson 00, then lab 02's first exercise.
+"""A learner's first session, in a real browser: `make lab`, lesson 00, then lab 02's first exercise,
+saved, closed and reopened: its verdicts are still there.
 
 Playwright drives Debian's Chromium (``/usr/bin/chromium``: Playwright's own browser download is not
 available here) through JupyterLab's own UI: the menus, the CodeMirror editor, Ctrl+Enter. The server
-is the real ``make lab`` target on a free port with a known token. JupyterLab keeps its settings,
-workspace and runtime files in a temporary folder with autosave off, and the test never saves, so it
+is the real ``make lab`` target on a free port with a known token, with its learner workspace (the
+copies a learner works in) in a git-ignored folder of its own. JupyterLab keeps its settings and
+runtime files in a temporary folder with autosave off; the test saves only the workspace's lab, and
 ends by checking that no tracked file changed on disk. A failure leaves screenshots in ``.gpulab/``.
 
 Skipped when chromium or playwright is missing, unless ``GPULAB_BROWSER_TEST=required`` (``.ci/run``
@@ -16,6 +18,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,8 +35,10 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SHOTS = ROOT / ".gpulab"
-LESSON = "notebooks/00_start_here.ipynb"
-LAB = "labs/02_triton_basics.ipynb"
+WORKSPACE = f".gpulab/browser-workspace-{os.getpid()}"  # git-ignored; `make lab WORKSPACE=...` copies into it
+LESSON = f"{WORKSPACE}/notebooks/00_start_here.ipynb"
+LAB = f"{WORKSPACE}/labs/02_triton_basics.ipynb"
+DRILLS = f"{WORKSPACE}/notebooks/16_interview_drills.ipynb"
 TIMEOUT_MS = 120_000  # one step (a cell, a page load) on a loaded 2-core machine
 
 # JupyterLab user settings for the test's own settings folder: never autosave (the test must not
@@ -116,8 +121,10 @@ def _start_lab(tmp: Path, port: int, token: str, log: Path) -> subprocess.Popen:
                JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
     for name in ("GPULAB_STRICT", "GPULAB_GRADING", "MPLBACKEND"):  # a learner's kernel has none of them
         env.pop(name, None)
-    args = f"--allow-root --no-browser --IdentityProvider.token={token}"
-    return subprocess.Popen(["make", "-s", "lab", f"PORT={port}", f"LAB_ARGS={args}"], cwd=ROOT, env=env,
+    # The workspace sits in a hidden (git-ignored) folder, which Jupyter serves only when asked to.
+    args = f"--allow-root --no-browser --IdentityProvider.token={token} --ContentsManager.allow_hidden=True"
+    return subprocess.Popen(["make", "-s", "lab", f"PORT={port}", f"LAB_ARGS={args}", f"WORKSPACE={WORKSPACE}"],
+                            cwd=ROOT, env=env,
                             stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -141,9 +148,10 @@ def _assert_autosave_off(port: int, token: str) -> None:
 
 
 def _server_writes(log: Path) -> list[str]:
-    """Files the Jupyter server wrote through its contents API (it logs each save, upload, creation)."""
+    """Files the Jupyter server wrote through its contents API (it logs each save, upload, creation), outside
+    the learner's workspace (where the test saves its lab)."""
     return [line for line in log.read_text().splitlines()
-            if re.search(r"Saving file at|Uploading file to|Creating new", line)]
+            if re.search(r"Saving file at|Uploading file to|Creating new", line) and WORKSPACE not in line]
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -225,11 +233,21 @@ def _type_into_cell(page, index: int, text: str) -> None:
 
 def _verdict(page, index: int) -> tuple[str, str, list[str]]:
     """A check cell's verdict as a browser without an emoji font shows it (hidden elements excluded):
-    the whole text, its headline (the exercise's verdict) and each case's mark (a table's first column)."""
-    output = _cell(page, index).locator(".jp-OutputArea")
+    the whole text, its headline (the exercise's verdict) and each case's mark."""
+    cell = _cell(page, index)
+    cell.scroll_into_view_if_needed()  # JupyterLab renders only the cells near the viewport
+    output = cell.locator(".jp-OutputArea")
+    output.locator(".jp-OutputArea-output").first.wait_for()
     text = _without_symbols(output.inner_text()).strip()
-    marks = [_without_symbols(t).strip() for t in output.locator("tr > td:first-child").all_inner_texts()]
+    marks = [_without_symbols(t).strip() for t in output.locator(".gpulab-mark").all_inner_texts()]
     return text, text.splitlines()[0], marks
+
+
+def _one_line(locator) -> bool:
+    """Whether an element's text fits on one line (no wrapping), by its client rectangles."""
+    return locator.evaluate("e => { const r = document.createRange(); r.selectNodeContents(e); "
+                            "const tops = new Set([...r.getClientRects()].map(x => Math.round(x.top))); "
+                            "return tops.size <= 1; }")
 
 
 def _error_outputs(page) -> list[str]:
@@ -322,9 +340,10 @@ def _lab_02(page, findings: list[str]) -> None:
     assert "FAIL" in marks, marks
     assert re.search(r"mask|out of bounds|out-of-bounds|past the end", verdict, re.I), verdict
     check_cell = _cell(page, cells["add-check"])
+    assert all(_one_line(mark) for mark in check_cell.locator(".gpulab-mark").all()), "a case's mark wraps"
     hint = check_cell.get_by_text(re.compile(r"Hint:"))
     assert not hint.is_visible(), "the hint shows before the learner asks for it"
-    check_cell.get_by_role("button", name=re.compile("Show hint")).click()
+    check_cell.locator("summary", has_text="Show hint").click()
     hint.wait_for(state="visible")
     assert "mask" in hint.inner_text().lower(), hint.inner_text()
     status = page.locator("#jp-main-statusbar").inner_text()
@@ -347,7 +366,48 @@ def _lab_02(page, findings: list[str]) -> None:
     assert plot.evaluate("img => img.complete && img.naturalWidth > 100"), "the bar chart did not render"
     errors = _error_outputs(page)
     assert not errors, f"{LAB} shows errors:\n" + "\n".join(e[-1500:] for e in errors)
+    _save_close_and_reopen(page, Path(LAB).name)
+    # The saved verdict is back without the kernel that made it (a widget's would read "model not found").
+    verdict, headline, marks = _verdict(page, cells["add-check"])
+    assert re.search(r"\bPASS", headline, re.I) and set(marks) == {"PASS"}, verdict
+    assert "bytes-check" in cells and "PASS" in _verdict(page, cells["bytes-check"])[1]
+    page_text = page.locator(PANEL).inner_text()
+    assert "Error displaying widget" not in page_text and "model not found" not in page_text
     _close_without_saving(page, Path(LAB).name)
+
+
+def _drill(page) -> None:
+    """A drill answered in its box, saved, closed and reopened: the answer is still shown, in the restored
+    widget (make lab saves widget state), with no "model not found"."""
+    cells = _cell_index(DRILLS)
+    _open(page, DRILLS)
+    for cell_id in ("parameters", "setup", "q-opt-1-drill"):
+        _run_cell(page, cells[cell_id], f"running the drills' {cell_id} cell")
+    box = _cell(page, cells["q-opt-1-drill"]).locator("textarea")
+    box.fill("Quantize the weights to int8 and measure")  # saved to the answers file on every change
+    page.wait_for_timeout(1000)  # let the widget sync the value to the kernel (a debounce, not a poll)
+    _save_close_and_reopen(page, Path(DRILLS).name, DRILLS)
+    cell = _cell(page, cells["q-opt-1-drill"])
+    cell.scroll_into_view_if_needed()
+    output = cell.locator(".jp-OutputArea")
+    output.locator(".jp-OutputArea-output").first.wait_for()
+    _wait(page, lambda s: "Loading widget" not in output.inner_text(), "restoring the drill's widget")
+    shown = output.inner_text() + " ".join(t.input_value() for t in output.locator("textarea").all())
+    assert "Quantize the weights to int8" in shown, shown
+    assert "model not found" not in shown and "Error displaying widget" not in shown, shown
+    _close_without_saving(page, Path(DRILLS).name)
+
+
+def _save_close_and_reopen(page, name: str, path: str = LAB) -> None:
+    """Save (File > Save Notebook: a focused widget keeps Ctrl+S to itself), close and shut down the kernel, then
+    open the notebook again from disk."""
+    _menu(page, "File", "Save Notebook")
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while _is_dirty(page):
+        assert time.monotonic() < deadline, f"{name} was not saved"
+        page.wait_for_timeout(100)  # a poll interval
+    _close_without_saving(page, name)
+    _open(page, path)
 
 
 @pytest.mark.slow
@@ -376,6 +436,7 @@ def test_first_session_in_a_browser(tmp_path):
                 page.goto(f"http://127.0.0.1:{port}/?token={token}")  # the server's root: lesson 00
                 _lesson_00(page, findings)
                 _lab_02(page, findings)
+                _drill(page)
             except BaseException:
                 print(f"screenshot: {_screenshot(page, 'failure')}")
                 print("found before the failure:", *findings, sep="\n")
@@ -384,6 +445,7 @@ def test_first_session_in_a_browser(tmp_path):
                 browser.close()
     finally:
         _stop(proc)
+        shutil.rmtree(ROOT / WORKSPACE, ignore_errors=True)
     findings += [f"the Jupyter server wrote a file: {line}" for line in _server_writes(log)]
     findings += _tracked_changes(before, _tracked_files())
     assert not findings, "\n".join(findings)
@@ -397,7 +459,7 @@ def _tracked_changes(before: dict[str, str], after: dict[str, str]) -> list[str]
     other changes are reported as a warning.
     """
     changed = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
-    ours = [name for name in changed if name in (LESSON, LAB)]
+    ours = [name for name in changed if name.startswith(("notebooks/", "labs/"))]
     others = [name for name in changed if name not in ours]
     if os.environ.get("GPULAB_BROWSER_TEST") == "required":
         ours, others = changed, []

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from gpulab.dist import RankError, RankTimeout, launch, pick_backend
+from tests.conftest import scaled
 
 
 def _all_reduce_sum(rank, world_size, scale):
@@ -16,7 +17,7 @@ def _all_reduce_sum(rank, world_size, scale):
 
 
 def test_all_reduce_on_two_ranks():
-    assert launch(_all_reduce_sum, 2, 10.0, timeout_s=30) == [30.0, 30.0]
+    assert launch(_all_reduce_sum, 2, 10.0, timeout_s=scaled(30)) == [30.0, 30.0]
 
 
 def test_code_defined_like_a_notebook_cell_is_shipped_by_value():
@@ -31,7 +32,7 @@ def test_code_defined_like_a_notebook_cell_is_shipped_by_value():
          "    else:\n"
          "        buf = torch.zeros(1); dist.recv(buf, src); dist.send(t, dst); t = buf\n"
          "    return t.item() + OFFSET\n", namespace)
-    assert launch(namespace["ring"], 4, timeout_s=30) == [8.0, 5.0, 6.0, 7.0]
+    assert launch(namespace["ring"], 4, timeout_s=scaled(30)) == [8.0, 5.0, 6.0, 7.0]
 
 
 def test_a_crashing_rank_ends_the_launch_with_its_traceback():
@@ -43,8 +44,8 @@ def test_a_crashing_rank_ends_the_launch_with_its_traceback():
 
     start = time.monotonic()
     with pytest.raises(RankError, match=r"rank 1 of 2 failed:(.|\n)*ValueError: rank one is broken"):
-        launch(crash, 2, timeout_s=60)
-    assert time.monotonic() - start < 30  # no waiting for the timeout
+        launch(crash, 2, timeout_s=scaled(60))
+    assert time.monotonic() - start < scaled(60) / 2  # no waiting for the timeout
 
 
 def test_a_hung_rank_ends_within_its_timeout_with_a_clear_message():
@@ -59,7 +60,7 @@ def test_a_hung_rank_ends_within_its_timeout_with_a_clear_message():
     start = time.monotonic()
     with pytest.raises(RankTimeout, match=r"rank 0 of 2 timed out waiting for another rank"):
         launch(hang, 2, timeout_s=5)
-    assert time.monotonic() - start < 5 + 40
+    assert time.monotonic() - start < 5 + scaled(40)  # the timeout, plus starting the ranks
 
 
 def test_a_rank_stuck_outside_any_collective_is_stopped_by_the_watchdog():
@@ -72,13 +73,15 @@ def test_a_rank_stuck_outside_any_collective_is_stopped_by_the_watchdog():
     finished = r"rank\(s\) \[1\] did not finish within 3 s(.|\n)*rank\(s\) \[0\] had finished"
     with pytest.raises(RankTimeout, match=finished):
         launch(spin, 2, timeout_s=3)
-    assert time.monotonic() - start < 3 + 40
+    assert time.monotonic() - start < 3 + scaled(40)
 
 
 def test_parallel_launches_get_their_own_ports():
     results = []
-    threads = [threading.Thread(target=lambda: results.append(launch(_all_reduce_sum, 2, 1.0, timeout_s=30)))
-               for _ in range(2)]
+    def one_launch():
+        results.append(launch(_all_reduce_sum, 2, 1.0, timeout_s=scaled(30)))
+
+    threads = [threading.Thread(target=one_launch) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
@@ -104,7 +107,7 @@ def test_a_rank_leaving_without_its_send_is_explained():
         return rank
 
     with pytest.raises(RankError, match="send without a matching recv"):
-        launch(unmatched, 2, timeout_s=20)
+        launch(unmatched, 2, timeout_s=scaled(20))  # found when rank 1 exits, long before the timeout
 
 
 def test_ranks_die_with_the_process_that_launched_them(tmp_path):
@@ -123,13 +126,11 @@ def test_ranks_die_with_the_process_that_launched_them(tmp_path):
     from tests.conftest import ROOT
     proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT,
                             env=dict(os.environ, PYTHONPATH=str(ROOT)), start_new_session=True)
-    pids = []
-    for _ in range(300):
+    pids, deadline = [], time.monotonic() + scaled(30)
+    while len(pids) < 2 and time.monotonic() < deadline:
         pids = [p for p in tmp_path.glob("rank*.pid") if p.read_text()]
-        if len(pids) == 2:
-            break
-        time.sleep(0.1)
-    assert len(pids) == 2
+        time.sleep(0.1)  # a poll interval
+    assert len(pids) == 2, f"no rank wrote its pid within {scaled(30):.0f} s"
     os.killpg(proc.pid, signal.SIGKILL)  # what the grader does to a worker that timed out
     proc.wait()
     time.sleep(1.0)
@@ -159,10 +160,10 @@ def test_forked_ranks_see_this_launchs_environment_and_directory(tmp_path, monke
     from gpulab import forkserver
 
     assert forkserver.available()
-    launch(_all_reduce_sum, 2, 1.0, timeout_s=30)  # the server is up from here on
+    launch(_all_reduce_sum, 2, 1.0, timeout_s=scaled(30))  # the server is up from here on
     monkeypatch.setenv("GPULAB_TEST_MARK", "set after the server started")
     monkeypatch.chdir(tmp_path)
-    seen = launch(_what_a_rank_sees, 2, timeout_s=30)
+    seen = launch(_what_a_rank_sees, 2, timeout_s=scaled(30))
     assert [s[:2] for s in seen] == [("set after the server started", str(tmp_path))] * 2
     assert seen[0][2] != seen[1][2]  # each rank draws its own random numbers
     assert seen[0][3] == seen[1][3] == forkserver._server.pid  # forked, not started afresh
@@ -180,14 +181,14 @@ def test_a_rank_killed_by_a_signal_is_reported_with_its_exit_status():
         time.sleep(30)
 
     with pytest.raises(RankError, match=r"rank 1 of 2 failed:\nexit code -9"):
-        launch(killed, 2, timeout_s=30)
+        launch(killed, 2, timeout_s=scaled(30))
 
 
 def test_without_the_fork_server_ranks_start_as_fresh_processes(monkeypatch):
     import os
 
     monkeypatch.setenv("GPULAB_FORKSERVER", "0")
-    seen = launch(_what_a_rank_sees, 2, timeout_s=30)
+    seen = launch(_what_a_rank_sees, 2, timeout_s=scaled(30))
     assert seen[0][3] == seen[1][3] == os.getpid()  # children of this process, no server between
 
 
