@@ -238,15 +238,163 @@ def _on_gradscalers_kernels(sol):
     return LossScaler
 
 
+class _ListedGradScaler:
+    """GradScaler held in a list (and a dict), each method forwarded by hand, its kernels run with the op
+    recorder switched off: the disguise that once scored full marks."""
+
+    def __init__(self, **kwargs):
+        self.held = [torch.amp.GradScaler("cpu", **kwargs)]
+        self.by_name = {"s": self.held[0]}
+
+    def _quiet(self):
+        return torch.utils._python_dispatch._disable_current_modes()
+
+    def get_scale(self):
+        return self.held[0].get_scale()
+
+    def scale(self, loss):
+        with self._quiet():
+            return self.held[0].scale(loss)
+
+    def unscale_(self, optimizer):
+        with self._quiet():
+            self.held[0].unscale_(optimizer)
+
+    def step(self, optimizer):
+        with self._quiet():
+            self.held[0].step(optimizer)
+
+    def update(self):
+        with self._quiet():
+            self.by_name["s"].update()
+
+
+_SCALERS = []  # a global the learner's methods reach by name
+
+
+class _GlobalGradScaler(_ListedGradScaler):
+    def __init__(self, **kwargs):
+        _SCALERS.append(torch.amp.GradScaler("cpu", **kwargs))
+        self.held, self.by_name = [], {}
+
+    def __getattribute__(self, name):  # every method of the last GradScaler made, from a module global
+        if name in ("get_scale", "scale", "unscale_", "step", "update"):
+            return getattr(_SCALERS[-1], name)
+        return object.__getattribute__(self, name)
+
+
+def _closure_gradscaler(**kwargs):
+    """A function handing back an object whose methods close over a GradScaler."""
+    inner = torch.amp.GradScaler("cpu", **kwargs)
+
+    class Closed:
+        def get_scale(self):
+            return inner.get_scale()
+
+        def scale(self, loss):
+            return inner.scale(loss)
+
+        def unscale_(self, optimizer):
+            inner.unscale_(optimizer)
+
+        def step(self, optimizer):
+            inner.step(optimizer)
+
+        def update(self):
+            inner.update()
+    return Closed()
+
+
+def _stolen_methods():
+    """GradScaler's own methods copied into a class of the learner's (its state set up by GradScaler's __init__)."""
+    methods = {k: v for k, v in vars(torch.amp.GradScaler).items() if callable(v) and k != "__init__"}
+    return type("LossScaler", (), {**methods, "__init__": functools.partialmethod(torch.amp.GradScaler.__init__,
+                                                                                    "cpu")})
+
+
+def _recorder_off(sol):
+    """The solution's own scaler, its steps run with the op recorder switched off (a name the code never spells)."""
+    quiet = getattr(torch.utils._python_dispatch, "_disable_" + "current_modes")
+
+    class LossScaler(sol["LossScaler"]):
+        def step(self, optimizer):
+            with quiet():
+                super().step(optimizer)
+    return LossScaler
+
+
+def _recorder_off_by_name(sol):
+    class LossScaler(sol["LossScaler"]):
+        def step(self, optimizer):
+            with torch.utils._python_dispatch._disable_current_modes():
+                super().step(optimizer)
+    return LossScaler
+
+
 @pytest.mark.parametrize("make, says", [
     (lambda sol: _SubclassedGradScaler, "is a torch.amp.GradScaler (_SubclassedGradScaler)"),
     (lambda sol: functools.partial(torch.amp.GradScaler, "cpu"), "is a torch.amp.GradScaler (GradScaler)"),
-    (lambda sol: _WrappedGradScaler, "a wrapper around a torch.amp.GradScaler (self.inner)"),
+    (lambda sol: _WrappedGradScaler, "holds a torch.amp.GradScaler or its code (self.inner: GradScaler)"),
+    (lambda sol: _ListedGradScaler, "holds a torch.amp.GradScaler or its code (self."),
+    (lambda sol: _GlobalGradScaler, "global _SCALERS[0]: GradScaler"),
+    (lambda sol: _closure_gradscaler, "(closure): GradScaler"),
+    (lambda sol: _stolen_methods(), "(LossScaler.__init__.func: GradScaler.__init__"),
     (_on_gradscalers_kernels, "built on GradScaler's kernels (aten._amp_update_scale_)"),
+    (_recorder_off, "switched off the check's op recorder around optimizer.step"),
+    (_recorder_off_by_name, "names _disable_current_modes in its code"),
 ])
 def test_gradscaler_passed_off_as_the_learners_scaler_fails(sol07, make, says):
     r = public(STEM, "loss_scaler", with_answer(sol07, LossScaler=make(sol07)), 1)
     assert r.status == "failed" and says in r.message and "written from scratch" in r.message, r.message
+    ex = EX["loss_scaler"]  # and every hidden case too: a disguise earns nothing
+    hidden = evaluate(ex, with_answer(sol07, LossScaler=make(sol07)), "cpu", ex.cases(3, public=False))
+    assert hidden.score == 0, hidden.message
+
+
+def _partial_check(sol, bug):
+    """The solution's scaler looking for inf/NaN in only some of the parameters."""
+    class LossScaler(sol["LossScaler"]):
+        def unscale_(self, optimizer):
+            if self.found_inf is not None:
+                return
+            found = False
+            with torch.no_grad():
+                for i, group in enumerate(optimizer.param_groups):
+                    for j, p in enumerate(group["params"]):
+                        p.grad.mul_(1.0 / self.scale_value)
+                        bad = not bool(torch.isfinite(p.grad).all())
+                        if bug == "last parameter":  # BUG: overwritten, not or-ed: only the last counts
+                            found = bad
+                        elif bug == "first group" and i > 0 or bug == "first of each group" and j > 0:
+                            continue
+                        else:
+                            found = found or bad
+            self.found_inf = found
+    return LossScaler
+
+
+def _floored(sol):
+    class LossScaler(sol["LossScaler"]):
+        def update(self):
+            super().update()
+            self.scale_value = max(self.scale_value, 1.0)  # BUG: GradScaler has no lower floor
+    return LossScaler
+
+
+@pytest.mark.parametrize("make, rule", [
+    (lambda sol: _partial_check(sol, "last parameter"), "several parameters in several param groups"),
+    (lambda sol: _partial_check(sol, "first group"), "several parameters in several param groups"),
+    (lambda sol: _partial_check(sol, "first of each group"), "several parameters in several param groups"),
+    (_floored, "NaN gradients from a small scale"),
+])
+def test_overflows_in_any_parameter_and_scales_below_one_are_checked_on_every_seed(sol07, make, rule):
+    ex = EX["loss_scaler"]
+    for seed in (1, 2, 3):
+        r = evaluate(ex, with_answer(sol07, LossScaler=make(sol07)), "cpu",
+                     [c for c in ex.cases(seed, public=False) if c.name.startswith(rule)])
+        assert r.status == "failed" and ("ran optimizer.step, but its scaled gradients hold inf or NaN" in r.message
+                                         or "GradScaler's is 0.5" in r.message or "GradScaler's is 0.25" in r.message
+                                         or "GradScaler's is 0.125" in r.message), (seed, r.message)
 
 
 def test_a_scaler_that_zeroes_the_grads_instead_of_skipping_fails(sol07):
