@@ -173,7 +173,7 @@ def _scaler(sol, bug):
 
 @pytest.mark.parametrize("bug, rule", [
     ("late", "growth after exactly growth_interval clean steps"),
-    ("no reset", "an overflow resets the growth counter"),
+    ("no reset", "an overflow before the first growth"),
     ("always steps", "a NaN gradient"),
     ("sticky", "consecutive overflows"),
 ])

@@ -171,7 +171,7 @@ def _report_cases(gen, public):
     return [case("small gradients in fp16", _gradients(gen, n, uniform(gen, -11, -9), -3), "float16", 1.0),
             case("the same range in bf16", _gradients(gen, n, uniform(gen, -11, -9), -3), "bfloat16", 1.0),
             case("a loss scale", _gradients(gen, n, -10, -3, 0.1), "float16", 2.0 ** randint(gen, 8, 16)),
-            case("a scale that overflows", _gradients(gen, n, -4, 1), "float16", 2.0 ** randint(gen, 14, 18)),
+            case("a large scale", _gradients(gen, n, -4, 1), "float16", 2.0 ** randint(gen, 14, 18)),
             case("exact zeros in the input (ReLU gradients)", _gradients(gen, n, -9, -4, uniform(gen, .2, .5)),
                  "float16", 1.0),
             case("fp8 e5m2", _gradients(gen, n, -8, 2), "float8_e5m2", 2.0 ** randint(gen, 0, 6))]
@@ -254,8 +254,8 @@ def _scaler_cases(gen, public):
     nans = {s: "nan" for s in range(1, 6)}
     return [case("growth after exactly growth_interval clean steps", _stream(gen, 3 * k + 1),
                  2.0 ** randint(gen, 4, 12), k),
-            case("an overflow resets the growth counter", _stream(gen, 3 * k, {k - 1: "inf"}), 2.0 ** 10, k),
-            case("a scale too large at the start", _stream(gen, 12), 2.0 ** randint(gen, 24, 27), randint(gen, 2, 3)),
+            case("an overflow before the first growth", _stream(gen, 3 * k, {k - 1: "inf"}), 2.0 ** 10, k),
+            case("a large initial scale", _stream(gen, 12), 2.0 ** randint(gen, 24, 27), randint(gen, 2, 3)),
             case("a NaN gradient", _stream(gen, 9, {t: "nan"}), 2.0 ** 12, 2),
             case("consecutive overflows", _stream(gen, 10, {t - 1: "inf", t: "inf", t + 1: "nan"}), 2.0 ** 14, 2),
             case("growth interval 1", _stream(gen, 9, {t: "inf"}), 2.0 ** 6, 1),
@@ -398,11 +398,11 @@ def _train_cases(gen, public):
     if public:
         return [case("", "float16", 2.0 ** 12, 0.1), case("", "bfloat16", 1.0, 0.1),
                 case("", "float16", 2.0 ** 40, 0.1, steps=2), case("", "float16", 2.0 ** 10, 100.0, "adamw")]
-    return [case("fp16 with loss scaling, clipping active", "float16", 2.0 ** randint(gen, 8, 14),
+    return [case("fp16 with loss scaling, a small max_norm", "float16", 2.0 ** randint(gen, 8, 14),
                  uniform(gen, .02, .2)),
             case("bf16, no loss scaling", "bfloat16", 1.0, uniform(gen, .02, .2)),
-            case("an overflowing first step", "float16", 2.0 ** randint(gen, 36, 44), 0.1, steps=2),
-            case("clipping inactive on the true gradients", "float16", 2.0 ** randint(gen, 10, 14), 1e3),
+            case("a large initial scale", "float16", 2.0 ** randint(gen, 36, 44), 0.1, steps=2),
+            case("a large max_norm", "float16", 2.0 ** randint(gen, 10, 14), 1e3),
             case("AdamW", "float16", 2.0 ** randint(gen, 8, 12), uniform(gen, .05, .2), "adamw")]
 
 

@@ -5,6 +5,7 @@ it knows no answer (the references and verdicts are the judge's, in ``grader/che
 from __future__ import annotations
 
 import collections
+import dis
 import functools
 import inspect
 import os
@@ -91,6 +92,15 @@ def _code_names(code) -> set:
     return names
 
 
+def _global_names(code) -> set:
+    """The global names ``code`` and the functions nested in it read (not attribute names)."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
 def _children(obj, path: str) -> list:
     """(object, path) pairs one step from ``obj``: attributes, class attributes, container items, closures,
     defaults and the globals a function's code names; nothing inside library code, modules or tensors."""
@@ -114,7 +124,7 @@ def _children(obj, path: str) -> list:
             return []
         cells = [(c.cell_contents, f"{path} (closure)") for c in obj.__closure__ or () if _filled(c)]
         defaults = [(v, f"{path} (default)") for v in (*(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values())]
-        named = [(obj.__globals__[n], f"{path}: global {n}") for n in sorted(_code_names(obj.__code__))
+        named = [(obj.__globals__[n], f"{path}: global {n}") for n in sorted(_global_names(obj.__code__))
                  if n in obj.__globals__]
         return cells + defaults + named + [(getattr(obj, "__wrapped__", None), f"{path}.__wrapped__")]
     if isinstance(obj, type):
