@@ -494,6 +494,17 @@ def test_a_strict_gap_threshold_fails_on_every_seed(sol06):
         assert r.score == 0 and all("gaps strictly longer than min_gap_us" in c.message for c in r.cases), r.message
 
 
+def test_a_busy_window_ending_at_the_last_event_to_start_fails_on_every_seed(sol06):
+    """Every trace ends with a copy that starts inside the last kernel and ends first."""
+    src = kit.solution_with(STEM, "trace_summary", "busy / (end - first)", "busy / (spans[-1][1] - first)")
+    ns = dict(sol06)
+    exec(compile(src, "<last span>", "exec"), ns)
+    for seed in (1, 2, 3):
+        ex = EX["trace_summary"]
+        r = evaluate(ex, ns, "cpu", ex.cases(seed, public=False))
+        assert r.score == 0 and "expected top" in r.message, r.message
+
+
 def test_a_reader_that_does_not_sort_fails(sol06):
     def trace_summary(trace, k, min_gap_us):  # BUG: takes the events in file order
         spans = [(e["ts"], e["ts"] + e["dur"]) for e in trace["traceEvents"]

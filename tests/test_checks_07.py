@@ -125,6 +125,21 @@ def test_a_cast_report_that_scales_its_input_in_place_fails(sol07):
     assert r.status == "failed" and "changed its input x in place" in r.message, r.message
 
 
+@pytest.mark.parametrize("old, new, says", [
+    ("< tiny", "<= tiny", "subnormal = "),                     # the smallest normal counted as subnormal
+    ("(y == 0)", "((x.float() * scale).abs() < torch.finfo(dtype).tiny * torch.finfo(dtype).eps)",
+     "underflow = "),                                           # the value before the cast tested, not the result
+])
+def test_the_edges_of_the_subnormal_range_are_in_every_hidden_set(sol07, old, new, says):
+    src = kit.solution_with(STEM, "cast_report", old, new)
+    ns = dict(sol07)
+    exec(compile(src, "<edge mistake>", "exec"), ns)
+    ex = EX["cast_report"]
+    for seed in (1, 2, 3):
+        r = evaluate(ex, ns, "cpu", ex.cases(seed, public=False))
+        assert r.score == 0 and says in r.message, (seed, r.message)
+
+
 # --- 3. the loss scaler -----------------------------------------------------------------------------------
 
 def _scaler(sol, bug):

@@ -470,8 +470,12 @@ def _trace_cases(gen, public):
                 t += eighth(gap_scale * 2) + 0.5
         # the last kernel starts exactly min_gap_us after the device falls idle: a gap "of at least" min_gap_us
         end = max(e["ts"] + e["dur"] for e in events)
-        events.append({"ph": "X", "cat": "kernel", "name": choice(gen, names), "ts": end + min_gap,
-                       "dur": eighth(uniform(gen, 2.0, 60.0)), "pid": 0, "tid": 7})
+        last = {"ph": "X", "cat": "kernel", "name": choice(gen, names), "ts": end + min_gap,
+                "dur": eighth(uniform(gen, 8.0, 60.0)), "pid": 0, "tid": 7}
+        # and a copy that starts inside it and ends first: the last event to start is not the last to end
+        copy = {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": last["ts"] + 1.0,
+                "dur": eighth(uniform(gen, 1.0, last["dur"] - 2.0)), "pid": 0, "tid": 9}
+        events += [last, copy]
         n_kernels += 1
         if cpu:
             for e in list(events)[:n_kernels // 2]:

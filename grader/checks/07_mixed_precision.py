@@ -157,8 +157,25 @@ def _gradients(gen, n, lo, hi, zeros=0.0):
     return torch.where(torch.rand(n, generator=gen) < zeros, 0.0, x)
 
 
+_MANTISSA = {"float16": 10, "bfloat16": 7, "float8_e5m2": 2}  # stored fraction bits: min subnormal = tiny 2^-m
+
+
+def _on_the_edges(gen, x, dtype, scale):
+    """``x`` with a few entries that land exactly on the edges after scaling: +-tiny (the smallest normal: not
+    subnormal), and 3/4 of the smallest subnormal (rounds up to it: not an underflow), so a test with <= tiny or
+    one on the value before the cast fails on every seed."""
+    fi = torch.finfo(RUN._DTYPES[dtype])
+    edges = torch.tensor([fi.tiny, -fi.tiny, 0.75 * fi.tiny * 2.0 ** -_MANTISSA[dtype]],
+                         dtype=torch.float64) / scale
+    x = x.clone()
+    x[torch.randperm(x.numel(), generator=gen)[:len(edges)]] = edges.float()
+    return x
+
+
 def _report_cases(gen, public):
     def case(rule, x, dtype, scale):
+        if rule:
+            x = _on_the_edges(gen, x, dtype, scale)
         return Case(f"{rule}{': ' if rule else ''}{x.numel()} values, |x| from {x[x != 0].abs().min():.1e} to "
                     f"{x.abs().max():.1e}, {dtype}, scale {scale:g}", dict(x=x, dtype=dtype, scale=scale))
 
