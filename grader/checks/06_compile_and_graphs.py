@@ -7,6 +7,10 @@ replayed (``gpulab.graphs``: CUDA graphs on a GPU, the recording stand-in on a C
 No check runs Inductor (``gpulab.compiler.no_inductor``: a learner's torch.compile without a backend is refused
 with a message): the compile checks use counting and eager backends, milliseconds per graph. Dynamo runs at its
 default settings (``gpulab.compiler.default_settings``): a flag set to hide a break or a recompile is named.
+Every hidden set holds the edges a near-miss trips on: inputs already marked dynamic, a loss of +inf (not NaN),
+a trace gap of exactly ``min_gap_us`` and a copy ending before the last kernel, a timed call slowed by a device
+hiccup (a mean moves, a median does not) and device work queued by the first compiled call; timings must be
+differences of the learner's own clock readings, and count_compiles may not use the course's CountingBackend.
 Hidden cases: one per rule (a case's name starts with its rule, before ':'), the same rules on every seed.
 """
 from __future__ import annotations

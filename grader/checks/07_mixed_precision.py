@@ -1,7 +1,9 @@
 """Checks of lab 07, mixed precision: format limits from the bit layout (bias, IEEE vs finite-only fp8),
 what a cast loses (underflow, subnormals, overflow, with and without a loss scale), a dynamic loss scaler
 replayed step by step against ``torch.amp.GradScaler`` on the same fp16 gradients (it skips exactly the
-overflowing steps, grows after exactly ``growth_interval`` clean steps, resets its counter on an overflow),
+overflowing steps, an overflow in any parameter of any param group, grows after exactly ``growth_interval``
+clean steps, resets its counter on an overflow, backs off below 1; a GradScaler held anywhere in the scaler,
+its code, its kernels or an op recorder switched off earn nothing),
 an autocast training step (fp32 master weights, low-precision forward, unscale before clipping, overflowing
 steps skipped) and a Kahan sum that stays in the low precision. Wrong answers are named by the mistake they
 match. Hidden cases: one per rule (a case's name starts with its rule, before ':'), the same rules on every seed.

@@ -1,10 +1,12 @@
 """Checks of lab 09, pruning and distillation: magnitude masks, shrinking hidden units, N:M masks, training with masks,
-and the distillation loss.
+and the distillation loss. One weight of each magnitude case, and every N:M weight, is non-contiguous (stored
+transposed, as a tied layer's is): a ``.view`` that flattens it is named.
 
 Beyond plain output equality (curriculum, lab 09 "C:"): the exact number of pruned weights (``round(s * n)``, with
 ties at the threshold, so ``<=`` and ``<`` against the k-th magnitude both miss it) in the right scope (global ranks
 every layer together, per-layer each alone; layers of different scales tell them apart); structured pruning that
-builds smaller ``nn.Linear`` layers, shrinks the next layer's input to match and computes what the masked model
+builds smaller ``nn.Linear`` layers where fc1 lives (not on torch's default device: the run side makes
+another device the default first), shrinks the next layer's input to match and computes what the masked model
 computes (the kept units in any order, as long as fc1's rows and fc2's columns share it: a layer's units are a set,
 so the output, not the index order, is compared; rows and columns in different orders, L1 or max norms and float64
 layers are named); N:M masks with exactly N kept in *every* group of M along the input dim; pruned weights that stay
