@@ -315,7 +315,7 @@ def _borrowed_scaler(evidence: dict) -> str | None:
     if evidence["is"]:
         return f"is a torch.amp.GradScaler ({evidence['is']})"
     if evidence["holds"]:
-        return f"holds a torch.amp.GradScaler or its code ({'; '.join(evidence['holds'][:3])})"
+        return f"holds GradScaler, its code or a recorder's off switch ({'; '.join(evidence['holds'][:3])})"
     if evidence["kernels"]:
         return f"is built on GradScaler's kernels ({', '.join(evidence['kernels'])})"
     if evidence["names"]:

@@ -5,6 +5,7 @@ it knows no answer (the references and verdicts are the judge's, in ``grader/che
 from __future__ import annotations
 
 import collections
+import contextlib
 import dis
 import functools
 import inspect
@@ -69,9 +70,38 @@ _FOREIGN_NAMES = {"GradScaler", "_amp_update_scale_", "_amp_foreach_non_finite_c
                   "_pop_torch_dispatch_stack", "_unset_dispatch_mode", "_set_dispatch_mode", "_ExcludeDispatchKeyGuard",
                   "DisableTorchFunction", "DisableTorchFunctionSubclass"}
 _SCALER_METHODS = ("get_scale", "scale", "unscale_", "step", "update")
+# The same functions where a learner's code finds them at run time (by any spelling): while the check replays a
+# scaler each one reports its calls (references taken earlier are found by the walk below, by their names).
+_TRIPWIRES = ((torch.utils._python_dispatch, ("_disable_current_modes", "_pop_mode_temporarily", "_pop_mode")),
+              (torch._C, ("_pop_torch_dispatch_stack", "_DisableTorchDispatch", "_unset_dispatch_mode",
+                          "_set_dispatch_mode")),
+              (torch, ("_amp_update_scale_", "_amp_foreach_non_finite_check_and_unscale_")))
 # Where library code lives: torch, the course's helpers and Python's own library (by file, not by __module__)
 _LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, gpulab)) + tuple(
     sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "purelib", "platlib"))
+
+
+@contextlib.contextmanager
+def _tripwires():
+    """Yield a list that receives the name of each :data:`_TRIPWIRES` function called inside the block."""
+    tripped, saved = [], []
+
+    def wire(original, name):
+        def called(*args, **kwargs):
+            tripped.append(name)
+            return original(*args, **kwargs)
+        return called
+
+    for module, names in _TRIPWIRES:
+        for name in names:
+            if hasattr(module, name):
+                saved.append((module, name, getattr(module, name)))
+                setattr(module, name, wire(getattr(module, name), name))
+    try:
+        yield tripped
+    finally:
+        for module, name, original in saved:
+            setattr(module, name, original)
 
 
 def _library_code(fn) -> bool:
@@ -171,11 +201,15 @@ def _walk(roots: list, limit: int = 20000) -> tuple[list, list]:
             continue
         if isinstance(obj, types.FunctionType) and not _library_code(obj):
             names |= _code_names(obj.__code__) & _FOREIGN_NAMES
+        elif getattr(obj, "__name__", None) in _FOREIGN_NAMES and callable(obj) and (
+                not _heap_type(obj) if isinstance(obj, type) else _library_code(obj)):
+            found.append(f"{path}: {obj.__name__}")  # a reference to one, however it was looked up
+            continue
         todo.extend(kids)
     return found, sorted(names)
 
 
-def _scaler_evidence(made, scaler, ops: list, unrecorded: list) -> dict:
+def _scaler_evidence(made, scaler, ops: list, unrecorded: list, tripped: list) -> dict:
     """Facts about a learner's scaler for the judge: what of GradScaler (or of a course helper) it is, holds,
     names or runs, which of its methods are not its own code, and whether the op recorder was switched off."""
     cls = type(scaler)
@@ -187,7 +221,8 @@ def _scaler_evidence(made, scaler, ops: list, unrecorded: list) -> dict:
             library.append(name)
     holds, names = _walk([(scaler, "self"), (made, getattr(made, "__name__", "LossScaler"))])
     return {"is": cls.__name__ if isinstance(scaler, torch.amp.GradScaler) else None, "holds": holds,
-            "kernels": sorted(_GRADSCALER_OPS.intersection(ops)), "names": names, "library_methods": library,
+            "kernels": sorted(_GRADSCALER_OPS.intersection(ops) | {f"torch.{n}" for n in tripped if "_amp_" in n}),
+            "names": sorted(set(names) | {n for n in tripped if "_amp_" not in n}), "library_methods": library,
             "unrecorded_steps": len(unrecorded), "gpulab": borrowed(cls)}
 
 
@@ -208,9 +243,10 @@ def _scaler_run(ns, case, device):
                 return out
             return step
 
-        out = replay_scaler(scaler, list(x["grads"]), device=device, unscale_first=x["unscale_first"],
-                            groups=x["groups"], wrap_step=watched)
-    return {**out, "evidence": _scaler_evidence(made, scaler, ops, unrecorded)}
+        with _tripwires() as tripped:  # undone before the recorder's own exit, which pops its mode
+            out = replay_scaler(scaler, list(x["grads"]), device=device, unscale_first=x["unscale_first"],
+                                groups=x["groups"], wrap_step=watched)
+    return {**out, "evidence": _scaler_evidence(made, scaler, ops, unrecorded, tripped)}
 
 
 D_IN, HIDDEN, D_OUT, BATCH = 16, (32, 32), 4, 32
