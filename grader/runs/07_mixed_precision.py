@@ -113,22 +113,22 @@ def _library_code(fn) -> bool:
     return not isinstance(code, types.CodeType) or code.co_filename.startswith(_LIBRARY_DIRS)
 
 
-def _code_names(code) -> set:
-    """Every global and attribute name ``code`` and the functions nested in it use."""
-    names = set(code.co_names)
+def _codes(code):
+    """``code`` and the code of every function nested in it."""
+    yield code
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names |= _code_names(const)
-    return names
+            yield from _codes(const)
+
+
+def _code_names(code) -> set:
+    """Every global and attribute name ``code`` and the functions nested in it use."""
+    return {name for c in _codes(code) for name in c.co_names}
 
 
 def _global_names(code) -> set:
     """The global names ``code`` and the functions nested in it read (not attribute names)."""
-    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
+    return {i.argval for c in _codes(code) for i in dis.get_instructions(c) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
 
 
 def _children(obj, path: str) -> list:
