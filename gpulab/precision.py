@@ -7,7 +7,8 @@
   run in float16 while its parameter (the master copy) stays float32, driven through any loss scaler
   with the ``torch.amp.GradScaler`` interface (``scale``, ``step``, ``update``, ``get_scale``). The
   lesson replays ``GradScaler`` on a stream of gradients; lab 07's check replays the learner's
-  scaler and ``GradScaler`` on the same stream and compares them step by step.
+  scaler and ``GradScaler`` on the same stream and compares them step by step (the toy split over
+  several parameters in several param groups too: an overflow anywhere must be found).
 - :func:`matmul_tflops`: one large matmul per precision on a GPU (tensor cores), for lesson and lab 07.
 """
 from __future__ import annotations
