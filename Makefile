@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.gpulab-installed
 # setuptools explains editable installs in a banner on every setup; the install is standard, so hush it.
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: lab test test-gpu test-triton36 test-torch211 setup release bench clean
+.PHONY: lab test test-gpu gpu-check test-triton36 test-torch211 setup release bench clean
 
 # Containers often run as root, which Jupyter refuses without --allow-root.
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
@@ -23,9 +23,17 @@ test: $(STAMP)
 	$(PY) -m grader release --check
 	$(PY) -m pytest -n 2 --dist worksteal
 
-# Re-execute every lesson and solution on the GPU (needs a CUDA machine).
-test-gpu: $(STAMP)
-	GPULAB_DEVICE=cuda $(PY) -m pytest tests/test_notebooks_execute.py -m "slow or gpu" -p no:xdist
+# The GPU check: one command for an offline GPU machine with nothing but python3 + torch/Triton/NumPy (no
+# venv, no pip, no Jupyter, no install of this project). Options go in ARGS, e.g.
+# `make gpu-check ARGS="--budget 1200 --out /tmp/gpu"`; the CPU smoke run: `make gpu-check ARGS="--device cpu --tiny"`.
+ARGS ?=
+gpu-check:
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) benchmarks/gpu_check.py $(ARGS)
+
+# Everything the GPU check can do, with no time limit: every lesson and solution re-executed on the GPU too
+# (papermill when it is importable, else each notebook's code cells in order). No venv needed.
+test-gpu:
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) benchmarks/gpu_check.py --budget 0 $(ARGS)
 
 # The kernel tests (CPU interpreter and the sm_90 compile check) against Triton 3.6, the GPU machines'
 # version, in a side venv: not part of `make test`. numpy < 2.4: Triton 3.6's interpreter needs it.

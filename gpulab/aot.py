@@ -124,6 +124,39 @@ def loaded_dtypes(ttir: str) -> tuple[str, ...]:
     return tuple(sorted(set(_TT_LOAD_TYPE.findall(ttir))))
 
 
+# --- what the SASS says about a loop ----------------------------------------------------------------
+
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_BRANCH = re.compile(r"\bBRA\s+(?:`\()?(0x[0-9a-f]+)")
+SCHEDULERS_PER_SM = 4  # warp schedulers per SM (Volta to Hopper): each issues one warp instruction per clock
+
+
+def instructions(sass: str) -> list[str]:
+    """Every instruction of ``sass`` in address order, ``NOP`` padding left out."""
+    return [text.strip() for _, text in _SASS_LINE.findall(sass) if not text.strip().startswith("NOP")]
+
+
+def main_loop(sass: str) -> list[str]:
+    """The instructions of the longest loop in ``sass`` (a backward branch's target up to the branch,
+    ``NOP`` padding left out): for a kernel that walks K, one K step."""
+    lines = [(int(addr, 16), text.strip()) for addr, text in _SASS_LINE.findall(sass)]
+    loops = []
+    for addr, text in lines:
+        target = _BRANCH.search(text)
+        if target and int(target.group(1), 16) < addr:
+            start = int(target.group(1), 16)
+            loops.append([t for a, t in lines if start <= a <= addr and not t.startswith("NOP")])
+    return max(loops, key=len, default=[])
+
+
+def issue_ceiling_bytes_per_s(instructions_per_byte: float, device: Device = H100) -> float:
+    """The bandwidth at which issuing the instructions becomes the limit: every SM's schedulers issue one
+    warp instruction (32 threads) per clock, so bytes/s = SMs x 4 x clock x 32 / instructions per byte
+    and thread. A kernel cannot stream memory faster than this, whatever its loads do."""
+    clock_hz = device.properties()["sm_clock_rate"] * 1e3
+    return device.sms * SCHEDULERS_PER_SM * clock_hz * device.warp_size / instructions_per_byte
+
+
 # --- the record -----------------------------------------------------------------------------------
 
 @dataclass

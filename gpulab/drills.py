@@ -37,6 +37,7 @@ LAB_TITLES = {  # the stems an answer cites; lessons are notebooks/<stem>.ipynb,
     "11_data_parallel": "data parallelism, collectives", "12_tensor_parallel": "tensor parallelism",
     "13_pipeline_parallel": "pipeline parallelism", "14_inference_serving": "inference serving",
     "15_gpu_algorithms": "GPU algorithms", "16_capstone_design": "capstone: planning and capacity",
+    "17_cuda_simt": "CUDA C++, SIMT, occupancy",
 }
 
 
@@ -122,6 +123,25 @@ Is this kernel memory-bound or compute-bound, and what would you change? Explain
 - Throughput vs latency; strong vs weak scaling and Amdahl's law
 - Mixed precision and accumulation; determinism; reproducible benchmarks
 - GPU-friendly algorithms (batched k-means, top-k, vector search); fewer host-device transfers
+
+## Q-HW-2 | 15 min | labs 17 02 04
+Write a CUDA C++ kernel that sums a large float array, with its launch, then tell me how you would check it and
+make it faster.
+- Indexing: blockIdx.x * blockDim.x + threadIdx.x, a grid-stride loop, the tail guarded (i < n, 0 past the end)
+- Shared-memory tree with __syncthreads() after the load and after every step; never a barrier in a divergent branch
+- Warp-level finish with __shfl_down_sync (offsets 16 to 1; the full mask only when all 32 lanes execute it)
+- One atomicAdd per block or a second pass; float order changes the sum, so compare within a tolerance
+- Host side: an RAII device buffer, cudaGetLastError after the launch, errors at the sync, events for timing
+- Cites lab 17's compile report: SHFL and BAR in block_sum's SASS, its registers, no spills
+
+## Q-HW-3 | 12 min | labs 17 04 01
+Given a kernel with poor occupancy, walk through your profiling and optimization steps.
+- First ask whether occupancy is the problem: achieved vs theoretical occupancy and stall reasons (Nsight Compute)
+- Find the limiter from the compile report (registers, shared memory, block size) and the occupancy calculation
+- Registers: fewer live values, no __launch_bounds__ that forces spills (spills are local-memory traffic)
+- Shared memory: smaller tiles or fewer stages; block size: smaller blocks so several fit on an SM
+- Re-measure time and DRAM throughput: more occupancy can lose to more ILP in a compute-bound kernel
+- Cites lab 17's smooth_slow vs smooth_fast: registers, spills and blocks per SM from nvcc's report
 
 ## Q-DIST-1 | 12 min | labs 10 11 16
 Design distributed training of a 13B model on 64 GPUs: DDP, FSDP or ZeRO? Show the memory and the communication.

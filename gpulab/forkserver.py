@@ -174,6 +174,17 @@ def _reap(exits: dict) -> None:
             Path(exit_file).write_text(str(code))
 
 
+def assert_cuda_free() -> None:
+    """Refuse to fork once CUDA is initialised in this process: a forked child cannot use its parent's CUDA
+    context, so every rank would fail at its first CUDA call (NCCL included). Importing torch does not
+    initialise CUDA; calling into it (a tensor on the GPU, ``torch.cuda.init()``) would. The server then
+    exits without forking and the launcher starts each rank as a fresh process instead."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise RuntimeError("the rank fork server initialised CUDA before forking: forked ranks could not use the "
+                           "GPU. Keep CUDA calls out of gpulab.forkserver.serve, or set GPULAB_FORKSERVER=0.")
+
+
 def serve() -> None:
     from gpulab.dist_worker import die_with_parent
 
@@ -189,6 +200,7 @@ def serve() -> None:
     import torch.utils._python_dispatch  # noqa: F401
     import torch.utils.flop_counter  # noqa: F401
 
+    assert_cuda_free()
     exits: dict = {}
     stdin = sys.stdin
     while True:
@@ -201,6 +213,7 @@ def serve() -> None:
             return  # the launcher closed the pipe: it is gone
         request = json.loads(line)
         sys.stdout.flush()
+        assert_cuda_free()
         pid = os.fork()
         if pid == 0:
             _child(request)

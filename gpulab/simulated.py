@@ -83,6 +83,10 @@ class SimulatedDevice:
         self._busy_until = start + seconds
         self.launches += 1
 
+    def pending(self) -> bool:
+        """Whether queued work has not finished yet (what a clock read before ``synchronize`` misses)."""
+        return self._busy_until > self._now()
+
     def synchronize(self) -> None:
         """Block until every queued piece of work has finished (with a clock: jump to that time)."""
         if self.clock is not None:

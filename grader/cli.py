@@ -74,7 +74,7 @@ def _grade(args) -> int:
 
     out = Path(args.out) if args.out else Path("grades") / Path(args.notebook).stem
     result = grade_to_dir(args.notebook, out, lab=args.lab, device=_device(args.device), seed=args.seed,
-                          timeout_s=args.timeout, notebook_run=not args.no_notebook_run)
+                          timeout_s=args.timeout, deadline_s=args.deadline, notebook_run=not args.no_notebook_run)
     print(table(result))
     print(f"wrote {out}/result.json, feedback.md, junit.xml")
     if result["status"] != "graded":
@@ -91,7 +91,7 @@ def _cohort(args) -> int:
     try:
         results = cohort(args.folder, args.lab, args.out, jobs=args.jobs, shard=args.shard,
                          device=_device(args.device), seed=args.seed, timeout_s=args.timeout,
-                         notebook_run=not args.no_notebook_run)
+                         deadline_s=args.deadline, notebook_run=not args.no_notebook_run)
     except (KeyError, ValueError) as exc:
         print(f"cohort failed: {exc}", file=sys.stderr)
         return 2
@@ -138,8 +138,12 @@ def _grading_options(p) -> None:
     p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"],
                    help="where the answers run; auto picks cuda when a GPU is visible")
     p.add_argument("--seed", type=int, default=None,
-                   help="seed of the hidden cases (default: a secret one per run); fix it to reproduce a run")
+                   help="seed of the hidden cases and of the answers' random generators (default: a secret one "
+                        "per run, recorded in result.json); pass it again to regrade identically")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds allowed per exercise")
+    p.add_argument("--deadline", type=float, default=1200.0, metavar="S",
+                   help="seconds allowed per submission, all exercises and the notebook run together; "
+                        "exercises still running then score 0 as timeout")
     p.add_argument("--no-notebook-run", action="store_true",
                    help="skip running the rebuilt notebook top to bottom (faster; scores are unaffected)")
 

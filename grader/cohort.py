@@ -56,9 +56,10 @@ def result_dir(out: Path, submission: str) -> Path:
 
 
 def _text_cell(value) -> str:
-    """A CSV cell that a spreadsheet shows as text, never runs as a formula (OWASP CSV injection)."""
+    """A CSV cell that a spreadsheet shows as text, never runs as a formula (OWASP CSV injection), also
+    after leading spaces a spreadsheet may drop (`` =cmd|' /C calc'!A0``)."""
     text = str(value)
-    return "'" + text if text.startswith(("=", "+", "-", "@", "\t", "\r")) else text
+    return "'" + text if text.lstrip(" ").startswith(("=", "+", "-", "@", "\t", "\r")) else text
 
 
 def _number_cell(value) -> str:

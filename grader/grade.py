@@ -7,12 +7,21 @@
    Tags and metadata of the submission are ignored.
 3. Generate hidden cases from a secret per-run seed, here in the judge.
 4. Run the answers in child processes (``grader.worker``) with a timeout per exercise; a crash or a
-   hang costs only the exercise it happened in, and a fresh worker carries on with the rest.
+   hang costs only the exercise it happened in, and a fresh worker carries on with the rest (without
+   re-running the answer cells of finished exercises, unless a remaining one uses what they define).
+   Python's, NumPy's and torch's random generators are seeded per exercise from the run's seed, so
+   one seed gives one grade, whatever the answers draw.
 5. Judge the observations here, and write ``result.json``, ``feedback.md`` and ``junit.xml``.
+
+The judge has limits too: one wall-clock deadline per submission (workers and notebook run
+together), a budget for the bytes of observations that come back (spooled to a temporary file, never
+held twice), and a byte and CPU budget for draining each worker's pipes.
 """
 from __future__ import annotations
 
+import ast
 import functools
+import hashlib
 import io
 import os
 import pickle
@@ -39,9 +48,16 @@ from grader.runs import PACKAGE as RUNS_PACKAGE
 from grader.worker import CHANNEL_FD, HEADER
 
 DEFAULT_TIMEOUT = 60.0   # seconds per exercise (its answer cell plus all its cases)
+DEFAULT_DEADLINE = 1200.0  # seconds per submission, all workers and the notebook run together
 STARTUP_ALLOWANCE = 30.0  # importing torch and triton, and the locked setup cells
 LOG_CAP = 32 * 1024       # bytes of a worker's own stdout/stderr kept for grader.log
-FRAME_CAP = {b"M": 256, b"T": 256 * 1024, b"O": 256 << 20}  # the largest frame of each kind
+LOG_DRAIN = 16 << 20      # bytes of a worker's stdout/stderr read at all; then the judge closes the pipe
+CHATTER_CAP = 16 << 20    # bytes of frames per worker besides accepted observations (an honest one: < 1 MiB)
+FRAME_COST = 256          # the least a frame counts against CHATTER_CAP (a flood of empty frames is a flood)
+SPOOL_FROM = 1 << 20      # observation frames from this size on go to a temporary file, smaller ones stay in memory
+DRAIN_CPU_S = 20.0        # CPU seconds the judge spends reading one worker's pipes
+OBSERVATION_BUDGET = 128 << 20  # bytes of observations one submission may send back, all exercises together
+FRAME_CAP = {b"M": 256, b"T": 256 * 1024, b"O": 1 << 40}  # the largest frame of each kind (O: see the budget)
 OUTPUT_CAP = 256 * 1024   # characters of learner output kept per worker; further T frames are dropped
 MAX_ITEMS = 200_000       # items an exercise's observations may hold, written out in full
 MAX_DEPTH = 50            # nesting depth of those observations
@@ -85,31 +101,118 @@ def identify_lab(submission, requested: str | None) -> tuple[str | None, str]:
 class WorkerRun:
     """What one worker sent back before it finished, died or ran out of time."""
 
-    how: str = "exited"                  # exited | timeout | tampered
+    how: str = "exited"                  # exited | timeout | tampered | flood | deadline
     marker: str = ""                     # the last accepted progress marker
-    observations: dict = field(default_factory=dict)   # {eid: torch.save bytes}
+    observations: dict = field(default_factory=dict)   # {eid: temporary file at the torch.save bytes}
+    refused: dict = field(default_factory=dict)         # {eid: bytes of observations over the budget}
     output: list = field(default_factory=list)          # learner print() output
     log: bytearray = field(default_factory=bytearray)   # the process's own stdout/stderr, tail kept
 
 
+@dataclass
+class Budget:
+    """What is left of one submission's :data:`OBSERVATION_BUDGET`, shared by its workers."""
+
+    left: int
+
+
+class _Window(io.RawIOBase):
+    """The bytes of ``file`` from ``start`` on, as a file of their own (what ``torch.load`` reads)."""
+
+    def __init__(self, file, start: int) -> None:
+        super().__init__()
+        self.file, self.start = file, start
+        file.seek(start)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        return self.file.readinto(buf)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            offset += self.start
+        return self.file.seek(offset, whence) - self.start
+
+    def tell(self) -> int:
+        return self.file.tell() - self.start
+
+    def close(self) -> None:
+        self.file.close()
+        super().close()
+
+
+class _Refused(Exception):
+    """The channel broke a rule; ``how`` is ``tampered`` (a malformed frame) or ``flood``."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__(how)
+        self.how = how
+
+
 class _Frames:
-    """Splits the worker's channel into frames, refusing anything outside :data:`FRAME_CAP`."""
+    """Splits the worker's channel into frames ``(kind, payload, size)``, holding at most one small
+    frame in memory.
 
-    def __init__(self) -> None:
-        self.buf = bytearray()
+    A large observation frame's payload goes to a temporary file as it arrives (``payload`` is that
+    file); one larger than what is left of the submission's budget is skipped as it arrives
+    (``payload`` is ``None``), so a 10 GiB answer costs the judge no memory. Every frame counts against
+    :data:`CHATTER_CAP` (at least :data:`FRAME_COST` bytes; an observation's payload only once it is
+    refused, :meth:`refuse`); anything outside :data:`FRAME_CAP` is refused.
+    """
 
-    def feed(self, data: bytes):
-        self.buf += data
-        frames = []
-        while len(self.buf) >= HEADER.size:
-            kind, size = HEADER.unpack_from(self.buf)
-            if kind not in FRAME_CAP or size > FRAME_CAP[kind]:
-                raise ValueError(f"malformed frame {kind!r} of {size} bytes")
-            if len(self.buf) < HEADER.size + size:
-                break
-            frames.append((kind, bytes(self.buf[HEADER.size:HEADER.size + size])))
-            del self.buf[:HEADER.size + size]
+    def __init__(self, budget: Budget) -> None:
+        self.budget, self.head, self.chatter = budget, bytearray(), 0
+        self.kind, self.size, self.left, self.sink = None, 0, 0, None
+
+    def feed(self, data: bytes) -> list:
+        frames, pos, view = [], 0, memoryview(data)
+        while pos < len(view):
+            if self.kind is None:
+                need = HEADER.size - len(self.head)
+                self.head += view[pos:pos + need]
+                pos += need
+                if len(self.head) < HEADER.size:
+                    break
+                self._start(*HEADER.unpack(self.head))
+                self.head.clear()
+            take = min(self.left, len(view) - pos)
+            if isinstance(self.sink, bytearray):
+                self.sink += view[pos:pos + take]
+            elif self.sink is not None:
+                self.sink.write(view[pos:pos + take])  # a temporary file
+            pos += take
+            self.left -= take
+            if self.left == 0:
+                frames.append((self.kind, self.sink, self.size))
+                self.kind, self.sink = None, None
         return frames
+
+    def _start(self, kind: bytes, size: int) -> None:
+        if kind not in FRAME_CAP or size > FRAME_CAP[kind]:
+            raise _Refused("tampered")
+        self.refuse(HEADER.size + max(FRAME_COST, 0 if kind == b"O" else size))
+        if kind == b"O" and size > self.budget.left:
+            self.sink = None
+        elif kind == b"O" and size >= SPOOL_FROM:
+            self.sink = tempfile.TemporaryFile(prefix="gpulab-obs-")
+        else:
+            self.sink = bytearray()
+        self.kind, self.size, self.left = kind, size, size
+
+    def refuse(self, size: int) -> None:
+        """Count ``size`` bytes the judge read for nothing; too many is a flood."""
+        self.chatter += size
+        if self.chatter > CHATTER_CAP:
+            raise _Refused("flood")
+
+    def close(self) -> None:
+        if self.kind == b"O" and not isinstance(self.sink, (bytearray, type(None))):
+            self.sink.close()
 
 
 def _send_job(proc, job: bytes) -> None:
@@ -121,15 +224,16 @@ def _send_job(proc, job: bytes) -> None:
 
 
 def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeout_s: float,
-                work: Path, nonce: str) -> WorkerRun:
+                work: Path, nonce: str, until: float, budget: Budget) -> WorkerRun:
     """Run one worker until it finishes, dies, or runs out of time; trust nothing it sends.
 
     ``plan`` is the markers the worker must send, in order; a marker out of order is ignored and an
     observation counts only for the exercise that is running, once. The clock restarts at each
     accepted marker (the locked setup gets :data:`STARTUP_ALLOWANCE`, each step ``timeout_s``), and
-    an absolute deadline bounds the whole worker whatever it sends.
+    an absolute deadline bounds the whole worker whatever it sends; ``until`` (``time.monotonic()``)
+    is the submission's deadline. Observations count against ``budget``.
     """
-    deadline_s = STARTUP_ALLOWANCE + timeout_s * (len(plan) + 1)
+    deadline_s = min(STARTUP_ALLOWANCE + timeout_s * (len(plan) + 1), max(0.0, until - time.monotonic()))
     argv = [sys.executable, "-m", "grader.worker"]
     launch = sandbox.wrap(argv, device=device, cpu_seconds=deadline_s, cwd_outside=work)
     limits = launch.preexec
@@ -149,9 +253,10 @@ def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeo
     finally:
         os.close(write_fd)
     threading.Thread(target=_send_job, args=(proc, job), daemon=True).start()
-    frames, expected = _Frames(), iter(plan + ["done"])
+    frames, expected = _Frames(budget), iter(plan + ["done"])
     want, running = next(expected), None
     started = since = time.monotonic()
+    cpu_start, log_read = time.thread_time(), 0
     sel = selectors.DefaultSelector()
     os.set_blocking(read_fd, False)
     os.set_blocking(proc.stdout.fileno(), False)
@@ -162,7 +267,10 @@ def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeo
 
     def take(received) -> None:
         nonlocal want, running, since
-        for kind, payload in received:
+        for kind, payload, size in received:
+            if kind == b"O":
+                observe(payload, size)
+                continue
             if not payload.startswith(prefix):
                 continue  # not from the harness of this worker
             payload = payload[len(prefix):]
@@ -170,10 +278,25 @@ def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeo
                 run.marker, since = want, time.monotonic()
                 running = want[4:] if want.startswith("run ") else None
                 want = next(expected, None)
-            elif kind == b"O" and running and payload.startswith(running.encode() + b"\0"):
-                run.observations.setdefault(running, payload[len(running) + 1:])
             elif kind == b"T" and running and sum(map(len, run.output)) < OUTPUT_CAP:
                 run.output.append(payload.decode("utf-8", "replace"))
+
+    def observe(spool, size: int) -> None:
+        """Keep the running exercise's observations (once), counted against the budget."""
+        if spool is None:  # larger than what is left of the budget: skipped as it arrived
+            if running and running not in run.observations:
+                run.refused.setdefault(running, size)
+            return
+        spool = io.BytesIO(spool) if isinstance(spool, bytearray) else spool
+        spool.seek(0)
+        tag = prefix + (running or "").encode() + b"\0"
+        if running and running not in run.observations and running not in run.refused \
+                and spool.read(len(tag)) == tag:
+            run.observations[running] = _Window(spool, len(tag))
+            budget.left -= size
+        else:
+            spool.close()
+            frames.refuse(size)
 
     def finished() -> bool:
         return run.how == "tampered" or run.marker == "done" or set(runs) <= set(run.observations)
@@ -192,12 +315,22 @@ def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeo
                 elif key.data == "log":
                     run.log += data
                     del run.log[:-LOG_CAP]
+                    log_read += len(data)
+                    if log_read > LOG_DRAIN:  # stop reading: its further writes fail in the box
+                        sel.unregister(key.fd)
+                        proc.stdout.close()
+                        run.log += f"\n[grader: over {LOG_DRAIN >> 20} MiB of output; the rest was not read]".encode()
                 else:
                     try:
                         take(frames.feed(data))
-                    except ValueError:
-                        run.how = "tampered"
+                    except _Refused as exc:
+                        run.how = exc.how
                         break
+            if run.how != "exited":
+                break
+            if time.thread_time() - cpu_start > DRAIN_CPU_S:
+                run.how = "flood"
+                break
             if finished():
                 break
             if not ready and proc.poll() is not None:
@@ -210,11 +343,12 @@ def _run_worker(job: bytes, plan: list[str], runs: list[str], device: str, timeo
                 if ready and not graced:  # one more look at what is waiting, once
                     graced = True
                     continue
-                run.how = "timeout"
+                run.how = "deadline" if now >= until else "timeout"
                 break
     finally:
         sel.close()
         os.close(read_fd)
+        frames.close()
         sandbox.stop(proc)
         launch.cleanup()
     return run
@@ -244,11 +378,12 @@ def _expanded_size(value, memo: dict, depth: int = 0) -> int:
     return size
 
 
-def _decode(data: bytes):
-    """The observations of one exercise, or a ValueError when they are not plain, modest values."""
+def _decode(spool):
+    """The observations of one exercise (a file at their ``torch.save`` bytes), or a ValueError when
+    they are not plain, modest values."""
     import torch
 
-    outcomes = torch.load(io.BytesIO(data), weights_only=True)
+    outcomes = torch.load(spool, weights_only=True)
     if _expanded_size(outcomes, {}) > MAX_ITEMS:
         raise ValueError("too large or too deeply nested")
     return outcomes
@@ -267,9 +402,65 @@ def run_reference(ex):
     return ex.entries, ex.run
 
 
+def exercise_seed(seed: int, name: str) -> int:
+    """The seed of Python's, NumPy's and torch's generators while exercise ``name`` runs (``"setup"``:
+    the locked setup), from the run's ``seed``. A hash: the worker sees this seed, never the run's,
+    which also draws the hidden cases."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{name}".encode()).digest()[:4], "big") & 0x7FFF_FFFF
+
+
+def _names(source: str) -> tuple[set, set] | None:
+    """``(names the cell binds at module level, names it mentions anywhere)``; ``None`` when it may bind
+    names no parser can see (``from m import *``). A cell that does not parse binds nothing."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set(), set()
+    bound, mentioned = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            mentioned.add(node.id)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+            mentioned.add(node.value)  # globals()["name"]
+        elif isinstance(node, ast.Global):
+            bound.update(node.names)
+        elif isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+            return None
+
+    def module_level(node) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound.add(child.name)
+            elif isinstance(child, (ast.Import, ast.ImportFrom)):
+                bound.update((a.asname or a.name).split(".")[0] for a in child.names)
+            elif isinstance(child, ast.Name) and not isinstance(child.ctx, ast.Load):
+                bound.add(child.id)
+            elif not isinstance(child, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+                module_level(child)
+    module_level(tree)
+    return bound, mentioned
+
+
+def cells_to_run(order: list[str], answers: dict[str, str], remaining: list[str], skip: set) -> list[str]:
+    """The answer cells a fresh worker for ``remaining`` executes, in the lab's order: those of the
+    remaining exercises, and of finished ones only where a cell it runs uses a name they bind (a
+    helper, an import, a constant), so a finished exercise's slow cell is not paid for again."""
+    candidates = [e for e in order if e in answers and e not in skip]
+    info = {e: _names(answers[e]) for e in candidates}
+    needed = {e for e in candidates if e in remaining or info[e] is None}
+    while True:
+        bound = set().union(*(info[e][0] for e in needed if info[e]))
+        wanted = set().union(*(info[e][1] for e in needed if info[e])) - bound
+        more = {e for e in candidates if e not in needed and info[e][0] & wanted}
+        if not more:
+            return [e for e in candidates if e in needed]
+        needed |= more
+
+
 def run_answers(stem: str, setup_source: str, answers: dict[str, str], cases: dict[str, list[Case]],
-                device: str, timeout_s: float, work: Path) -> tuple[dict, dict, str, str]:
-    """Run every exercise in sandboxed workers.
+                device: str, timeout_s: float, work: Path, seed: int = 0,
+                until: float | None = None) -> tuple[dict, dict, str, str]:
+    """Run every exercise in sandboxed workers, until ``until`` (``time.monotonic()``) at the latest.
 
     Returns ``({eid: outcomes}, {eid: (status, message)}, learner output, worker log)``.
 
@@ -277,10 +468,16 @@ def run_answers(stem: str, setup_source: str, answers: dict[str, str], cases: di
     its worker (after the setup and the answer cells). When a worker dies later, in exercise E, a
     fresh worker starts again at E, so an earlier exercise's damage (heap corruption shows up
     later) never costs E its points, and grading the same notebook twice gives the same statuses.
+    Each answer cell and each exercise's cases start from generators seeded by :func:`exercise_seed`,
+    so answers that draw random numbers grade the same in any worker.
     """
     order = list(exercises(stem))
     lab = exercises(stem)
+    until = time.monotonic() + DEFAULT_DEADLINE if until is None else until
+    allowed = max(0.0, until - time.monotonic())
     runnable = {eid: run_reference(ex) for eid, ex in lab.items()}
+    seeds = {name: exercise_seed(seed, name) for name in ["setup", *order]}
+    budget = Budget(OBSERVATION_BUDGET)
     done: dict[str, list] = {}
     fatal: dict[str, tuple[str, str]] = {}  # eid -> (status, message)
     no_exec: set[str] = set()               # answer cells that crash or hang when executed
@@ -290,24 +487,37 @@ def run_answers(stem: str, setup_source: str, answers: dict[str, str], cases: di
         remaining = [e for e in order if e not in done and e not in fatal]
         if not remaining:
             break
-        cells = [(e, answers[e]) for e in order if e in answers and e not in no_exec]
+        if time.monotonic() >= until:
+            fatal.update({e: _out_of_time(allowed) for e in remaining})
+            break
+        cells = [(e, answers[e]) for e in cells_to_run(order, answers, remaining, no_exec)]
         plan = ["setup"] + [f"exec {e}" for e, _ in cells] + [f"run {e}" for e in remaining]
         nonce = secrets.token_hex(8)
         job = pickle.dumps({"lab": stem, "nonce": nonce, "device": device, "setup_source": setup_source,
                             "cells": cells, "run": remaining, "runs": {e: runnable[e] for e in remaining},
-                            "cases": {e: cases[e] for e in remaining}})
-        run = _run_worker(job, plan, remaining, device, timeout_s, work, nonce)
+                            "cases": {e: cases[e] for e in remaining}, "seeds": seeds})
+        run = _run_worker(job, plan, remaining, device, timeout_s, work, nonce, until, budget)
         output += run.output
         log.append(f"--- worker {attempt}: {run.how} at {run.marker or 'start'!r} ---\n"
                    + run.log.decode("utf-8", "replace"))
-        for eid, data in run.observations.items():
+        for eid, spool in run.observations.items():
             try:
-                done[eid] = _decode(data)
+                done[eid] = _decode(spool)
             except Exception as exc:
                 fatal[eid] = ("error", "the answer returned something that is not plain numbers, strings "
                                        f"or tensors, or far too much of it ({type(exc).__name__}: "
                                        f"{str(exc)[:80]}); return the documented types.")
+            finally:
+                spool.close()
+        for eid, size in run.refused.items():
+            fatal[eid] = ("error", f"the answer returned {size / 2**20:.0f} MiB of results, more than the "
+                                   f"{OBSERVATION_BUDGET >> 20} MiB a whole submission may send back "
+                                   f"({budget.left / 2**20:.0f} MiB were left); return only what the "
+                                   "exercise asks for (the documented results are far smaller).")
         if run.marker == "done" or all(e in done or e in fatal for e in remaining):
+            break
+        if run.how == "deadline":
+            fatal.update({e: _out_of_time(allowed) for e in remaining if e not in done and e not in fatal})
             break
         what = run.marker.split(" ", 1)
         culprit = what[1] if len(what) == 2 else None
@@ -325,12 +535,20 @@ def run_answers(stem: str, setup_source: str, answers: dict[str, str], cases: di
     return done, fatal, "\n".join(output), "\n".join(log)
 
 
+def _out_of_time(allowed: float) -> tuple[str, str]:
+    return "timeout", (f"grading of this submission stopped at its deadline ({allowed:.0f} s for all exercises "
+                       "together) before this exercise finished; make the answers (and their cells) faster.")
+
+
 def _failure(how: str, timeout_s: float) -> tuple[str, str]:
     if how == "timeout":
         return "timeout", (f"did not finish within {timeout_s:g} s (an infinite loop, or far too slow); "
                            "the run was stopped.")
     if how == "tampered":
         return "crashed", "the answer wrote into the grader's channel; the run was stopped."
+    if how == "flood":
+        return "crashed", ("the answer flooded the grader with output or channel frames; the run was stopped. "
+                           "Print less (a few lines per call).")
     return "crashed", ("the process ended while running this exercise (sys.exit, os._exit, a segfault, "
                        "a write far outside an array, or running out of memory).")
 
@@ -344,13 +562,26 @@ def _preload_notebook_modules() -> None:
             pass  # no Jupyter on this machine: the notebook run reports "skipped"
 
 
+def _notebook_timeout(solution, timeout_s: float, left_s: float) -> float | None:
+    """The per-cell timeout that keeps the notebook run (whose budget is ``60 + timeout * cells / 4``
+    seconds, :func:`grader.rebuild.run_rebuilt`) within ``left_s``; ``None`` when even 1 s does not fit."""
+    cells = max(1, sum(1 for c in solution.cells if c.get("cell_type") == "code"))
+    fits = (left_s - 60) * 4 / cells
+    return min(timeout_s, fits) if fits >= 1 else None
+
+
 def grade(path, lab: str | None = None, device: str = "cpu", seed: int | None = None,
-          timeout_s: float = DEFAULT_TIMEOUT, notebook_run: bool = True, log_path=None) -> dict:
+          timeout_s: float = DEFAULT_TIMEOUT, notebook_run: bool = True, log_path=None,
+          deadline_s: float = DEFAULT_DEADLINE) -> dict:
     """Grade one submission and return the ``result.json`` dict (schema 1). Never raises for bad input.
 
-    ``log_path``, when given, receives the workers' own output (``grader.log``): what a crash printed.
+    ``deadline_s`` bounds the whole grade (every worker, then the notebook run, which is skipped
+    when too little is left); ``result.json`` records it and the ``seed`` (a regrade with that seed
+    gives the same exercises list). ``log_path``, when given, receives the workers' own output
+    (``grader.log``): what a crash printed.
     """
     start = time.perf_counter()
+    until = time.monotonic() + deadline_s
     path = Path(path)
     base = {"schema": 1, "lab": lab, "submission": path.name, "device": device}
     try:
@@ -372,7 +603,8 @@ def grade(path, lab: str | None = None, device: str = "cpu", seed: int | None = 
     sandbox.warn_if_weak()
     _preload_notebook_modules()
     with tempfile.TemporaryDirectory(prefix="gpulab-grade-") as tmp:
-        done, fatal, output, log = run_answers(stem, setup_source, answers, cases, device, timeout_s, Path(tmp))
+        done, fatal, output, log = run_answers(stem, setup_source, answers, cases, device, timeout_s, Path(tmp),
+                                               seed=seed, until=until)
     results: list[ExerciseResult] = []
     for eid, ex in lab_exercises.items():
         if eid not in answers:
@@ -392,11 +624,17 @@ def grade(path, lab: str | None = None, device: str = "cpu", seed: int | None = 
               "score": round(sum(r.score for r in results), 4),
               "max_score": float(sum(ex.points for ex in lab_exercises.values())),
               "duration_s": None, "exercises": [r.as_dict() for r in results],
+              "seed": seed, "deadline_s": deadline_s, "timeout_s": timeout_s,
               "learner_output": output[-4000:],
-              "isolation": {**sandbox.isolation(), "limits": sandbox.limits_summary(device)}}
+              "isolation": {**sandbox.isolation(), "limits": {**sandbox.limits_summary(device),
+                                                              "observation_bytes": OBSERVATION_BUDGET}}}
     logs = [log]
     if notebook_run:
-        result["notebook_run"] = grader.rebuild.run_rebuilt(solution, answers, device, timeout_s, log=logs)
+        cell_timeout = _notebook_timeout(solution, timeout_s, until - time.monotonic())
+        result["notebook_run"] = (
+            grader.rebuild.run_rebuilt(solution, answers, device, cell_timeout, log=logs) if cell_timeout else
+            {"status": "skipped", "error": f"the submission's deadline ({deadline_s:g} s) left no time to run "
+                                           "the notebook top to bottom."})
     if log_path is not None:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         Path(log_path).write_text("\n".join(logs), encoding="utf-8", errors="replace")

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import selectors
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 from grader import sandbox
@@ -73,6 +77,47 @@ def _read_back(data: bytes):
     return executed if isinstance(executed, dict) and isinstance(executed.get("cells"), list) else None
 
 
+def _communicate_capped(proc, data: bytes, timeout_s: float) -> tuple[bytes, bytes, bool]:
+    """``proc.communicate(data)`` that never holds more than :data:`OUTPUT_CAP` (+1) bytes of stdout
+    and :data:`LOG_CAP` of stderr in the judge: a notebook printing gigabytes is stopped, not read.
+    Returns ``(stdout, stderr tail, timed_out)``."""
+    threading.Thread(target=_feed, args=(proc.stdin, data), daemon=True).start()
+    out, err = bytearray(), bytearray()
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as sel:
+        for stream in (proc.stdout, proc.stderr):
+            os.set_blocking(stream.fileno(), False)
+            sel.register(stream, selectors.EVENT_READ)
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return bytes(out), bytes(err), True
+            for key, _ in sel.select(timeout=min(left, 1.0)):
+                chunk = key.fileobj.read1(1 << 20) if hasattr(key.fileobj, "read1") else key.fileobj.read(1 << 20)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                elif key.fileobj is proc.stdout:
+                    out += chunk
+                    if len(out) > OUTPUT_CAP:
+                        return bytes(out[:OUTPUT_CAP + 1]), bytes(err), False
+                else:
+                    err += chunk
+                    del err[:-LOG_CAP]
+    try:
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return bytes(out), bytes(err), True
+    return bytes(out), bytes(err), False
+
+
+def _feed(stdin, data: bytes) -> None:
+    try:
+        stdin.write(data)
+        stdin.close()
+    except (BrokenPipeError, OSError, ValueError):
+        pass  # the run ended before reading its notebook: reported from its exit
+
+
 def run_rebuilt(solution, answers: dict[str, str], device: str, timeout_s: float, log: list | None = None) -> dict:
     """``{"status": "ok" | "failed" | "skipped", "cell": name, "error": text}``.
 
@@ -98,12 +143,7 @@ def run_rebuilt(solution, answers: dict[str, str], device: str, timeout_s: float
             launch.cleanup()
             return {"status": "skipped", "error": f"could not start papermill ({exc})."}
         try:
-            out, err = proc.communicate(nbformat.writes(nb).encode(), timeout=budget)
-        except subprocess.TimeoutExpired:
-            out, err = b"", b""
-            timed_out = True
-        else:
-            timed_out = False
+            out, err, timed_out = _communicate_capped(proc, nbformat.writes(nb).encode(), budget)
         finally:
             sandbox.stop(proc)
             launch.cleanup()
@@ -111,7 +151,11 @@ def run_rebuilt(solution, answers: dict[str, str], device: str, timeout_s: float
         log.append("--- notebook run (papermill) ---\n" + err[-LOG_CAP:].decode("utf-8", "replace"))
     if timed_out:
         return {"status": "failed", "cell": None, "error": f"the notebook did not finish within {budget:g} s."}
-    executed = _read_back(out[:OUTPUT_CAP]) if len(out) <= OUTPUT_CAP else None
+    if len(out) > OUTPUT_CAP:
+        return {"status": "failed", "cell": None,
+                "error": f"the executed notebook is larger than {OUTPUT_CAP >> 20} MiB (a cell printing or "
+                         "displaying far too much); print less."}
+    executed = _read_back(out)
     failing = _first_error(executed) if executed else None
     if failing is not None:
         index, error = failing

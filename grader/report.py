@@ -3,7 +3,10 @@ for CI, and a table for the terminal.
 
 Everything a submission can influence (its file name, exception messages, printed output) is
 passed through :func:`sanitize_text` once per report, so no learner text can break a report's
-format, the terminal, or the file encoding.
+format, the terminal, or the file encoding; in ``feedback.md`` it is moreover only ever shown as
+code (a code span or a fenced block), so no name or message becomes HTML, a link or an image.
+The run's seed and limits stay in ``result.json`` (the instructor's); feedback and JUnit show
+neither.
 """
 from __future__ import annotations
 
@@ -62,6 +65,14 @@ def sanitize_result(result: dict) -> dict:
     return clean(result)
 
 
+def _code_span(text: str, in_table: bool = False) -> str:
+    """``text`` (one line) as a Markdown code span: shown literally, whatever it holds (``<img ...>``,
+    ``[x](javascript:...)``, backticks); in a table, ``|`` is escaped so the cell stays one cell."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    return f"{fence} {text.replace('|', chr(92) + '|') if in_table else text} {fence}"
+
+
 def _fenced(text: str) -> list[str]:
     """``text`` as a Markdown code block whose fence is longer than any run of backticks inside,
     so the text cannot close it and turn into Markdown."""
@@ -82,8 +93,9 @@ def table(result: dict) -> str:
         msg = ex["message"].splitlines()[0] if ex["message"] else ""
         lines.append(f"  {ex['id']:<22}{ex['score']:>6g}/{ex['points']:<5g}  {_MARK.get(ex['status'], '?'):<7}  "
                      f"{msg[:90]}")
+    seed = f", seed {result['seed']}" if "seed" in result else ""  # the terminal is the instructor's
     lines.append(f"  {'total':<22}{result['score']:>6g}/{result['max_score']:<5g}  ({result['duration_s']} s on "
-                 f"{result['device']})")
+                 f"{result['device']}{seed})")
     run = result.get("notebook_run")
     if run:
         lines.append(f"  notebook top to bottom: {run['status']}" +
@@ -94,18 +106,18 @@ def table(result: dict) -> str:
 
 def feedback_markdown(result: dict) -> str:
     result = sanitize_result(result)
-    out = [f"# Feedback: {result['submission']}", ""]
+    out = [f"# Feedback: {_code_span(result['submission'])}", ""]
     if result["status"] != "graded":
         out += [f"**Not graded** ({result['status']}):", "", *_fenced(result.get("message", "")), ""]
         return "\n".join(out)
     out += [f"Lab **{result['lab']}**: **{result['score']:g} / {result['max_score']:g}** points "
             f"(device {result['device']}).", "", "| exercise | points | status |", "|---|---|---|"]
     for ex in result["exercises"]:
-        out.append(f"| `{ex['id']}` | {ex['score']:g} / {ex['points']:g} | {ex['status']} |")
+        out.append(f"| {_code_span(ex['id'], in_table=True)} | {ex['score']:g} / {ex['points']:g} | {ex['status']} |")
     out.append("")
     for ex in result["exercises"]:
         if ex["status"] != "passed":
-            out += [f"## `{ex['id']}`: {ex['status']}", "", *_fenced(ex["message"]), ""]
+            out += [f"## {_code_span(ex['id'])}: {ex['status']}", "", *_fenced(ex["message"]), ""]
     run = result.get("notebook_run")
     if run and run["status"] == "failed":
         out += ["## The notebook does not run top to bottom", "",

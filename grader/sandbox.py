@@ -6,13 +6,19 @@ Every grading worker and the rebuilt-notebook run start through :func:`wrap`. Wi
 - read-only: the system libraries, the Python interpreter and the venv, ``gpulab/`` and the few
   run-side grader modules (:data:`RUN_SIDE`); never ``solutions/``, the checks' references or the
   judge's code;
-- writable: a size-capped tmpfs at ``/tmp`` (its working directory and ``$HOME``), nothing else;
+- writable: a size-capped tmpfs at ``/tmp`` (its working directory and ``$HOME``) and a private,
+  size-capped ``/dev/shm``, nothing else;
+- devices: bubblewrap's minimal ``/dev`` (null, zero, random, tty ...), plus on CUDA only the NVIDIA
+  device nodes (``/dev/nvidia*``, ``/dev/nvidia-caps``), never the host's whole ``/dev``;
 - no network beyond its own loopback, its own PID namespace (every process it starts dies with it:
   ``--die-with-parent``, and the namespace's init reaps the rest), a new session (no terminal),
-  and an environment holding only :func:`environment`'s variables (``--clearenv``);
+  and an environment holding only :func:`environment`'s variables (``--clearenv``); bubblewrap itself,
+  the box's PID 1, starts with :data:`BWRAP_ENV` only, so ``/proc/1/environ`` holds nothing of the judge's;
 - resource limits per process (address space on CPU, file size, open files, CPU time) and, when
   the grader runs as root, a user id of its own, so the process-count limit counts only this
-  worker's processes and it holds no capabilities.
+  worker's processes and it holds no capabilities;
+- a CPU share: a control group's ``cpu.weight``/``cpu.shares`` per worker where the grader can make
+  one (:mod:`grader.cgroups`), else a lower priority (``nice``) than the judge's.
 
 Without bubblewrap (or where user namespaces are forbidden) the worker runs with the resource
 limits only and :func:`isolation` says so loudly; ``result.json`` records which mode was used.
@@ -37,10 +43,16 @@ from grader import cgroups
 RUN_SIDE = ("grader/__init__.py", "grader/worker.py", "grader/notebooks.py", "grader/exercise.py", "grader/runs")
 TMP_BYTES = 1 << 30          # the sandbox's whole writable space
 FILE_BYTES = 256 << 20       # the largest file learner code may write
+SHM_BYTES = 1 << 30          # the box's private /dev/shm (torch shares tensors between processes there)
 ADDRESS_SPACE = 8 << 30      # per process, CPU only (CUDA reserves far more virtual memory)
 WORKER_MEMORY = 8 << 30      # all of one worker's processes together, where a control group can be made
 OPEN_FILES = 1024
 PROCESSES = 256              # per worker (its own user id when the grader is root)
+CPU_WEIGHT = 100             # each worker's group weighs as much as one plain process (cgroup v2's scale)
+NICE = 10                    # without a CPU group: workers yield to the judge and the rest of the machine
+# bubblewrap's own environment: it is PID 1 in the box, and /proc/1/environ is readable there when
+# the grader runs unprivileged. The worker's environment is set with --clearenv/--setenv.
+BWRAP_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 _uid_lock = threading.Lock()
 _uid_next = [0]
@@ -138,6 +150,8 @@ def _limits(device: str, cpu_seconds: float, uid_of_its_own: bool, group: cgroup
     def apply() -> None:
         if group is not None:
             group.join()
+        if group is None or not group.cpu:
+            os.nice(NICE)
         if device != "cuda":
             resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
         resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_BYTES, FILE_BYTES))
@@ -165,17 +179,30 @@ def _processes_of_this_user() -> int:
 @functools.lru_cache(maxsize=None)
 def _group_kind() -> str | None:
     """"v2" or "v1" where this grader can make a control group per worker, else None."""
-    probe = cgroups.create(WORKER_MEMORY, PROCESSES)
+    probe = _new_group()
     if probe is None:
         return None
     probe.remove()
-    return probe.kind
+    return probe.kind + ("+cpu" if probe.cpu else "")
+
+
+def _new_group() -> cgroups.Group | None:
+    return cgroups.create(WORKER_MEMORY, PROCESSES, CPU_WEIGHT)
+
+
+def cpu_share() -> str:
+    """How a worker's CPU share is enforced here, for ``result.json`` and the README."""
+    kind = _group_kind() or ""
+    if kind.endswith("+cpu"):
+        return f"control group cpu weight {CPU_WEIGHT} (cgroup {kind.split('+')[0]}) per worker"
+    return f"nice {NICE} per worker (no cpu control group here); CPU time capped per process"
 
 
 def limits_summary(device: str) -> dict:
     """The limits :func:`wrap` sets, for ``result.json``."""
     return {"address_space_bytes": None if device == "cuda" else ADDRESS_SPACE,
-            "worker_memory_bytes": WORKER_MEMORY if _group_kind() else None, "control_group": _group_kind(),
+            "worker_memory_bytes": WORKER_MEMORY if _group_kind() else None,
+            "control_group": (_group_kind() or "").split("+")[0] or None, "cpu_share": cpu_share(),
             "file_bytes": FILE_BYTES,
             "tmp_bytes": TMP_BYTES if isolation()["mode"] == "bwrap" else None,
             "processes": PROCESSES, "open_files": OPEN_FILES}
@@ -200,7 +227,7 @@ def wrap(argv: list[str], *, device: str, cpu_seconds: float, cwd_outside: Path 
     """
     env = environment(device)
     exe = _bwrap()
-    group = cgroups.create(WORKER_MEMORY, PROCESSES) if _group_kind() else None
+    group = _new_group() if _group_kind() else None
     done = group.remove if group is not None else (lambda: None)
     if isolation()["mode"] != "bwrap" or exe is None:
         return Launch(argv, _limits(device, cpu_seconds, False, group), {**env, "HOME": str(cwd_outside or "/tmp")},
@@ -220,11 +247,7 @@ def wrap(argv: list[str], *, device: str, cpu_seconds: float, cwd_outside: Path 
     args += ["--perms", "0755", "--dir", str(ROOT / "grader")]
     for rel in RUN_SIDE:
         args += ["--ro-bind", str(ROOT / rel), str(ROOT / rel)]
-    args += ["--proc", "/proc"]
-    if device == "cuda":  # the driver's device nodes and its view of the PCI bus
-        args += ["--dev-bind", "/dev", "/dev", "--ro-bind", "/sys", "/sys"]
-    else:
-        args += ["--dev", "/dev"]
+    args += ["--proc", "/proc"] + _devices(device)
     args += ["--dir", "/tmp/home", "--dir", "/tmp/work", "--chdir", "/tmp/work"]
     for key, value in env.items():
         args += ["--setenv", key, value]
@@ -234,7 +257,24 @@ def wrap(argv: list[str], *, device: str, cpu_seconds: float, cwd_outside: Path 
         args += ["--chmod", "1777", "/tmp", "--chmod", "0777", "/tmp/home", "--chmod", "0777", "/tmp/work",
                  shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}",
                  "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
-    return Launch(args + argv, _limits(device, cpu_seconds, uid_of_its_own, group), None, None, done)
+    return Launch(args + argv, _limits(device, cpu_seconds, uid_of_its_own, group), dict(BWRAP_ENV), None, done)
+
+
+def _nvidia_nodes() -> list[str]:
+    """The NVIDIA driver's device nodes of this machine (``/dev/nvidia0``, ``/dev/nvidiactl``,
+    ``/dev/nvidia-uvm`` ..., and the ``/dev/nvidia-caps`` folder where MIG is set up)."""
+    return sorted(str(p) for p in Path("/dev").glob("nvidia*"))
+
+
+def _devices(device: str) -> list[str]:
+    """bwrap arguments for ``/dev``: bubblewrap's minimal one, the NVIDIA nodes on CUDA (and the driver's
+    view of the PCI bus in ``/sys``), then a private, size-capped ``/dev/shm``."""
+    args = ["--dev", "/dev"]
+    if device == "cuda":
+        for node in _nvidia_nodes():
+            args += ["--dev-bind", node, node]
+        args += ["--ro-bind", "/sys", "/sys"]
+    return args + ["--size", str(SHM_BYTES), "--perms", "1777", "--tmpfs", "/dev/shm"]
 
 
 def stop(proc) -> None:

@@ -1,11 +1,14 @@
 """The learner-side process of ``grade``: ``python -m grader.worker``, started in the sandbox.
 
 It reads its job from stdin (sent by the judge: the lab's locked setup, the learner's answer cells,
-each exercise's run function by reference into ``grader/runs/`` and the cases' inputs), executes the setup and each
-answer cell on its own (one broken cell costs only its exercise), then runs every case of every
-exercise and sends the plain observations back. It never sees a reference, an expected value or
-the judge's code. Everything goes back over one pipe (file descriptor :data:`CHANNEL_FD`) as
-frames ``kind (1 byte) | length (8 bytes) | payload``:
+each exercise's run function by reference into ``grader/runs/``, the cases' inputs and a seed per
+exercise), executes the setup and each answer cell on its own (one broken cell costs only its
+exercise), then runs every case of every exercise and sends the plain observations back. Python's,
+NumPy's and torch's random generators are seeded with the judge's seed before the setup, before each
+answer cell and before each exercise's cases, so what an answer draws does not depend on what ran
+before it in this process. It never sees a reference, an expected value or the judge's code.
+Everything goes back over one pipe (file descriptor :data:`CHANNEL_FD`) as frames
+``kind (1 byte) | length (8 bytes) | payload``:
 
 - ``M`` a progress marker (``setup``, ``exec EID``, ``run EID``, ``done``), so when the process dies
   or hangs the judge knows which exercise did it;
@@ -97,6 +100,18 @@ def _restore_imports(state) -> None:
     threading.settrace(None)
 
 
+def _seed(seed: int) -> None:
+    """Seed every generator an answer may draw from without seeding it itself."""
+    import random
+
+    import numpy
+    import torch
+
+    random.seed(seed)
+    numpy.random.seed(seed)
+    torch.manual_seed(seed)  # every CUDA device too
+
+
 def _observations_bytes(outcomes: list) -> bytes:
     import torch
 
@@ -114,7 +129,8 @@ def _observations_bytes(outcomes: list) -> bytes:
 def main() -> int:
     import pickle
 
-    import torch  # noqa: F401 - imported before learner code can shadow anything
+    import numpy  # noqa: F401 - imported before learner code can shadow anything
+    import torch  # noqa: F401
 
     import gpulab  # noqa: F401 - the run-side helpers the checks use, loaded now
     import gpulab.compare  # noqa: F401
@@ -133,13 +149,16 @@ def main() -> int:
     imports = _import_state()
 
     ns: dict = {"__name__": "__lab__"}
+    seeds = job["seeds"]
     send(b"M", b"setup")
+    _seed(seeds["setup"])
     exec_source(job["setup_source"], "<lab setup>", ns)
     _restore_imports(imports)
     cell_errors: dict[str, str] = {}
     for eid, source in job["cells"]:
         send(b"M", f"exec {eid}".encode())
         try:
+            _seed(seeds[eid])
             exec_source(source, f"<answer cell {eid}>", ns)
         except BaseException as exc:  # SyntaxError, SystemExit, anything: this exercise only
             if isinstance(exc, KeyboardInterrupt):
@@ -157,6 +176,7 @@ def main() -> int:
         if eid in cell_errors:
             outcomes = [{"status": "error", "message": cell_errors[eid]}] * len(cases)
         else:
+            _seed(seeds[eid])
             outcomes = []
             for case in cases:
                 try:

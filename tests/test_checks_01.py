@@ -5,6 +5,7 @@ import time
 import pytest
 
 from gpulab.device import synchronize
+from tests import graderkit as kit
 from tests.conftest import grade, with_answer
 
 STEM = "01_performance_model"
@@ -296,3 +297,169 @@ def test_a_timer_that_reads_the_schedule_instead_of_measuring_earns_nothing():
     exec(cheat, ns)
     ex = exercises("01_performance_model")["benchmark"]
     assert evaluate(ex, ns, "cpu", ex.cases(seed=3, public=False)).score == 0
+
+
+# --- the contract: do-nothing answers earn nothing; every hidden set holds the same rules ----------------
+
+def _ex(eid):
+    from grader.checks import exercises
+    return exercises(STEM)[eid]
+
+
+@pytest.mark.parametrize("eid", ["costs", "roofline", "benchmark", "scaling"])
+def test_answers_that_compute_nothing_score_zero(eid):
+    kit.assert_do_nothing_scores_zero(_ex(eid))
+
+
+@pytest.mark.parametrize("eid", ["costs", "roofline", "benchmark", "scaling"])
+def test_every_hidden_set_covers_the_same_rules(eid):
+    kit.assert_same_rules_every_seed(_ex(eid))
+
+
+# --- an answer that reads its case learns nothing of the verdict -----------------------------------------
+
+def test_no_roofline_case_names_its_bound():
+    for seed in (None, 1, 2, 3):
+        cases = _ex("roofline").cases() if seed is None else _ex("roofline").cases(seed, public=False)
+        assert not any(word in c.name.lower() for c in cases for word in ("memory", "compute", "bound")), \
+            [c.name for c in cases]
+
+
+def test_bound_read_from_the_case_earns_nothing(sol01):
+    def bound(flops, nbytes, peak_flops, peak_bw):  # CHEAT: the verdict from the case's name or inputs
+        case = kit.read_the_case()
+        text = f"{case.name} {sorted(case.inputs)}"
+        return "memory" if "memory" in text else "compute" if "compute" in text else "unknown"
+    ns = with_answer(sol01, bound=bound)
+    for seed in (1, 2, 3):
+        assert _hidden_only("roofline", ns, seed).score == 0
+
+
+def _schedule_percentiles(case):
+    from gpulab.bench import percentile
+    d = case.inputs["durations_ms"]
+    return {"median_ms": percentile(d, 50), "p95_ms": percentile(d, 95), "p99_ms": percentile(d, 99)}
+
+
+def test_a_timer_that_reads_the_schedule_from_the_case_earns_nothing(sol01):
+    def benchmark(fn, *args, device=None, warmup=3, repeats=20):  # CHEAT: calls fn, times nothing
+        for _ in range(warmup + repeats):
+            fn(*args)
+        synchronize(device)
+        return _schedule_percentiles(kit.read_the_case())
+    r = grade(STEM, "benchmark", with_answer(sol01, benchmark=benchmark))
+    assert r.score == 0 and "read the clock" in r.message and "too few" in r.message, r.message
+
+
+def test_a_timer_that_reads_the_clock_without_syncing_and_reports_the_schedule_earns_nothing(sol01):
+    def benchmark(fn, *args, device=None, warmup=3, repeats=20):  # CHEAT: clock reads for show
+        for _ in range(warmup + repeats):
+            time.perf_counter()
+            fn(*args)
+            time.perf_counter()
+        return _schedule_percentiles(kit.read_the_case())
+    r = grade(STEM, "benchmark", with_answer(sol01, benchmark=benchmark))
+    assert r.score == 0 and "still queued" in r.message, r.message
+
+
+# --- more wrong answers, each failing on every seed ------------------------------------------------------
+
+def test_timer_without_a_sync_after_the_warmup_fails_on_every_seed(sol01):
+    def benchmark(fn, *args, device=None, warmup=3, repeats=20):
+        for _ in range(warmup):
+            fn(*args)  # BUG: no synchronize here: the first sample starts while the warm-up still runs
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn(*args)
+            synchronize(device)
+            samples.append((time.perf_counter() - start) * 1e3)
+        return {"median_ms": _pct(samples, 50), "p95_ms": _pct(samples, 95), "p99_ms": _pct(samples, 99)}
+    ns = with_answer(sol01, benchmark=benchmark)
+    kit.assert_fails_every_seed(_ex("benchmark"), ns, "still queued on the device (after ")
+    assert grade(STEM, "benchmark", ns).score == 0
+
+
+def test_gpulab_s_own_timer_earns_nothing_even_behind_a_wrapper(sol01):
+    from gpulab import bench
+    from gpulab.bench import benchmark as imported_by_name
+
+    for answer in (bench.benchmark, lambda fn, *a, **k: imported_by_name(fn, *a, **k)):
+        r = grade(STEM, "benchmark", with_answer(sol01, benchmark=answer))
+        assert r.score == 0 and "gpulab.bench.benchmark" in r.message, r.message
+
+
+@pytest.mark.parametrize("rank", [lambda s, q: s[q], lambda s, q: sorted(s, reverse=True)[int(q / 100 * len(s))],
+                                  lambda s, q: s[len(s) - q]], ids=["index q", "descending", "n - q"])
+def test_percentiles_at_a_wrong_rank_fail_on_every_seed(sol01, rank):
+    def summary(s):
+        s = sorted(s)
+        return {"median_ms": statistics.median(s), "p95_ms": rank(s, 95), "p99_ms": rank(s, 99)}
+    kit.assert_fails_every_seed(_ex("benchmark"), with_answer(sol01, benchmark=_timer_reporting(summary)),
+                                "95th percentile of the 200 per-call times")
+
+
+@pytest.mark.parametrize("name, answer, text", [
+    ("amdahl p and n swapped", dict(amdahl_speedup=lambda p, n: 1 / ((1 - n) + n / p)), "amdahl_speedup"),
+    ("amdahl arguments in the wrong order", dict(amdahl_speedup=lambda n, p: 1 / ((1 - p) + p / n)), "amdahl_speedup"),
+    ("amdahl without the serial part", dict(amdahl_speedup=lambda p, n: n * p), "amdahl_speedup"),
+    ("strong efficiency inverted", dict(strong_scaling_efficiency=lambda t1, tn, n: n * tn / t1),
+     "strong_scaling_efficiency"),
+    ("weak efficiency inverted", dict(weak_scaling_efficiency=lambda t1, tn: tn / t1), "weak_scaling_efficiency"),
+])
+def test_wrong_scaling_laws_fail_on_every_seed(sol01, name, answer, text):
+    kit.assert_fails_every_seed(_ex("scaling"), with_answer(sol01, **answer), text)
+
+
+@pytest.mark.parametrize("name, answer, text", [
+    ("intensity as bytes per flop", dict(arithmetic_intensity=lambda f, b: b / f), "arithmetic_intensity"),
+    ("time as the smaller of the two", dict(roofline_time=lambda f, b, pf, pb: min(f / pf, b / pb)), "overlap"),
+    ("ridge as bandwidth over compute", dict(bound=lambda f, b, pf, pb: "memory" if f / b < pb / pf else "compute"),
+     "ridge point"),
+    ("bound with a suffix", dict(bound=lambda f, b, pf, pb: ("memory" if b / pb > f / pf else "compute") + "-bound"),
+     "expected"),
+])
+def test_wrong_rooflines_fail_on_every_seed(sol01, name, answer, text):
+    kit.assert_fails_every_seed(_ex("roofline"), with_answer(sol01, **answer), text)
+
+
+def _attention(B, H, Sq, Sk, D, b, causal=False, strict=False, bytes_without_output=False):
+    pairs = sum(min(i + (0 if strict else 1), Sk) for i in range(Sq)) if causal else Sq * Sk
+    return 4 * B * H * pairs * D, B * H * ((Sq if bytes_without_output else 2 * Sq) + 2 * Sk) * D * b
+
+
+@pytest.mark.parametrize("name, answer, text", [
+    ("a strict causal mask", dict(attention_cost=lambda *a, **k: _attention(*a, **k, strict=True)),
+     "attention_cost: flops"),
+    ("attention bytes without the output", dict(attention_cost=lambda *a, **k: _attention(
+        *a, **k, bytes_without_output=True)), "attention_cost: bytes"),
+    ("softmax read twice", dict(softmax_cost=lambda r, c, b: (5 * r * c, 3 * r * c * b)), "softmax_cost: bytes"),
+    ("elementwise flops ignoring flops_per_element", dict(
+        elementwise_cost=lambda n, b, n_inputs=1, flops_per_element=1: (n, n * (n_inputs + 1) * b)),
+     "elementwise_cost: flops"),
+])
+def test_wrong_costs_fail_on_every_seed(sol01, name, answer, text):
+    kit.assert_fails_every_seed(_ex("costs"), with_answer(sol01, **answer), text)
+
+
+def _synced_once_after_the_loop(fn, *args, device=None, warmup=3, repeats=20):
+    for _ in range(warmup):
+        fn(*args)
+    synchronize(device)
+    samples = []
+    for _ in range(repeats):  # BUG: the clock is read per call, the device synchronised once at the end
+        start = time.perf_counter()
+        fn(*args)
+        samples.append((time.perf_counter() - start) * 1e3)
+    synchronize(device)
+    return {"median_ms": _pct(samples, 50), "p95_ms": _pct(samples, 95), "p99_ms": _pct(samples, 99)}
+
+
+@pytest.mark.parametrize("timer, text", [
+    (_timer(sync_after=False, warmup_used=True, sync_before=False), "synchronize"),
+    (_timer(sync_after=True, warmup_used=False), "warmup"),
+    (_timer(sync_after=False, warmup_used=True, sync_before=True), "synchronize"),
+    (_synced_once_after_the_loop, "synchronize"),
+], ids=["never synchronised", "no warm-up", "synchronised before the call only", "synchronised once, at the end"])
+def test_timer_mistakes_fail_on_every_seed(sol01, timer, text):
+    kit.assert_fails_every_seed(_ex("benchmark"), with_answer(sol01, benchmark=timer), text)

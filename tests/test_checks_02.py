@@ -5,6 +5,9 @@ import torch
 import triton
 import triton.language as tl
 
+from grader.checks import exercises
+from grader.notebooks import exec_source
+from tests import graderkit as kit
 from tests.conftest import grade, with_answer
 
 STEM = "02_triton_basics"
@@ -291,3 +294,54 @@ def test_a_kernel_that_is_not_yours_earns_nothing(sol02):
         co_filename=os.path.join(os.path.dirname(triton.__file__), "ops", "add.py"))
     r = grade(STEM, "vector_add", with_answer(sol02, vector_add=_launcher(borrowed, triton.cdiv)), hidden=False)
     assert r.status == "failed" and r.score == 0 and "are not yours" in r.message
+
+
+# --- the contract: do-nothing answers earn nothing; every hidden set holds the same rules ----------------
+
+def _rule(case) -> str:
+    """The rule of a case, read from its inputs (names carry random sizes)."""
+    x = case.inputs
+    if "fused" in x:
+        return f"{x['dtype_bytes']} bytes, fused={x['fused']}"
+    t = x.get("x", x.get("src"))
+    return " ".join(str(v) for v in (x.get("approximate", ""), t.dtype, x["layout"]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("eid", ["vector_add", "bias_gelu", "copy_2d", "fusion_bytes"])
+def test_answers_that_compute_nothing_score_zero(eid):
+    kit.assert_do_nothing_scores_zero(exercises(STEM)[eid], kernels=eid != "fusion_bytes")
+
+
+@pytest.mark.parametrize("eid", ["vector_add", "bias_gelu", "copy_2d", "fusion_bytes"])
+def test_every_hidden_set_covers_the_same_rules(eid):
+    kit.assert_same_rules_every_seed(exercises(STEM)[eid], rule=_rule)
+
+
+# --- more wrong answers, each failing on every seed ------------------------------------------------------
+
+@pytest.mark.parametrize("eid, old, new, text", [
+    ("vector_add", "mask = offs < n", "mask = offs <= n", "past the end of `out_ptr`"),
+    ("vector_add", "offs = pid * BLOCK + tl.arange(0, BLOCK)", "offs = pid + tl.arange(0, BLOCK)", "never written"),
+    ("bias_gelu", "(z + 0.044715 * z * z * z)", "(z + 0.044715 * z * z)", "elements differ"),
+    ("bias_gelu", "tl.math.erf(z * 0.7071067811865476)", "tl.math.erf(z * 0.5)", "elements differ"),
+    ("bias_gelu", "y = 0.5 * z * (1.0 + tanh_u)", "y = 0.5 * x * (1.0 + tanh_u)", "elements differ"),
+    ("copy_2d", "mask = (rows[:, None] < M) & (cols[None, :] < N)", "mask = rows[:, None] < M", "past the end"),
+    ("copy_2d", "grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))",
+     "grid = (triton.cdiv(N, BLOCK_N), triton.cdiv(M, BLOCK_M))", "elements differ"),
+    ("copy_2d", "src.stride(0), src.stride(1)", "src.stride(1), src.stride(0)", "elements differ"),
+    ("fusion_bytes", "return (2 * M * N + N) * dtype_bytes", "return 2 * M * N * dtype_bytes", "fused': True"),
+    ("fusion_bytes", "return (4 * M * N + N) * dtype_bytes", "return (4 * M * N + 2 * N) * dtype_bytes",
+     "fused': False"),
+], ids=["mask <=", "offsets without BLOCK", "tanh with z^2", "erf of z/2", "gelu of x not x+b", "copy row mask only",
+        "copy grid axes swapped", "copy strides swapped", "fused without bias", "unfused bias read twice"])
+def test_wrong_answers_fail_on_every_seed(sol02, eid, old, new, text):
+    kit.assert_fails_every_seed(exercises(STEM)[eid], kit.mutant(sol02, STEM, eid, old, new), text)
+
+
+def test_bias_gelu_in_float16_arithmetic_fails_on_every_seed(sol02):
+    src = kit.solution_with(STEM, "bias_gelu", "mask=mask).to(tl.float32)\n    b = tl.load(b_ptr + cols, mask=mask)"
+                            ".to(tl.float32)", "mask=mask)\n    b = tl.load(b_ptr + cols, mask=mask)")
+    ns = exec_source(src, "<bias_gelu in the input's dtype>", dict(sol02))  # BUG: no float32 upcast
+    kit.assert_fails_every_seed(exercises(STEM)["bias_gelu"], ns, "float16",
+                                pick=lambda c: c.inputs["x"].dtype == torch.float16)

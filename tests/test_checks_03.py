@@ -14,9 +14,8 @@ import triton.language as tl
 
 from grader.checks import exercises
 from grader.exercise import evaluate
-from grader.notebooks import exec_source
+from tests import graderkit as kit
 from tests.conftest import grade, solution_namespace, with_answer
-from tests.graderkit import solution_with
 
 STEM = "03_reductions"
 
@@ -149,7 +148,7 @@ def test_fully_masked_row_must_be_zeros_not_nan(sol03):
     assert r.status == "failed"
     failed = [c for c in r.cases if c.status != "passed"]
     assert [c.name for c in failed] == [
-        "(3, 100) float32, BLOCK_N=32: a fully masked row (all -inf) must give all zeros"]
+        "(3, 100) float32, BLOCK_N=32: a fully masked row (all -inf)"]
     assert "its softmax is all zeros" in failed[0].message
 
 
@@ -444,7 +443,7 @@ def _padded_cases(eid, seeds=(1, 2)):
 
 def _wrong_solution(sol03, eid, old, new):
     """The solution with one piece of its answer to ``eid`` replaced (a plausible bug)."""
-    return exec_source(solution_with(STEM, eid, old, new), f"<wrong {eid}: {new}>", dict(sol03))
+    return kit.mutant(sol03, STEM, eid, old, new)
 
 
 @pytest.mark.parametrize("eid, old, new", [
@@ -522,3 +521,66 @@ def test_stats_allocated_in_x_dtype_fail_on_float16(sol03):
     assert r.score == 0 and "dtype torch.float16 but expected torch.float32" in r.message, r.message
     assert "out_dtype=torch.float32" in r.message
     assert evaluate(ex, sol03, "cpu", cases).status == "passed"
+
+
+# --- the contract: do-nothing answers earn nothing; every hidden set holds the same rules ----------------
+
+EIDS = ["softmax_rows", "softmax_online_state", "rmsnorm_forward", "layernorm_forward", "rmsnorm_backward"]
+
+
+def _rule(case) -> str:
+    """The rule of a case, read from its inputs (names carry random sizes)."""
+    x = case.inputs
+    t = x.get("x")
+    return f"{x['kind']} {'states' if t is None else t.dtype} BLOCK_N {'given' if x.get('block_n') else 'none'}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("eid", EIDS)
+def test_answers_that_compute_nothing_score_zero(eid):
+    kit.assert_do_nothing_scores_zero(exercises(STEM)[eid], kernels=True)
+
+
+@pytest.mark.parametrize("eid", EIDS)
+def test_every_hidden_set_covers_the_same_rules(eid):
+    kit.assert_same_rules_every_seed(exercises(STEM)[eid], rule=_rule)
+
+
+# --- more wrong answers, each failing on every seed ------------------------------------------------------
+
+def _kind(*kinds):
+    return lambda c: c.inputs.get("kind") in kinds
+
+
+EPS_OUTSIDE = "eps goes inside the square root"
+
+
+@pytest.mark.parametrize("eid, old, new, text, pick", [
+    ("softmax_rows", 'other=float("-inf")).to(tl.float32)', 'other=0.0).to(tl.float32)', "elements differ",
+     _kind("normal", "masked")),
+    ("softmax_online_state", 'm_use = tl.where(m == float("-inf"), 0.0, m)\n    l = tl.sum',
+     'm_use = m\n    l = tl.sum', "l (column 1)", _kind("masked")),
+    ("rmsnorm_forward", "tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)", "1.0 / (tl.sqrt(tl.sum(x * x, axis=0) / N) + eps)",
+     EPS_OUTSIDE, _kind("eps")),
+    ("rmsnorm_forward", "tl.rsqrt(tl.sum(acc, axis=0) / N + eps)", "1.0 / (tl.sqrt(tl.sum(acc, axis=0) / N) + eps)",
+     EPS_OUTSIDE, _kind("eps")),
+    ("rmsnorm_forward", "tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)", "tl.rsqrt(tl.sum(x * x, axis=0) / BLOCK_N + eps)",
+     "elements differ", _kind("tiny", "normal")),
+    ("rmsnorm_forward", "w = tl.load(w_ptr + cols, mask=mask).to(tl.float32)",
+     "w = tl.load(w_ptr + cols).to(tl.float32)", "past the end of `w_ptr`", _kind("tiny", "normal")),
+    ("layernorm_forward", "xc = tl.where(mask, x - mean, 0.0)  # padding", "xc = x - mean  # padding",
+     "elements differ", _kind("tiny", "normal")),
+    ("layernorm_forward", "rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / N + eps)",
+     "rstd = 1.0 / (tl.sqrt(tl.sum(xc * xc, axis=0) / N) + eps)", EPS_OUTSIDE, _kind("eps")),
+    ("rmsnorm_backward", "c = tl.sum(sum_dot, axis=0) / N * rstd * rstd", "c = tl.sum(sum_dot, axis=0) * rstd * rstd",
+     "dx:", _kind("tiny", "normal")),
+    ("rmsnorm_backward", "mask = (rows[:, None] < M) & (cols[None, :] < N)", "mask = cols[None, :] < N", "past the end",
+     _kind("tiny", "normal")),
+    ("rmsnorm_backward", "rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / N + eps)",
+     "rstd = 1.0 / (tl.sqrt(tl.sum(sum_sq, axis=0) / N) + eps)", "dx:", _kind("eps")),
+], ids=["softmax pads with 0 not -inf", "stats unguarded -inf max", "rms eps outside sqrt, one block",
+        "rms eps outside sqrt, wide rows", "rms mean over BLOCK_N", "rms weight load unmasked",
+        "layernorm padding lanes in the variance", "layernorm eps outside sqrt, one block", "dx without / N",
+        "dweight without a row mask", "backward eps outside sqrt"])
+def test_wrong_answers_fail_on_every_seed(sol03, eid, old, new, text, pick):
+    kit.assert_fails_every_seed(exercises(STEM)[eid], kit.mutant(sol03, STEM, eid, old, new), text, pick=pick)

@@ -9,9 +9,8 @@ import triton.language as tl
 
 from grader.checks import exercises
 from grader.exercise import evaluate
-from grader.notebooks import exec_source
+from tests import graderkit as kit
 from tests.conftest import grade, solution_namespace, with_answer
-from tests.graderkit import solution_with
 
 STEM = "04_matmul"
 
@@ -318,7 +317,7 @@ def test_epilogue_with_the_wrong_activation_says_so(sol04):
 
 def _wrong(sol04, eid, old, new):
     """The solution with one piece of its answer to ``eid`` replaced (a plausible bug)."""
-    return exec_source(solution_with(STEM, eid, old, new), f"<wrong {eid}: {new}>", dict(sol04))
+    return kit.mutant(sol04, STEM, eid, old, new)
 
 
 def _hidden(eid, pick, seeds=(1, 2, 3)):
@@ -421,3 +420,65 @@ def test_every_seed_hides_cases_of_every_rule(eid):
                                 "fewer programs if BLOCK_M, BLOCK_N swapped (tall)",
                                 "fewer programs if BLOCK_M, BLOCK_N swapped (wide)"}}[eid]
     assert must <= seen[0], must - seen[0]
+
+
+# --- the contract: do-nothing answers earn nothing; every hidden set holds the same rules ----------------
+
+EIDS = ["tile_intensity", "grouped_order", "matmul_tiled", "matmul_autotune", "matmul_epilogue"]
+
+
+def _rule(case) -> str:
+    """The rule of a case, read from its inputs (names carry random sizes)."""
+    x = case.inputs
+    if "dtype_bytes" in x:  # tile_intensity
+        k = "K < BLOCK_K" if x["K"] < x["BLOCK_K"] else "K % BLOCK_K != 0" if x["K"] % x["BLOCK_K"] else "whole K steps"
+        return f"{k}, {x['dtype_bytes']} bytes"
+    if x.get("kind") == "configs":
+        return "configs"
+    return " ".join(str(x.get(k)) for k in ("layout", "kind", "order", "epilogue", "shape")) + f" {x['a'].dtype}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("eid", EIDS)
+def test_answers_that_compute_nothing_score_zero(eid):
+    kit.assert_do_nothing_scores_zero(exercises(STEM)[eid], kernels=eid not in ("tile_intensity", "grouped_order"))
+
+
+@pytest.mark.parametrize("eid", [e for e in EIDS if e != "grouped_order"])  # its random cases: see above
+def test_every_hidden_set_covers_the_same_rules(eid):
+    kit.assert_same_rules_every_seed(exercises(STEM)[eid], rule=_rule)
+
+
+# --- more wrong answers, each failing on every seed ------------------------------------------------------
+
+def _layouts(*layouts):
+    return lambda c: c.inputs.get("layout") in layouts
+
+
+@pytest.mark.parametrize("eid, old, new, text, pick", [
+    ("grouped_order", "group_size_m = min(num_pid_m - first_pid_m, GROUP_M)",
+     "group_size_m = min(num_pid_m - first_pid_m + 1, GROUP_M)", "in the last group", None),
+    ("grouped_order", "pid_m = first_pid_m + (pid % width) % group_size_m",
+     "pid_m = first_pid_m + pid % group_size_m", "in the last group", None),
+    ("grouped_order", "width = GROUP_M * num_pid_n ", "width = GROUP_M * num_pid_m ", "", None),
+    ("grouped_order", "group_id = pid // width", "group_id = pid // GROUP_M", "", None),
+    ("tile_intensity", "steps = triton.cdiv(K, BLOCK_K)", "steps = K // BLOCK_K", "", None),
+    ("tile_intensity", "bytes_loaded = (BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N) * dtype_bytes * steps",
+     "bytes_loaded = (BLOCK_M * BLOCK_K + BLOCK_K * BLOCK_N + BLOCK_M * BLOCK_N) * dtype_bytes * steps",
+     "bytes_loaded = ", None),
+    ("tile_intensity", "flops = 2 * BLOCK_M * BLOCK_N * BLOCK_K * steps", "flops = 2 * BLOCK_M * BLOCK_N * K",
+     "flops = ", None),
+    ("matmul_tiled", "a_ptrs += BLOCK_K * stride_ak", "a_ptrs += BLOCK_K * stride_am", "elements differ",
+     _layouts("a_t", "contiguous")),
+    ("matmul_tiled", "(offs_k[None, :] < K - k)", "(offs_k[None, :] < K)", "elements differ",
+     _layouts("contiguous", "b_t")),
+    ("matmul_tiled", "GROUP_M=GROUP_M, num_warps", "GROUP_M=1, num_warps", "row-major order",
+     lambda c: c.inputs.get("order")),
+    ("matmul_epilogue", "bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0).to(tl.float32)"
+     "  # (BLOCK_N,)\n    z = acc + bias[None, :]", "z = acc", "no bias", _layouts("contiguous")),
+], ids=["swizzle group size + 1", "swizzle pid % size", "swizzle width from num_pid_m", "swizzle group of GROUP_M pids",
+        "intensity floor steps", "intensity counts the output", "intensity flops over K",
+        "A advanced by its row stride",
+        "K mask without the step", "wrapper drops GROUP_M", "epilogue drops the bias"])
+def test_wrong_answers_fail_on_every_seed(sol04, eid, old, new, text, pick):
+    kit.assert_fails_every_seed(exercises(STEM)[eid], kit.mutant(sol04, STEM, eid, old, new), text, pick=pick)

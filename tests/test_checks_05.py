@@ -16,6 +16,7 @@ import triton.language as tl
 from grader.checks import exercises
 from grader.exercise import evaluate
 from grader.notebooks import exec_source
+from tests import graderkit as kit
 from tests.conftest import grade, solution_namespace, with_answer
 from tests.graderkit import solution_with
 
@@ -752,3 +753,69 @@ def test_triton_function_seeing_3d_inputs_as_one_head_outside_fails(sol05):
             return real.apply(q, k, v, causal, scale)
     r = _public("flash_backward", with_answer(sol05, FlashAttentionFunction=Outside), _cs336_call)
     assert r.status == "failed" and "save exactly one lse" in r.message and "(2, 77)" in r.message, r.message
+
+
+# --- the contract: do-nothing answers earn nothing; every hidden set holds the same rules ----------------
+
+EIDS = ["attention_reference", "attention_memory", "flash_pytorch", "flash_forward", "flash_causal", "flash_backward"]
+
+
+def _rule(case) -> str:
+    """The rule of a case, read from its inputs (names carry random sizes; sequence lengths, batch, heads
+    and whether a scale is given are random in some cases)."""
+    x = case.inputs
+    if "flash" in x:
+        return f"{x['dtype_bytes']} bytes, flash={x['flash']}"
+    nan_keys = x["layout"] != "rows" and bool(torch.isnan(x["k"]).any())
+    return " ".join(str(v) for v in (x["layout"], x["q"].dtype, x.get("causal"), x["magnitude"] > 1,
+                                     x.get("alloc", False), nan_keys, x["block_m"], x["block_n"]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("eid", EIDS)
+def test_answers_that_compute_nothing_score_zero(eid):
+    kit.assert_do_nothing_scores_zero(exercises(STEM)[eid], kernels=eid != "attention_memory")
+
+
+@pytest.mark.parametrize("eid", EIDS)
+def test_every_hidden_set_covers_the_same_rules(eid):
+    kit.assert_same_rules_every_seed(exercises(STEM)[eid], rule=None if eid == "flash_pytorch" else _rule)
+
+
+# --- more wrong answers, each failing on every seed ------------------------------------------------------
+
+def _plain(c):
+    return c.inputs.get("magnitude", 1) <= 1 and c.inputs.get("layout") == "bhsd"
+
+
+@pytest.mark.parametrize("eid, old, new, text, pick", [
+    ("attention_reference", ".tril()  # top-left", ".tril(diagonal=k.shape[-2] - q.shape[-2])  # top-left",
+     "out:", lambda c: c.inputs.get("causal")),
+    ("attention_reference", "scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale",
+     "scale = 1.0 / q.shape[-1] if scale is None else scale", "out:", lambda c: c.inputs["scale"] is None),
+    ("attention_memory", "return 2 * batch * heads * seq_q * seq_k * dtype_bytes",
+     "return 2 * batch * heads * seq_q * seq_k * dtype_bytes + 4 * batch * heads * seq_q", "S and P", None),
+    ("attention_memory", "return 4 * batch * heads * seq_q\n", "return 8 * batch * heads * seq_q\n",
+     "the log-sum-exp only", None),
+    ("flash_pytorch", "dq[..., i:i + TILE_Q, :] += scale * (ds @ kj)", "dq[..., i:i + TILE_Q, :] += ds @ kj", "dq:",
+     None),
+    ("flash_pytorch", "acc = alpha[..., None] * acc + p @ v", "acc = acc + p @ v", "out:", None),
+    ("flash_pytorch", "l = alpha * l + p.sum(-1)", "l = l + p.sum(-1)", "out:", None),
+    ("flash_pytorch", "lse[..., i:i + TILE_Q] = m + torch.log(l)", "lse[..., i:i + TILE_Q] = torch.log(l)",
+     "L (saved log-sum-exp)", None),
+    ("flash_forward", "H, Sq, Sk, scale * LOG2E,", "H, Sq, Sk, scale,", "out:", _plain),
+    ("flash_forward", "EVEN_N=Sk % BLOCK_N == 0", "EVEN_N=Sk % BLOCK_M == 0", "out:", None),
+    ("flash_forward", "b, h = bh // H, bh % H", "b, h = bh % H, bh // H", "", None),
+], ids=["reference causal bottom-right", "reference scale 1/d", "naive memory with the lse", "flash memory m and l",
+        "pytorch dq without the scale", "pytorch acc not rescaled", "pytorch l not rescaled", "pytorch lse without max",
+        "kernel scale without log2(e)", "kernel key masks by BLOCK_M", "kernel batch and head swapped"])
+def test_wrong_answers_fail_on_every_seed(sol05, eid, old, new, text, pick):
+    kit.assert_fails_every_seed(exercises(STEM)[eid], kit.mutant(sol05, STEM, eid, old, new), text, pick=pick)
+
+
+def test_key_masks_decided_by_block_m_fail_the_causal_kernel_too(sol05):
+    ns = kit.mutant(sol05, STEM, "flash_forward", "EVEN_N=Sk % BLOCK_N == 0", "EVEN_N=Sk % BLOCK_M == 0")
+    # the causal cell again, after the wrong launcher: its wrapper calls the launcher of its own namespace
+    ns = exec_source(kit.source(kit.load("solutions", STEM), "flash_causal"), "<flash_causal>", ns)
+    kit.assert_fails_every_seed(exercises(STEM)["flash_causal"], ns, "",
+                                pick=lambda c: c.inputs["k"].shape[-2] % 64 == 32 and c.inputs["block_n"] == 64)

@@ -22,6 +22,7 @@ from gpulab import aot
 from gpulab.paths import ROOT
 from grader.checks import load_lab
 from grader.notebooks import answer_cells, exec_source, export_source, read_notebook
+from tests.test_int8_decode import figure_text, k_loop_figure
 
 LABS = ["02_triton_basics", "03_reductions", "04_matmul", "05_flash_attention", "08_quantization",
         "14_inference_serving", "15_gpu_algorithms"]
@@ -97,8 +98,23 @@ def extra_calls(stem: str, ns: dict) -> list[tuple[str, callable]]:
                                                                                 meta(16384, 4096)))]
     if stem == "05_flash_attention":
         return [(f"flash backward D={d} S=4k{' causal' if c else ''}", _flash_backward(ns, d, c))
-                for d in (64, 128) for c in (False, True)]
+                for d in (64, 128) for c in (False, True)] + [
+            (f"tune_tiles candidate {cfg} D={d}", _flash_with_tiles(ns, d, cfg))
+            for d in (64, 128) for cfg in ns["TILE_CANDIDATES"][d]]
     return []
+
+
+def _flash_with_tiles(ns, head_dim, tiles):
+    """The forward at section 7's tuning size with one of the tiles tune_tiles tries."""
+    def call():
+        saved = ns["GPU_TILES"][head_dim]
+        ns["GPU_TILES"][head_dim] = tiles
+        try:
+            q, k, v = (meta(4, 16, 4096, head_dim) for _ in range(3))
+            ns["flash_attention"](q, k, v)
+        finally:
+            ns["GPU_TILES"][head_dim] = saved
+    return call
 
 
 def compile_lab(stem: str) -> list[tuple[str, aot.KernelRecord]]:
@@ -134,7 +150,32 @@ def markdown(rows: list[tuple[str, str, aot.KernelRecord]], seconds: float) -> s
                  f"{r.vector_bits}-bit", ",".join(r.loads)]
         lines.append("| " + " | ".join(cells) + " |")
     errors = [f"- {stem} {r.kernel} [{r.config_text()}]: {r.error}" for stem, _, r in rows if r.error]
-    return "\n".join(lines + ([""] + errors if errors else [])) + "\n"
+    gemv = [f"- {label}: {figure_text(k_loop_figure(r))}" for _, label, r in rows if r.kernel == "int8_gemv_kernel"]
+    gemv_head = ["", "The decode GEMV's K loop, read from its SASS (issue ceiling: 132 SMs x 4 schedulers x 1.98 GHz "
+                 "x 32 threads / instructions per byte; an estimate from the compiled code, not a timing):", ""]
+    rows_head = ["", "Row kernels without a loop (one row per program): every SASS instruction issued once per "
+                 "thread, over the bytes each thread reads and writes (the benchmark's bytes / (programs x "
+                 "threads)); the same issue ceiling:", ""]
+    row_kernels = [f"- {label}: {text}" for stem, label, r in rows if (text := straight_line_figure(stem, label, r))]
+    return "\n".join(lines + ([""] + errors if errors else []) + (gemv_head + gemv if gemv else [])
+                     + (rows_head + row_kernels if row_kernels else [])) + "\n"
+
+
+def straight_line_figure(stem: str, label: str, r: aot.KernelRecord) -> str:
+    """Instructions per byte and issue ceiling of a memory-bound kernel with no loop, at a benchmark's size."""
+    bench = next((b for b in load_lab(stem).BENCHMARKS if b.name == label), None)
+    if bench is None or r.kernel not in VECTOR_128 or r.grid is None or r.error or aot.main_loop(r.sass()):
+        return ""
+    nbytes = bench.make("meta", False).get("bytes")
+    if not nbytes:
+        return ""
+    per_thread = nbytes / (r.grid[0] * r.grid[1] * r.grid[2] * r.threads)
+    count = len(aot.instructions(r.sass()))
+    ceiling = aot.issue_ceiling_bytes_per_s(count / per_thread)
+    return (f"{r.kernel} [{r.config_text()}]: {count} instructions per {per_thread:g} bytes per thread = "
+            f"{count / per_thread:.1f} per byte, {sum('BAR' in t for t in aot.instructions(r.sass()))} barriers: "
+            f"issue ceiling {ceiling / 1e12:.2f} TB/s = {100 * ceiling / 3.35e12:.0f}% of an H100's 3.35 TB/s, "
+            f"{100 * ceiling / 4.8e12:.0f}% of an H200's 4.8 TB/s")
 
 
 @pytest.mark.slow

@@ -189,3 +189,23 @@ def test_without_the_fork_server_ranks_start_as_fresh_processes(monkeypatch):
     monkeypatch.setenv("GPULAB_FORKSERVER", "0")
     seen = launch(_what_a_rank_sees, 2, timeout_s=30)
     assert seen[0][3] == seen[1][3] == os.getpid()  # children of this process, no server between
+
+
+def test_the_fork_server_never_forks_with_cuda_initialised(monkeypatch):
+    """A child forked from a process that initialised CUDA cannot use the GPU (NCCL ranks would fail): the
+    server checks before every fork, and a launch then falls back to fresh processes."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from gpulab import forkserver
+
+    forkserver.assert_cuda_free()  # importing torch (as the server does) initialises nothing
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(RuntimeError, match="initialised CUDA before forking"):
+        forkserver.assert_cuda_free()
+    script = ("import torch, gpulab.forkserver as f; torch.cuda.is_initialized = lambda: True; f.serve()")
+    proc = subprocess.run([sys.executable, "-c", script], input='{"argv": []}\n', capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0 and proc.stdout == "" and "initialised CUDA" in proc.stderr  # no pid: no fork

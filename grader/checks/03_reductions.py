@@ -120,7 +120,7 @@ _SOFTMAX_KINDS = {
     "fp16_long": ": long float16 rows",
     "large": ": values near +-1000 (exp overflows without max subtraction)",
     "masked": ": -inf (masked) entries in every row",
-    "fully_masked": ": a fully masked row (all -inf) must give all zeros",
+    "fully_masked": ": a fully masked row (all -inf)",
     "padded": ": rows of a row-padded view (stride(0) > N)",
 }
 
@@ -430,7 +430,7 @@ def _norm_cases(op):
             specs = [(1, 1, None, "float32", "tiny"), (6, 7, None, "float32", "tiny"),
                      (7, 333, None, "float32", "normal"), (5, 1500, 256, "float32", "wide"),
                      (4, 4000, 1024, "float16", "fp16_long"), (4, 200, 64, "float32", "eps"),
-                     (4, 150, 64, "float32", "padded")]
+                     (3, 40, None, "float32", "eps"), (4, 150, 64, "float32", "padded")]
         else:  # every rule, random sizes; blocked rows never a multiple of the block
             b_wide, b_long, b_eps = choice(gen, [128, 256, 512]), choice(gen, [512, 1024]), choice(gen, [64, 128])
             specs = [(randint(gen, 1, 8), randint(gen, 1, 9), None, "float32", "tiny"),
@@ -438,6 +438,7 @@ def _norm_cases(op):
                      (randint(gen, 1, 6), _not_multiple(gen, 600, 3000, b_wide), b_wide, "float32", "wide"),
                      (randint(gen, 2, 4), _not_multiple(gen, 2500, 4096, b_long), b_long, "float16", "fp16_long"),
                      (randint(gen, 2, 6), _not_multiple(gen, 50, 500, b_eps), b_eps, "float32", "eps"),
+                     (randint(gen, 2, 6), randint(gen, 8, 120), None, "float32", "eps"),  # eps on a one-block row too
                      (randint(gen, 2, 6), _not_multiple(gen, 65, 400, 64), 64, "float32", "padded")]
         cases = []
         for M, N, block_n, dtype, kind in specs:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from gpulab.compare import compare
 from grader.exercise import Benchmark, Case, Exercise
 from grader.kit import kernels
-from grader.kit.cases import randint
+from grader.kit.cases import choice, randint
 from grader.kit.close import close
 from grader.kit.variants import diagnose, tensor_match
 from grader.runs import run_side
@@ -115,11 +115,22 @@ def ref_grouped_pid(pid: int, num_pid_m: int, num_pid_n: int, GROUP_M: int) -> t
     return first_m + (pid % width) % size_m, (pid % width) // size_m
 
 
+def _short_last_group(gen) -> tuple:
+    """(num_pid_m, num_pid_n, GROUP_M): k whole groups, then a last group of r >= 2 rows, r not dividing
+    the k * GROUP_M * num_pid_n programs before it, so that there ``(pid % width) % r`` and ``pid % r`` differ."""
+    g = randint(gen, 3, 6)
+    r = choice(gen, [r for r in range(2, g) if g % r])
+    k, n = randint(gen, 1, 4), randint(gen, 2, 24)
+    while (k * g * n) % r == 0:
+        k, n = randint(gen, 1, 4), randint(gen, 2, 24)
+    return k * g + r, n, g
+
+
 def _order_cases(gen, public):
-    specs = [(5, 4, 2), (8, 8, 4), (7, 3, 3), (6, 6, 1), (3, 5, 8), (1, 9, 8), (9, 1, 4), (10, 7, 4)]
+    specs = [(5, 4, 2), (8, 8, 4), (7, 3, 3), (6, 6, 1), (3, 5, 8), (1, 9, 8), (9, 1, 4), (10, 7, 4), (5, 3, 3)]
     if not public:  # a short last group, whole groups, GROUP_M above num_pid_m, one column, GROUP_M=1; random
-        g1, g2, m3 = randint(gen, 2, 6), randint(gen, 2, 6), randint(gen, 1, 6)
-        specs = [(g1 * randint(gen, 1, 4) + randint(gen, 1, g1 - 1), randint(gen, 2, 24), g1),
+        g2, m3 = randint(gen, 2, 6), randint(gen, 1, 6)
+        specs = [_short_last_group(gen),
                  (g2 * randint(gen, 1, 4), randint(gen, 2, 24), g2),
                  (m3, randint(gen, 2, 24), m3 + randint(gen, 1, 4)),
                  (randint(gen, 2, 24), 1, randint(gen, 2, 10)),
@@ -309,7 +320,7 @@ def _matmul_cases(gen, public):
                               name=f"({M}, {N}, {K}) float16, partial sums that cancel (accumulate in fp32)"))
     M, N, K = randint(gen, 40, 130), randint(gen, 40, 130), randint(gen, 1, 64)
     blocks = [(16, 32, 32), (32, 16, 64)][randint(gen, 0, 1)]
-    cases.append(_matmul_case(gen, M, N, K, "float16", blocks=(*blocks, randint(gen, 1, 4)), order=True,
+    cases.append(_matmul_case(gen, M, N, K, "float16", blocks=(*blocks, randint(gen, 2, 4)), order=True,
                               name=f"({M}, {N}, {K}) float16, programs must follow grouped_pid"))
     return cases
 

@@ -214,6 +214,16 @@ def _rows_case(gen) -> Case:
     return Case(_name(inp), inp)
 
 
+def _one_tile_multiple_case(gen) -> Case:
+    """seq_k a multiple of BLOCK_M = 32 but not of BLOCK_N = 64 (tiles TILES[1]): a kernel that decides
+    whether its key loads need masks by the wrong tile size reads past the last key. More queries than
+    keys by over a key block, so that a causal kernel's unmasked (left of the diagonal) blocks reach it too."""
+    sk = 32 * (2 * randint(gen, 0, 1) + 1)  # 32 or 96
+    sq = _ragged(gen, sk + 65, sk + 100)
+    inp = _qkv(gen, 1, choice(gen, [1, 2]), sq, sk, 32, tiles=TILES[1])
+    return Case(_name(inp), inp)
+
+
 # --- tolerances and diagnoses ----------------------------------------------------------------------
 
 # compare's keyword arguments for (out, lse) per kind of case and whether it runs on a GPU. fp16 outputs:
@@ -549,7 +559,8 @@ def _alloc_case(gen, seqs=None) -> Case:
 
 def _flash_cases(gen, public):
     if not public:
-        return _random_attention_cases(gen, 5, causal_mix=False) + [_rows_case(gen), _alloc_case(gen)]
+        return _random_attention_cases(gen, 5, causal_mix=False) + [_rows_case(gen), _alloc_case(gen),
+                                                                      _one_tile_multiple_case(gen)]
     return _cases(gen, [(1, 2, 128, 128, 64, dict()),
                         (1, 1, 100, 77, 64, dict()),
                         (2, 1, 33, 128, 32, dict(dtype="float16")),
@@ -596,7 +607,7 @@ def expected_key_blocks(seq_q: int, seq_k: int, block_m: int, block_n: int) -> l
 
 def _causal_cases(gen, public):
     if not public:
-        cases = _random_attention_cases(gen, 4, causal_mix=False) + [_rows_case(gen)]
+        cases = _random_attention_cases(gen, 4, causal_mix=False) + [_rows_case(gen), _one_tile_multiple_case(gen)]
         sq = _ragged(gen, 33, 96)  # past one 32-row tile: loading a key block too many shows
         inp = _qkv(gen, 1, 1, sq, randint(gen, -(-sq // 128) * 128 + 1, 224), 32, hide_unseen=True, tiles=TILES[1])
         return cases + [Case(_name(inp, ", keys no query can see hold NaN"), inp)]
