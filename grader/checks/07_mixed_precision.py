@@ -327,7 +327,7 @@ def _borrowed_scaler(evidence: dict) -> str | None:
         return (f"not the author of its {', '.join(evidence['library_methods'])}: those methods are library code, "
                 "or come from elsewhere through __getattr__")
     if evidence["gpulab"]:
-        return f"is {evidence['gpulab']}, a course helper"
+        return f"reaches {evidence['gpulab']} (a course helper, or GradScaler)"
     return None
 
 

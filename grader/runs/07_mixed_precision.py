@@ -223,7 +223,7 @@ def _scaler_evidence(made, scaler, ops: list, unrecorded: list, tripped: list) -
     return {"is": cls.__name__ if isinstance(scaler, torch.amp.GradScaler) else None, "holds": holds,
             "kernels": sorted(_GRADSCALER_OPS.intersection(ops) | {f"torch.{n}" for n in tripped if "_amp_" in n}),
             "names": sorted(set(names) | {n for n in tripped if "_amp_" not in n}), "library_methods": library,
-            "unrecorded_steps": len(unrecorded), "gpulab": borrowed(cls)}
+            "unrecorded_steps": len(unrecorded), "gpulab": borrowed(scaler, forbidden=(torch.amp.GradScaler,))}
 
 
 def _scaler_run(ns, case, device):
