@@ -144,7 +144,11 @@ def _qparams_cases(gen, public):
         if not public:  # after the rule, what the seed drew
             axis = None if axis is None else axis % x.ndim
             name = f"{name}: shape {tuple(x.shape)} axis={axis}"
-        lo, hi = ref_range(x, axis)
+        # qparams gets a range of its own, of x's kind (signs, zero channels kept), not minmax_range's answer:
+        # the widest of two rescaled copies of x (so a one-element channel's lo and hi differ too)
+        (lo1, hi1), (lo2, hi2) = (ref_range(x * (0.5 + 1.5 * torch.rand(x.shape, generator=gen)), axis)
+                                  for _ in range(2))
+        lo, hi = torch.minimum(lo1, lo2), torch.maximum(hi1, hi2)
         cases.append(Case(f"{name} (symmetric={symmetric}, qmin={qmin}, qmax={qmax})", dict(
             x=x, axis=axis, symmetric=symmetric, qmin=qmin, qmax=qmax, lo=lo.float(), hi=hi.float())))
     return cases
