@@ -7,12 +7,14 @@
   run in float16 while its parameter (the master copy) stays float32, driven through any loss scaler
   with the ``torch.amp.GradScaler`` interface (``scale``, ``step``, ``update``, ``get_scale``). The
   lesson replays ``GradScaler`` on a stream of gradients; lab 07's check replays the learner's
-  scaler and ``GradScaler`` on the same stream and compares them step by step.
+  scaler and ``GradScaler`` on the same stream and compares them step by step (the toy split over
+  several parameters in several param groups too: an overflow anywhere must be found).
 - :func:`matmul_tflops`: one large matmul per precision on a GPU (tensor cores), for lesson and lab 07.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -60,18 +62,27 @@ def toy_scaled_loss(param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
 
 
 def replay_scaler(scaler, grads: list[torch.Tensor], lr: float = 0.1, device: str = "cpu",
-                  unscale_first: bool = False) -> dict:
+                  unscale_first: bool = False, groups: list[list[int]] | None = None,
+                  wrap_step: Callable | None = None) -> dict:
     """Train the toy parameter (n,) float32 (all ones) with SGD over ``grads``, one (n,) float32 per step,
     through ``scaler``. Per step: scale the loss, backward, (``scaler.unscale_(opt)`` first if
     ``unscale_first``, as a step that clips does), ``scaler.step(opt)``, ``scaler.update()``.
 
+    ``groups``: the toy split into several parameters in several optimizer param groups, as sizes
+    (``[[20, 12], [32]]``: two groups, the first of two parameters; the sizes add up to n); by default
+    one parameter in one group. ``wrap_step``: called with the optimizer's ``step``, returns the
+    function that replaces it (lab 07's check watches what runs inside ``scaler.step``).
+
     Returns plain lists: ``scale`` (the scale each step's loss was multiplied by), ``stepped`` (whether
     ``optimizer.step`` ran inside ``scaler.step``), ``after`` (the scale after ``update``) and ``param``
-    (the parameter after each step, CPU float32)."""
-    param = torch.nn.Parameter(torch.ones(grads[0].numel(), device=device))
-    opt = torch.optim.SGD([param], lr=lr)
+    (the parameters after each step, concatenated, CPU float32)."""
+    n = grads[0].numel()
+    sizes = groups or [[n]]
+    params = [[torch.nn.Parameter(torch.ones(k, device=device)) for k in group] for group in sizes]
+    flat = [p for group in params for p in group]
+    opt = torch.optim.SGD([{"params": group} for group in params], lr=lr)
     calls = [0]
-    real_step = opt.step
+    real_step = wrap_step(opt.step) if wrap_step else opt.step
 
     def counted_step(*args, **kwargs):
         calls[0] += 1
@@ -82,7 +93,10 @@ def replay_scaler(scaler, grads: list[torch.Tensor], lr: float = 0.1, device: st
     for g in grads:
         opt.zero_grad(set_to_none=True)
         out["scale"].append(float(scaler.get_scale()))
-        scaler.scale(toy_scaled_loss(param, g.to(device))).backward()
+        pieces = g.to(device).split([p.numel() for p in flat])  # (n,) -> one piece per parameter
+        # toy_scaled_loss over the whole toy: each piece's gradient is piece / n, computed in float16
+        loss = sum((p.half() * piece.half()).float().sum() for p, piece in zip(flat, pieces)) / n
+        scaler.scale(loss).backward()
         if unscale_first:
             scaler.unscale_(opt)
         before = calls[0]
@@ -90,7 +104,7 @@ def replay_scaler(scaler, grads: list[torch.Tensor], lr: float = 0.1, device: st
         scaler.update()
         out["stepped"].append(calls[0] > before)
         out["after"].append(float(scaler.get_scale()))
-        out["param"].append(param.detach().float().cpu().clone())
+        out["param"].append(torch.cat([p.detach().float().cpu() for p in flat]))
     return out
 
 

@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from gpulab.compiler import BreakyNet
+from gpulab.compiler import BreakyNet, CountingBackend
 from gpulab.syncs import train_step_with_syncs
 from grader.checks import exercises, load_lab
 from grader.exercise import evaluate
@@ -195,8 +195,10 @@ def test_counting_distinct_shapes_is_named(sol06):
     assert r.status == "failed" and "the number of distinct shapes" in r.message, r.message
 
 
-def _count(reset=True, pass_dynamic=True, backend=None):
+def _count(reset=True, pass_dynamic=True, backend=None, copies=False):
     def count_compiles(fn, inputs, dynamic=None):
+        if copies:  # BUG: copies lose the callers' dynamic marks
+            inputs = [x.clone() for x in inputs]
         if reset:
             torch._dynamo.reset()
         graphs = []
@@ -219,6 +221,23 @@ def test_a_count_without_reset_or_without_dynamic_is_named(sol06, bug, n, says):
     r = evaluate(EX["count_compiles"], with_answer(sol06, count_compiles=_count(**bug)), "cpu",
                  EX["count_compiles"].cases()[n - 1:n])
     assert r.status == "failed" and says in r.message, r.message
+
+
+def test_counting_with_the_courses_backend_fails(sol06):
+    def count_compiles(fn, inputs, dynamic=None):  # the lesson's counter: right counts, not the exercise
+        torch._dynamo.reset()
+        counter = CountingBackend()
+        compiled = torch.compile(fn, backend=counter, dynamic=dynamic)
+        for x in inputs:
+            compiled(x)
+        return counter.compiles
+    r = public(STEM, "count_compiles", with_answer(sol06, count_compiles=count_compiles), 1)
+    assert r.status == "failed" and "gpulab.compiler.CountingBackend, the course's own counter" in r.message
+
+
+def test_counting_on_copies_of_marked_inputs_fails_on_every_seed(sol06):
+    for r in _hidden("count_compiles", "inputs marked dynamic", sol06, count_compiles=_count(copies=True)):
+        assert r.status == "failed" and "Yours counts compilations of copies of the inputs" in r.message, r.message
 
 
 def test_inductor_is_refused_in_every_check(sol06):
@@ -339,12 +358,12 @@ def test_the_step_with_syncs_fails_and_names_the_line(sol06):
     assert "if not torch.isfinite(loss)" in r.message
 
 
-def _step(item_log=False, format_log=False, skip="where"):
+def _step(item_log=False, format_log=False, skip="where", nan_only=False):
     """The solution's step with one plausible bug."""
     def train_step(model, x, y, lr, max_norm, stats):
         logits = model(x)
         loss = torch.nn.functional.cross_entropy(logits, y)
-        finite = torch.isfinite(loss)
+        finite = ~torch.isnan(loss) if nan_only else torch.isfinite(loss)  # BUG (nan_only): an inf loss steps
         model.zero_grad()
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
@@ -383,6 +402,21 @@ def test_updating_with_nan_gradients_is_caught(sol06, skip):
     r = public(STEM, "sync_free_step", with_answer(sol06, train_step=step), 2)
     assert r.status == "failed" and r.cases[0].status == "passed", r.message
     assert "non-finite batch" in r.message or "stats['loss']" in r.message, r.message
+
+
+def _hidden(eid: str, rule: str, ns: dict, seeds=(1, 2, 3), **answer):
+    """The results of ``answer`` (the solution ``ns`` with some entries replaced) on the hidden case of ``rule``
+    of each seed."""
+    ex = EX[eid]
+    return [evaluate(ex, with_answer(ns, **answer), "cpu", [c for c in ex.cases(seed, public=False)
+                                                             if c.name.startswith(rule + ":")]) for seed in seeds]
+
+
+def test_a_step_that_skips_only_nan_losses_fails_on_every_seed(sol06):
+    """A loss can be +inf without a NaN anywhere (a row of huge values: its label's log-probability overflows):
+    ~torch.isnan(loss) steps on it; torch.isfinite does not."""
+    for r in _hidden("sync_free_step", "a batch of huge values", sol06, train_step=_step(nan_only=True)):
+        assert r.status == "failed" and ("stats['loss']" in r.message or "parameter" in r.message), r.message
 
 
 def test_a_skipped_batch_counted_in_the_loss_is_caught(sol06):
@@ -449,6 +483,21 @@ def test_a_wrong_trace_reading_is_named(sol06, mistake, says):
     assert r.status == "failed" and says in r.message, r.message
 
 
+@pytest.mark.parametrize("old, new, says", [
+    # every case has a gap of exactly min_gap_us (times in eighths of a microsecond: the arithmetic is exact)
+    ("if start - end >= min_gap_us:", "if start - end > min_gap_us:", "gaps strictly longer than min_gap_us"),
+    # every trace ends with a copy that starts inside the last kernel and ends first
+    ("busy / (end - first)", "busy / (spans[-1][1] - first)", "expected top"),
+])
+def test_a_gap_threshold_or_busy_window_off_at_the_edge_fails_on_every_seed(sol06, old, new, says):
+    ns = dict(sol06)
+    exec(compile(kit.solution_with(STEM, "trace_summary", old, new), "<trace mistake>", "exec"), ns)
+    for seed in (1, 2, 3):
+        ex = EX["trace_summary"]
+        r = evaluate(ex, ns, "cpu", ex.cases(seed, public=False))
+        assert r.score == 0 and all(says in c.message for c in r.cases), r.message
+
+
 def test_a_reader_that_does_not_sort_fails(sol06):
     def trace_summary(trace, k, min_gap_us):  # BUG: takes the events in file order
         spans = [(e["ts"], e["ts"] + e["dur"]) for e in trace["traceEvents"]
@@ -466,14 +515,16 @@ def test_a_reader_that_does_not_sort_fails(sol06):
 
 # --- 7. measuring a compiler win ------------------------------------------------------------------------------------
 
-def _win(sync=True, mean=False, warm=True, same_input=True, compile_each_call=False, inverted=False):
+def _win(sync=True, mean=False, warm=True, same_input=True, compile_each_call=False, inverted=False,
+         first_sync=True):
     """The solution's timer with one plausible bug."""
     def measure_compile_win(fn, compile_fn, x, clock, sync_fn, warmup=3, repeats=20):
         wait = sync_fn if sync else (lambda: None)
         get = (lambda: compile_fn(fn)) if compile_each_call else (lambda c=compile_fn(fn): c)
         start = clock()
         get()(x)
-        wait()
+        if first_sync:  # BUG when not: the first call's device work is still queued
+            wait()
         compile_s = clock() - start
 
         def per_call_ms(f):
@@ -501,10 +552,16 @@ def _win(sync=True, mean=False, warm=True, same_input=True, compile_each_call=Fa
     (dict(same_input=False), "got another input than x"),
     (dict(compile_each_call=True), "compile_fn was called"),
     (dict(inverted=True), "expected eager_ms / compiled_ms"),
+    (dict(mean=True), "the mean of the timed calls, and one of them was slowed"),
+    (dict(first_sync=False), "the first call's device work (autotuning, the first run) was still queued"),
 ])
 def test_a_dishonest_timer_is_named(sol06, bug, says):
     r = public(STEM, "compile_win", with_answer(sol06, measure_compile_win=_win(**bug)))
     assert r.status == "failed" and says in r.message, r.message
+    ex = EX["compile_win"]  # every hidden case too, on every seed
+    for seed in (1, 2, 3):
+        assert evaluate(ex, with_answer(sol06, measure_compile_win=_win(**bug)), "cpu",
+                        ex.cases(seed, public=False)).score == 0
 
 
 def test_the_compile_counted_in_the_average_is_named(sol06):
@@ -536,6 +593,20 @@ def test_a_timer_on_its_own_clock_or_without_warm_up_is_named(sol06):
     assert r.status == "failed" and "includes the compile or the first calls" in r.message, r.message
 
 
+def test_timings_computed_from_the_virtual_devices_settings_fail(sol06):
+    """The check's device runs in the learner's process, its settings with it: numbers taken from them, not
+    measured with the clock given, earn nothing."""
+    def measure_compile_win(fn, compile_fn, x, clock, sync, warmup=3, repeats=20):
+        p = fn.__self__.p  # the device's settings, through the bound method it handed over
+        compile_fn(fn)
+        clock()
+        return {"compile_s": p["compile_s"] + p["first_work_s"], "eager_ms": p["eager_s"] * 1e3 + p["host_s"] * 1e3,
+                "compiled_ms": p["compiled_s"] * 1e3 + p["host_s"] * 1e3,
+                "speedup": (p["eager_s"] + p["host_s"]) / (p["compiled_s"] + p["host_s"])}
+    r = public(STEM, "compile_win", with_answer(sol06, measure_compile_win=measure_compile_win))
+    assert r.status == "failed" and "is not a time between two of your clock() readings" in r.message, r.message
+
+
 def test_a_correct_variant_of_the_timer_passes(sol06):
     r = public(STEM, "compile_win", with_answer(sol06, measure_compile_win=_win()))
     assert r.status == "passed", r.message
@@ -543,7 +614,8 @@ def test_a_correct_variant_of_the_timer_passes(sol06):
 
 # --- answers that compute nothing earn nothing; every rule in every hidden set -------------------------------------
 
-@pytest.mark.parametrize("eid", ["count_compiles", "sync_free_step", "graph_runner", "trace_summary", "compile_win"])
+@pytest.mark.parametrize("eid", [pytest.param("graph_breaks", marks=pytest.mark.slow), "count_compiles",
+                                 "compile_once", "sync_free_step", "graph_runner", "trace_summary", "compile_win"])
 def test_answers_that_compute_nothing_score_zero(eid):
     kit.assert_do_nothing_scores_zero(EX[eid])
 

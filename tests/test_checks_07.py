@@ -125,6 +125,21 @@ def test_a_cast_report_that_scales_its_input_in_place_fails(sol07):
     assert r.status == "failed" and "changed its input x in place" in r.message, r.message
 
 
+@pytest.mark.parametrize("old, new, says", [
+    ("< tiny", "<= tiny", "subnormal = "),                     # the smallest normal counted as subnormal
+    ("(y == 0)", "((x.float() * scale).abs() < torch.finfo(dtype).tiny * torch.finfo(dtype).eps)",
+     "underflow = "),                                           # the value before the cast tested, not the result
+])
+def test_the_edges_of_the_subnormal_range_are_in_every_hidden_set(sol07, old, new, says):
+    src = kit.solution_with(STEM, "cast_report", old, new)
+    ns = dict(sol07)
+    exec(compile(src, "<edge mistake>", "exec"), ns)
+    ex = EX["cast_report"]
+    for seed in (1, 2, 3):
+        r = evaluate(ex, ns, "cpu", ex.cases(seed, public=False))
+        assert r.score == 0 and says in r.message, (seed, r.message)
+
+
 # --- 3. the loss scaler -----------------------------------------------------------------------------------
 
 def _scaler(sol, bug):
@@ -173,7 +188,7 @@ def _scaler(sol, bug):
 
 @pytest.mark.parametrize("bug, rule", [
     ("late", "growth after exactly growth_interval clean steps"),
-    ("no reset", "an overflow resets the growth counter"),
+    ("no reset", "an overflow before the first growth"),
     ("always steps", "a NaN gradient"),
     ("sticky", "consecutive overflows"),
 ])
@@ -238,15 +253,198 @@ def _on_gradscalers_kernels(sol):
     return LossScaler
 
 
+class _ListedGradScaler:
+    """GradScaler held in a list (and a dict), each method forwarded by hand, its kernels run with the op
+    recorder switched off: the disguise that once scored full marks."""
+
+    def __init__(self, **kwargs):
+        self.held = [torch.amp.GradScaler("cpu", **kwargs)]
+        self.by_name = {"s": self.held[0]}
+
+    def _quiet(self):
+        return torch.utils._python_dispatch._disable_current_modes()
+
+    def get_scale(self):
+        return self.held[0].get_scale()
+
+    def scale(self, loss):
+        with self._quiet():
+            return self.held[0].scale(loss)
+
+    def unscale_(self, optimizer):
+        with self._quiet():
+            self.held[0].unscale_(optimizer)
+
+    def step(self, optimizer):
+        with self._quiet():
+            self.held[0].step(optimizer)
+
+    def update(self):
+        with self._quiet():
+            self.by_name["s"].update()
+
+
+_SCALERS = []  # a global the learner's methods reach by name
+
+
+class _GlobalGradScaler(_ListedGradScaler):
+    def __init__(self, **kwargs):
+        _SCALERS.append(torch.amp.GradScaler("cpu", **kwargs))
+        self.held, self.by_name = [], {}
+
+    def __getattribute__(self, name):  # every method of the last GradScaler made, from a module global
+        if name in ("get_scale", "scale", "unscale_", "step", "update"):
+            return getattr(_SCALERS[-1], name)
+        return object.__getattribute__(self, name)
+
+
+def _closure_gradscaler(**kwargs):
+    """A function handing back an object whose methods close over a GradScaler."""
+    inner = torch.amp.GradScaler("cpu", **kwargs)
+
+    class Closed:
+        def get_scale(self):
+            return inner.get_scale()
+
+        def scale(self, loss):
+            return inner.scale(loss)
+
+        def unscale_(self, optimizer):
+            inner.unscale_(optimizer)
+
+        def step(self, optimizer):
+            inner.step(optimizer)
+
+        def update(self):
+            inner.update()
+    return Closed()
+
+
+def _stolen_methods():
+    """GradScaler's own methods copied into a class of the learner's (its state set up by GradScaler's __init__)."""
+    methods = {k: v for k, v in vars(torch.amp.GradScaler).items() if callable(v) and k != "__init__"}
+    return type("LossScaler", (), {**methods, "__init__": functools.partialmethod(torch.amp.GradScaler.__init__,
+                                                                                    "cpu")})
+
+
+def _hidden_kernels(sol):
+    """GradScaler's update kernel and the recorder's off switch, both looked up by strings the code never spells
+    whole, at run time."""
+    def update(self):
+        quiet = getattr(torch.utils._python_dispatch, "_disable_" + "current_modes")
+        kernel = getattr(torch, "_amp_" + "update_scale_")
+        with quiet():
+            scale, growth = torch.tensor([self.scale_value]), torch.tensor([self.clean_steps], dtype=torch.int32)
+            kernel(scale, growth, torch.tensor([float(bool(self.found_inf))]), self.growth_factor,
+                   self.backoff_factor, self.growth_interval)
+        self.scale_value, self.clean_steps, self.found_inf = float(scale), int(growth), None
+    return type("LossScaler", (sol["LossScaler"],), {"update": update})
+
+
+def _captured_kernels(sol):
+    """The same, the kernel kept in a class attribute when the cell ran (before the check's tripwires)."""
+    cls = _hidden_kernels(sol)
+    cls.kernel = staticmethod(getattr(torch, "_amp_" + "update_scale_"))
+    return cls
+
+
+def _recorder_off(sol):
+    """The solution's own scaler, its steps run with the Python dispatch key excluded (the op recorder sees nothing
+    there), by a guard looked up at run time under a name the code never spells whole."""
+    class LossScaler(sol["LossScaler"]):
+        def step(self, optimizer):
+            guard = getattr(torch._C, "_Exclude" + "DispatchKeyGuard")
+            with guard(torch._C.DispatchKeySet(torch._C.DispatchKey.Python)):
+                super().step(optimizer)
+    return LossScaler
+
+
+def _recorder_off_captured(sol):
+    """The recorder's off switch taken when the cell ran, kept in a closure."""
+    quiet = getattr(torch.utils._python_dispatch, "_disable_" + "current_modes")
+
+    class LossScaler(sol["LossScaler"]):
+        def step(self, optimizer):
+            with quiet():
+                super().step(optimizer)
+    return LossScaler
+
+
+def _recorder_off_by_name(sol):
+    class LossScaler(sol["LossScaler"]):
+        def step(self, optimizer):
+            with torch.utils._python_dispatch._disable_current_modes():
+                super().step(optimizer)
+    return LossScaler
+
+
 @pytest.mark.parametrize("make, says", [
     (lambda sol: _SubclassedGradScaler, "is a torch.amp.GradScaler (_SubclassedGradScaler)"),
     (lambda sol: functools.partial(torch.amp.GradScaler, "cpu"), "is a torch.amp.GradScaler (GradScaler)"),
-    (lambda sol: _WrappedGradScaler, "a wrapper around a torch.amp.GradScaler (self.inner)"),
-    (_on_gradscalers_kernels, "built on GradScaler's kernels (aten._amp_update_scale_)"),
+    (lambda sol: _WrappedGradScaler, "holds GradScaler, its code or a recorder's off switch (self.inner: GradScaler)"),
+    (lambda sol: _ListedGradScaler, "holds GradScaler, its code or a recorder's off switch (self."),
+    (lambda sol: _GlobalGradScaler, "global _SCALERS[0]: GradScaler"),
+    (lambda sol: _closure_gradscaler, "(closure): GradScaler"),
+    (lambda sol: _stolen_methods(), "(LossScaler.__init__.func: GradScaler.__init__"),
+    (_on_gradscalers_kernels, "built on GradScaler's kernels (aten._amp_update_scale_"),
+    (_hidden_kernels, "built on GradScaler's kernels (torch._amp_update_scale_)"),
+    (_captured_kernels, "off switch (LossScaler.kernel: _amp_update_scale_)"),
+    (_recorder_off, "switched off the check's op recorder around optimizer.step"),
+    (_recorder_off_captured, "off switch (LossScaler.step (closure): _disable_current_modes)"),
+    (_recorder_off_by_name, "names _disable_current_modes"),
 ])
 def test_gradscaler_passed_off_as_the_learners_scaler_fails(sol07, make, says):
     r = public(STEM, "loss_scaler", with_answer(sol07, LossScaler=make(sol07)), 1)
     assert r.status == "failed" and says in r.message and "written from scratch" in r.message, r.message
+    ex = EX["loss_scaler"]  # and every hidden case too: a disguise earns nothing
+    hidden = evaluate(ex, with_answer(sol07, LossScaler=make(sol07)), "cpu", ex.cases(3, public=False))
+    assert hidden.score == 0, hidden.message
+
+
+def _partial_check(sol, bug):
+    """The solution's scaler looking for inf/NaN in only some of the parameters."""
+    class LossScaler(sol["LossScaler"]):
+        def unscale_(self, optimizer):
+            if self.found_inf is not None:
+                return
+            found = False
+            with torch.no_grad():
+                for i, group in enumerate(optimizer.param_groups):
+                    for j, p in enumerate(group["params"]):
+                        p.grad.mul_(1.0 / self.scale_value)
+                        bad = not bool(torch.isfinite(p.grad).all())
+                        if bug == "last parameter":  # BUG: overwritten, not or-ed: only the last counts
+                            found = bad
+                        elif bug == "first group" and i > 0 or bug == "first of each group" and j > 0:
+                            continue
+                        else:
+                            found = found or bad
+            self.found_inf = found
+    return LossScaler
+
+
+def _floored(sol):
+    class LossScaler(sol["LossScaler"]):
+        def update(self):
+            super().update()
+            self.scale_value = max(self.scale_value, 1.0)  # BUG: GradScaler has no lower floor
+    return LossScaler
+
+
+@pytest.mark.parametrize("make, rule", [
+    (lambda sol: _partial_check(sol, "last parameter"), "several parameters in several param groups"),
+    (lambda sol: _partial_check(sol, "first group"), "several parameters in several param groups"),
+    (lambda sol: _partial_check(sol, "first of each group"), "several parameters in several param groups"),
+    (_floored, "NaN gradients from a small scale"),
+])
+def test_overflows_in_any_parameter_and_scales_below_one_are_checked_on_every_seed(sol07, make, rule):
+    ex = EX["loss_scaler"]
+    for seed in (1, 2, 3):
+        r = evaluate(ex, with_answer(sol07, LossScaler=make(sol07)), "cpu",
+                     [c for c in ex.cases(seed, public=False) if c.name.startswith(rule)])
+        assert r.status == "failed" and ("ran optimizer.step, but its scaled gradients hold inf or NaN" in r.message
+                                         or "GradScaler's is 0.5" in r.message or "GradScaler's is 0.25" in r.message
+                                         or "GradScaler's is 0.125" in r.message), (seed, r.message)
 
 
 def test_a_scaler_that_zeroes_the_grads_instead_of_skipping_fails(sol07):

@@ -459,3 +459,21 @@ def test_answers_that_compute_nothing_score_zero(eid):
 @pytest.mark.parametrize("eid", sorted(exercises(STEM)))
 def test_every_hidden_set_covers_the_same_rules(eid):
     kit.assert_same_rules_every_seed(exercises(STEM)[eid])
+
+
+def test_the_solution_earns_full_marks_and_the_untouched_lab_zero(sol08):
+    """In process, as the grader scores: the generated lab's stubs are all "not attempted", worth 0; the solution
+    earns every point on the public cases (the hidden ones are graded above)."""
+    import json
+
+    import nbformat
+
+    from grader.notebooks import answer_cells, exec_source, export_source
+
+    ex_all = exercises(STEM)
+    lab = nbformat.reads(json.dumps(kit.load("labs", STEM)), 4)
+    ns = exec_source(export_source(lab, answer_cells(lab)), f"<labs/{STEM}.ipynb>")
+    results = [evaluate(ex, ns, "cpu", ex.cases()[:1]) for ex in ex_all.values()]
+    assert [r.status for r in results] == ["not_attempted"] * len(ex_all) and sum(r.score for r in results) == 0
+    full = [grade(STEM, eid, sol08, hidden=False) for eid in ex_all]
+    assert sum(r.score for r in full) == sum(ex.points for ex in ex_all.values())

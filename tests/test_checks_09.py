@@ -77,7 +77,8 @@ def test_the_gpulab_pruning_helpers_are_seeded_and_keep_masks():
 def _masks(bug: str = ""):
     """The solution's magnitude_masks with one plausible bug."""
     def ranked_together(weights, sparsity):
-        mags = torch.cat([(w if bug == "signed" else w.abs()).flatten() for w in weights])
+        mags = torch.cat([(w if bug == "signed" else w.abs()).view(-1) if bug == "view" else
+                          (w if bug == "signed" else w.abs()).flatten() for w in weights])
         if bug == "quantile":  # BUG: a threshold at the sparsity quantile, ties all pruned
             return _split(mags > torch.quantile(mags, sparsity), weights)
         if bug == "ties to the largest":  # BUG: exactly k, but the shortfall below the tie taken from the largest
@@ -124,8 +125,9 @@ def _prune_units(bug: str = ""):
         if bug == "reversed":  # not a bug: the units in another order, the same order for both layers
             idx = idx.flip(0)
         if bug == "zeroed":
-            new1, new2 = nn.Linear(fc1.in_features, fc1.out_features), nn.Linear(fc2.in_features, fc2.out_features)
-            mask = torch.zeros(fc1.out_features, 1)
+            new1 = nn.Linear(fc1.in_features, fc1.out_features, device=fc1.weight.device)
+            new2 = nn.Linear(fc2.in_features, fc2.out_features, device=fc1.weight.device)
+            mask = torch.zeros(fc1.out_features, 1, device=fc1.weight.device)
             mask[idx] = 1
             with torch.no_grad():
                 new1.weight.copy_(fc1.weight * mask)
@@ -134,7 +136,8 @@ def _prune_units(bug: str = ""):
                     new1.bias.copy_(fc1.bias * mask[:, 0])
                     new2.bias.copy_(fc2.bias)
             return new1, new2
-        new1 = nn.Linear(fc1.in_features, keep, bias=fc1.bias is not None)
+        device = None if bug == "default device" else fc1.weight.device  # BUG: built on the default device
+        new1 = nn.Linear(fc1.in_features, keep, bias=fc1.bias is not None, device=device)
         with torch.no_grad():
             new1.weight.copy_(fc1.weight[idx])
             if fc1.bias is not None and bug != "bias":
@@ -142,7 +145,7 @@ def _prune_units(bug: str = ""):
         if bug == "fc2 kept":
             return new1, fc2
         cols = {"first columns": torch.arange(keep), "columns sorted": idx.sort().values}.get(bug, idx)
-        new2 = nn.Linear(keep, fc2.out_features, bias=fc2.bias is not None)
+        new2 = nn.Linear(keep, fc2.out_features, bias=fc2.bias is not None, device=device)
         with torch.no_grad():
             new2.weight.copy_(fc2.weight[:, cols])
             if fc2.bias is not None:
@@ -257,6 +260,8 @@ WRONG = [  # (exercise, the solution with one bug, the bug, what the message mus
     ("magnitude_prune", _masks, "in place", "the weights were modified"),
     ("magnitude_prune", _masks, "quantile", "you pruned all of them (|w| <= threshold)"),
     ("magnitude_prune", _masks, "ties to the largest", "prune the smallest magnitudes |w|"),
+    ("magnitude_prune", _masks, "view", "a weight need not be contiguous"),
+    ("structured_prune", _prune_units, "default device", "new_fc1 was built on torch's default device (meta)"),
     ("structured_prune", _prune_units, "zeroed", "zeroing rows keeps the dense shape"),
     ("structured_prune", _prune_units, "fc2 kept", "the next layer loses the input columns of the removed units"),
     ("structured_prune", _prune_units, "first columns", "matches the right fc1 rows with fc2's first `keep` columns"),
@@ -328,3 +333,16 @@ def test_kept_units_in_any_order_pass_when_both_layers_use_it(sol09):
 def test_empty_answers_score_zero_and_every_seed_draws_the_same_rules(eid):
     kit.assert_do_nothing_scores_zero(EX[eid])
     kit.assert_same_rules_every_seed(EX[eid])
+
+
+@pytest.mark.parametrize("eid, answer, bug, says", [
+    ("magnitude_prune", _masks, "view", "a weight need not be contiguous"),
+    ("structured_prune", _prune_units, "default device", "was built on torch's default device"),
+])
+def test_non_contiguous_weights_and_the_default_device_are_in_every_hidden_set(sol09, eid, answer, bug, says):
+    """Every hidden case gives one weight stored transposed (tied layers' are) and runs the answer with another
+    default device: a .view on a weight or a layer built without device= fails on every seed."""
+    ex = EX[eid]
+    for seed in (1, 2, 3):
+        r = evaluate(ex, with_answer(sol09, **{ENTRY[eid]: answer(bug)}), "cpu", ex.cases(seed, public=False))
+        assert r.score == 0 and all(says in c.message for c in r.cases), (seed, r.message)

@@ -7,6 +7,10 @@ replayed (``gpulab.graphs``: CUDA graphs on a GPU, the recording stand-in on a C
 No check runs Inductor (``gpulab.compiler.no_inductor``: a learner's torch.compile without a backend is refused
 with a message): the compile checks use counting and eager backends, milliseconds per graph. Dynamo runs at its
 default settings (``gpulab.compiler.default_settings``): a flag set to hide a break or a recompile is named.
+Every hidden set holds the edges a near-miss trips on: inputs already marked dynamic, a loss of +inf (not NaN),
+a trace gap of exactly ``min_gap_us`` and a copy ending before the last kernel, a timed call slowed by a device
+hiccup (a mean moves, a median does not) and device work queued by the first compiled call; timings must be
+differences of the learner's own clock readings, and count_compiles may not use the course's CountingBackend.
 Hidden cases: one per rule (a case's name starts with its rule, before ':'), the same rules on every seed.
 """
 from __future__ import annotations
@@ -53,14 +57,14 @@ def _breaks_cases(gen, public):
         x = randn(gen, randint(gen, 2, 9), cfg["d_in"], scale=4.0 if big else 0.05)
         on = [k for k in ("log", "clip", "numpy_scale") if flags[k]]
         name = f"{rule}{': ' if rule else ''}BreakyNet with {'+'.join(on)}, x {tuple(x.shape)} " \
-               f"({'large: the clip fires' if big else 'small: no clipping'})"
+               f"({'large' if big else 'small'} values)"
         return Case(name, dict(cfg=cfg, x=x))
 
     every = dict(log=True, clip=True, numpy_scale=True)
     if public:
         return [case("", every, True), case("", every, False), case("", dict(log=False, clip=True, numpy_scale=False),
                                                                      True)]
-    return [case("every break, clip firing", every, True), case("every break, no clipping", every, False),
+    return [case("every break, large values", every, True), case("every break, small values", every, False),
             case("the print alone", dict(log=True, clip=False, numpy_scale=False), True),
             case("the branch alone", dict(log=False, clip=True, numpy_scale=False), True),
             case("the NumPy round trip alone", dict(log=False, clip=False, numpy_scale=True), True)]
@@ -142,11 +146,11 @@ KEY_OP = {"gelu_mlp": "gelu", "layer_norm": "layer_norm", "softmax": "softmax"}
 
 
 @functools.lru_cache(maxsize=256)
-def ref_count_compiles(name: str, shapes: tuple, dynamic=None, reset: bool = True) -> int:
-    """Compilations of torch.compile(FUNCTIONS[name], dynamic=dynamic) called on inputs of `shapes` in turn,
-    counted by a backend (a count depends on the shapes only: cached); ``reset=False``: without a reset after
-    :func:`_seen_before` (the mistake)."""
-    fn, inputs = RUN.FUNCTIONS[name], [torch.randn(*s) for s in shapes]
+def ref_count_compiles(name: str, shapes: tuple, dynamic=None, reset: bool = True, marked: bool = False) -> int:
+    """Compilations of torch.compile(FUNCTIONS[name], dynamic=dynamic) called on inputs of `shapes` in turn (their
+    batch dimension marked dynamic if ``marked``), counted by a backend (a count depends on the shapes only:
+    cached); ``reset=False``: without a reset after :func:`_seen_before` (the mistake)."""
+    fn, inputs = RUN.FUNCTIONS[name], RUN.marked([torch.randn(*s) for s in shapes], marked)
     with RUN._quiet_fresh_dynamo():
         if not reset:
             RUN._seen_before(fn, shapes)
@@ -158,11 +162,12 @@ def ref_count_compiles(name: str, shapes: tuple, dynamic=None, reset: bool = Tru
 
 
 def _count_cases(gen, public):
-    def case(rule, shapes, dynamic=None):
+    def case(rule, shapes, dynamic=None, marked=False):
         name = choice(gen, sorted(RUN.FUNCTIONS))
         label = ", ".join("x".join(map(str, s)) for s in shapes)
-        return Case(f"{rule}{': ' if rule else ''}{name}, dynamic={dynamic}, shapes {label}",
-                    dict(fn=name, shapes=[list(s) for s in shapes], dynamic=dynamic))
+        return Case(f"{rule}{': ' if rule else ''}{name}, dynamic={dynamic}, shapes {label}"
+                    f"{', dim 0 marked dynamic' if marked else ''}",
+                    dict(fn=name, shapes=[list(s) for s in shapes], dynamic=dynamic, marked=marked))
 
     d = lambda: randint(gen, 3, 9)  # noqa: E731
     if public:
@@ -175,7 +180,8 @@ def _count_cases(gen, public):
             case("a batch of one among others", [(growing[0], width), (1, width)] + [(n, width) for n in growing[1:]]),
             case("dynamic=False: one graph per shape", [(n, width) for n in growing[:3]], dynamic=False),
             case("dynamic=True", [(n, width) for n in growing[:3]], dynamic=True),
-            case("a new rank", [(growing[0], width), (2, growing[0], width)])]
+            case("a new rank", [(growing[0], width), (2, growing[0], width)]),
+            case("inputs marked dynamic", [(n, width) for n in growing[:3]], marked=True)]
 
 
 def _count_judge(case, obs):
@@ -183,9 +189,14 @@ def _count_judge(case, obs):
     settings = _settings_verdict(obs, "counts compilations")
     if settings:
         return settings
+    if obs.get("course_counter"):
+        return ("count_compiles compiled with gpulab.compiler.CountingBackend, the course's own counter: the "
+                "exercise is that backend. Write it: a function (gm, example_inputs) that appends gm to a list and "
+                "returns gm.forward.")
     if not isinstance(got, int) or isinstance(got, bool):
         return f"count_compiles must return the number of compilations as an int, got {got!r}."
-    want = ref_count_compiles(case.inputs["fn"], tuple(tuple(s) for s in shapes), dynamic)
+    marked = bool(case.inputs.get("marked"))
+    want = ref_count_compiles(case.inputs["fn"], tuple(tuple(s) for s in shapes), dynamic, True, marked)
     if got == want:
         return None
     message = f"count_compiles returned {got!r}; Dynamo compiled {want} time(s) for these shapes."
@@ -193,9 +204,12 @@ def _count_judge(case, obs):
     return diagnose(message, got, [
         ("compilations without a torch._dynamo.reset() first: the check compiled fn once before calling you (as a "
          "notebook that used fn earlier does), and Dynamo remembered its size",
-         lambda: ref_count_compiles(*key, dynamic, False)),
+         lambda: ref_count_compiles(*key, dynamic, False, marked)),
         (f"compilations with `dynamic` ignored: pass dynamic={dynamic} on to torch.compile",
-         lambda: ref_count_compiles(*key) if dynamic is not None else None),
+         lambda: ref_count_compiles(*key, None, True, marked) if dynamic is not None else None),
+        ("compilations of copies of the inputs: a copy (x.clone(), torch.randn_like) loses the dynamic mark of "
+         "dim 0, so Dynamo specialises on the first size; call the compiled function on the tensors given",
+         lambda: ref_count_compiles(*key, dynamic) if marked else None),
         ("the number of calls: count in the backend, which Dynamo calls once per compilation, not per call",
          len(shapes)),
         ("the number of distinct shapes: after one recompile, automatic dynamic shapes make a generic graph "
@@ -276,8 +290,27 @@ COMPILE_ONCE = Exercise(
 
 # --- exercise 4: a training step with no host sync -----------------------------------------------------------
 
+def _overflowing_row(gen, case: Case) -> tuple:
+    """A row (d,) of huge finite values and its label, for the case's model: every logit finite, but the label's
+    logit so far below the largest that its log-probability overflows to -inf, so the loss is +inf, not NaN (an
+    isnan test lets it through). The row's scale is the middle of the range where that holds (a GPU's float32
+    rounding differs a little)."""
+    model, d = RUN._step_model(case), case.inputs["sizes"][0]
+    scales = 2.0 ** (torch.arange(1600, 2048, dtype=torch.float64) / 16)   # (Q,) 2^100 .. 2^128
+    for _ in range(500):
+        v = randn(gen, d, scale=2.0)
+        with torch.no_grad():
+            logits = model((v.double()[None] * scales[:, None]).float())    # (Q, classes)
+            label = torch.full((len(scales),), int(logits[0].argmin()))
+            loss = torch.nn.functional.cross_entropy(logits, label, reduction="none")
+        good = (torch.isfinite(logits).all(1) & (loss == math.inf)).nonzero().flatten()
+        if len(good) >= 6:
+            return (v.double() * scales[int(good[len(good) // 2])]).float(), int(label[0])
+    raise RuntimeError("no overflowing row for this model")  # not met in 10^4 draws
+
+
 def _step_cases(gen, public):
-    def case(rule, steps, bad_at=(), max_norm=None):
+    def case(rule, steps, bad_at=(), max_norm=None, overflow_at=None):
         d, h, c, b = randint(gen, 4, 16), randint(gen, 8, 32), randint(gen, 2, 6), randint(gen, 4, 12)
         xs = [randn(gen, b, d, scale=2.0) for _ in range(steps)]
         for i in bad_at:
@@ -285,14 +318,19 @@ def _step_cases(gen, public):
         ys = [torch.randint(0, c, (b,), generator=gen) for _ in range(steps)]
         norm = max_norm if max_norm is not None else round(uniform(gen, 0.3, 3.0), 3)
         what = f"{steps} steps, batch {b}" + (f", non-finite batch at step {list(bad_at)}" if bad_at else "")
-        return Case(f"{rule}{': ' if rule else ''}{what}, max_norm {norm}",
-                    dict(sizes=[d, h, c], seed=randint(gen, 0, 2**30), xs=xs, ys=ys, lr=0.1, max_norm=norm))
+        inputs = dict(sizes=[d, h, c], seed=randint(gen, 0, 2**30), xs=xs, ys=ys, lr=0.1, max_norm=norm)
+        if overflow_at is not None:
+            inputs["head_gain"] = 16.0
+            row = randint(gen, 0, b - 1)
+            xs[overflow_at][row], ys[overflow_at][row] = _overflowing_row(gen, Case("", inputs))
+            what += f", a row of huge values at step {overflow_at}, output layer x16"
+        return Case(f"{rule}{': ' if rule else ''}{what}, max_norm {norm}", inputs)
 
     if public:
         return [case("", 3), case("", 4, bad_at=(1,)), case("", 2, max_norm=0.01)]
     return [case("clean steps", randint(gen, 2, 4)), case("a non-finite batch", 4, bad_at=(randint(gen, 0, 3),)),
             case("the first batch non-finite", 3, bad_at=(0,)), case("every step clipped", 3, max_norm=0.001),
-            case("nothing clipped", 3, max_norm=1e6)]
+            case("nothing clipped", 3, max_norm=1e6), case("a batch of huge values", 3, overflow_at=randint(gen, 0, 2))]
 
 
 def _step_judge(case, obs):
@@ -420,17 +458,29 @@ def _trace_cases(gen, public):
              "triton_poi_fused_add_mul_0", "triton_red_fused_layer_norm_1", "cutlass_80_tensorop_s1688gemm"]
 
     def case(rule, n_kernels, gap_scale, streams=1, memcpy=False, cpu=True, shuffle=False, flows=True):
-        events, t = [], uniform(gen, 1000, 2000)
+        # times in eighths of a microsecond: sums and differences are exact, so a gap can equal min_gap_us exactly
+        eighth = lambda v: round(v * 8) / 8  # noqa: E731
+        k, min_gap = randint(gen, 2, 4), round(uniform(gen, 5.0, 15.0) * 4) / 4
+        events, t = [], eighth(uniform(gen, 1000, 2000))
         for i in range(n_kernels):
-            t += uniform(gen, 0.5, 3.0) * gap_scale if randint(gen, 0, 3) == 0 else uniform(gen, 0.0, 2.0)
-            dur = round(uniform(gen, 2.0, 60.0), 3)
-            events.append({"ph": "X", "cat": "kernel", "name": choice(gen, names), "ts": round(t, 3), "dur": dur,
+            t += eighth(uniform(gen, 0.5, 3.0) * gap_scale if randint(gen, 0, 3) == 0 else uniform(gen, 0.0, 2.0))
+            dur = eighth(uniform(gen, 2.0, 60.0))
+            events.append({"ph": "X", "cat": "kernel", "name": choice(gen, names), "ts": t, "dur": dur,
                            "pid": 0, "tid": 7 + (i % streams)})
-            t += dur if streams == 1 or i % streams == streams - 1 else -dur * uniform(gen, 0.2, 0.9)
+            t += dur if streams == 1 or i % streams == streams - 1 else -eighth(dur * uniform(gen, 0.2, 0.9))
             if memcpy and i % 5 == 2:
                 events.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)",
-                               "ts": round(t + 0.5, 3), "dur": round(gap_scale * 2, 3), "pid": 0, "tid": 7})
-                t += gap_scale * 2 + 0.5
+                               "ts": t + 0.5, "dur": eighth(gap_scale * 2), "pid": 0, "tid": 7})
+                t += eighth(gap_scale * 2) + 0.5
+        # the last kernel starts exactly min_gap_us after the device falls idle: a gap "of at least" min_gap_us
+        end = max(e["ts"] + e["dur"] for e in events)
+        last = {"ph": "X", "cat": "kernel", "name": choice(gen, names), "ts": end + min_gap,
+                "dur": eighth(uniform(gen, 8.0, 60.0)), "pid": 0, "tid": 7}
+        # and a copy that starts inside it and ends first: the last event to start is not the last to end
+        copy = {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": last["ts"] + 1.0,
+                "dur": eighth(uniform(gen, 1.0, last["dur"] - 2.0)), "pid": 0, "tid": 9}
+        events += [last, copy]
+        n_kernels += 1
         if cpu:
             for e in list(events)[:n_kernels // 2]:
                 events.append({"ph": "X", "cat": "cpu_op", "name": "aten::linear", "ts": e["ts"] - 30,
@@ -443,7 +493,6 @@ def _trace_cases(gen, public):
         if shuffle:
             order = torch.randperm(len(events), generator=gen).tolist()
             events = [events[i] for i in order]
-        k, min_gap = randint(gen, 2, 4), round(uniform(gen, 5.0, 15.0), 2)
         name = f"{rule}{': ' if rule else ''}{len(events)} events, {streams} stream(s), top {k}, gaps >= {min_gap} us"
         return Case(name, dict(trace={"traceEvents": events}, k=k, min_gap_us=min_gap))
 
@@ -472,7 +521,9 @@ def _same_summary(got, want) -> bool:
 
 def _trace_judge(case, obs):
     x = case.inputs
-    ref = lambda **mistake: ref_trace_summary(x["trace"], x["k"], x["min_gap_us"], **mistake)  # noqa: E731
+    def ref(min_gap_us=x["min_gap_us"], **mistake):
+        return ref_trace_summary(x["trace"], x["k"], min_gap_us, **mistake)
+
     want, got = ref(), obs["summary"]
     if not isinstance(got, dict) or not {"top", "gaps", "busy"} <= set(got):
         return f"trace_summary must return a dict with 'top', 'gaps' and 'busy'; got {type(got).__name__}."
@@ -491,6 +542,8 @@ def _trace_judge(case, obs):
          lambda: ref(busy_cats=("kernel",))),
         ("overlapping kernels (two streams) not merged: the device is idle only when no stream runs anything",
          lambda: ref(merge=False)),
+        ("gaps strictly longer than min_gap_us: a gap of exactly min_gap_us counts (at least, >=)",
+         lambda: ref(min_gap_us=math.nextafter(x["min_gap_us"], math.inf))),
     ], _same_summary, "\n  Yours matches {} instead.")
 
 
@@ -510,15 +563,26 @@ def _win_cases(gen, public):
         eager = uniform(gen, 0.5e-3, 5e-3)
         p = dict(eager_s=eager, compiled_s=eager * (uniform(gen, 0.25, 0.8) if win else uniform(gen, 1.1, 1.6)),
                  compile_s=uniform(gen, *compile_range), host_s=eager * 0.005, eager_first=uniform(gen, 5, 20),
-                 record=uniform(gen, 3, 10))
-        name = (f"{rule}{': ' if rule else ''}eager {p['eager_s'] * 1e3:.3f} ms, compiled {p['compiled_s'] * 1e3:.3f} "
-                f"ms, compile {p['compile_s']:.1f} s")
-        return Case(name, dict(params=p, x=randn(gen, 4, 8)))
+                 record=uniform(gen, 3, 10), hiccup=uniform(gen, 6, 12))
+        p["first_work_s"] = p["compile_s"] * uniform(gen, 0.2, 0.5)  # autotuning's benchmarks, on the device
+        x = randn(gen, 4, 8)
+        # the name says nothing of the timings: they are what the learner measures
+        return Case(f"{rule}{': ' if rule else ''}x {tuple(x.shape)}, warmup {RUN.WARMUP}, repeats {RUN.REPEATS}",
+                    dict(params=p, x=x))
 
     if public:
         return [case(""), case("", win=False)]
-    return [case("a compiler win"), case("a compiler loss", win=False),
-            case("a long compile", compile_range=(60.0, 300.0))]
+    return [case("a first function"), case("a second function", win=False),
+            case("a third function", compile_range=(60.0, 300.0))]
+
+
+def _unmeasured(readings: list, **values) -> str | None:
+    """The first of ``values`` (seconds) that is no difference of two of the clock ``readings``, if any."""
+    spans = [b - a for i, a in enumerate(readings) for b in readings[i + 1:]]
+    for name, value in values.items():
+        if not any(abs(value - s) <= 1e-9 + 1e-9 * abs(s) for s in spans):
+            return name
+    return None
 
 
 def _win_judge(case, obs):
@@ -544,9 +608,20 @@ def _win_judge(case, obs):
         return (f"eager_ms {eager:.4f} and compiled_ms {compiled:.4f} are far below the work per call "
                 f"({want_eager:.4f} and {want_compiled:.4f} ms): the timer stopped before the device finished. "
                 "Call sync() before reading the clock (and before starting it).")
-    if not close(compile_s, p["compile_s"] + p["compiled_s"], 0.02, 1e-6):
+    want_first = p["compile_s"] + p["first_work_s"]
+    if not close(compile_s, want_first, 0.02, 1e-6):
+        why = ("\n  Yours stops at the end of the host's part: the first call's device work (autotuning, the first "
+               "run) was still queued when you read the clock. sync() after the first call, then read it."
+               if close(compile_s, p["compile_s"] + p["host_s"], 0.02, 1e-6) else "")
         return (f"compile_s = {compile_s:.4f}, expected the first call of the compiled function, synchronised: "
-                f"{p['compile_s']:.4f} s of compiling plus its run. Time that first call on its own.")
+                f"{want_first:.4f} s ({p['compile_s']:.4f} s of compiling on the host, then its work on the device). "
+                f"Time that first call on its own.{why}")
+    mean = lambda work: work * (RUN.REPEATS - 1 + p["hiccup"]) / RUN.REPEATS * 1e3  # noqa: E731
+    if close(eager, mean(p["eager_s"]), 0.02, 1e-9) or close(compiled, mean(p["compiled_s"]), 0.02, 1e-9):
+        return (f"eager_ms {eager:.4f}, compiled_ms {compiled:.4f}: the mean of the timed calls, and one of them was "
+                f"slowed {p['hiccup']:.1f} times by the device (another process, a clock change). Report the median "
+                f"of the samples (warm calls take {want_eager:.4f} and {want_compiled:.4f} ms): one outlier moves a "
+                "mean, not a median.")
     if compiled > 1.5 * want_compiled:
         return (f"compiled_ms = {compiled:.4f}, but a warm compiled call takes {want_compiled:.4f} ms: your timing "
                 "includes the compile or the first calls (graph recording, autotuning). Warm up with `warmup` calls "
@@ -557,6 +632,12 @@ def _win_judge(case, obs):
     if not close(eager, want_eager, 0.02, 1e-9) or not close(compiled, want_compiled, 0.02, 1e-9):
         return (f"eager_ms {eager:.4f} vs expected {want_eager:.4f}, compiled_ms {compiled:.4f} vs "
                 f"{want_compiled:.4f}: time each warm call between two sync() calls and take the median.")
+    measured = _unmeasured(obs.get("readings", []), compile_s=compile_s, eager_ms=eager / 1e3,
+                           compiled_ms=compiled / 1e3)
+    if measured:
+        return (f"{measured} is not a time between two of your clock() readings: measure each value with the clock "
+                "and sync() you were given (a median of an odd number of samples is one of them), never compute it "
+                "from anything else.")
     if not close(speedup, eager / compiled, 0.01, 1e-9):
         return f"speedup = {speedup:.4f}, expected eager_ms / compiled_ms = {eager / compiled:.4f}."
     return None

@@ -1,7 +1,9 @@
 """Checks of lab 07, mixed precision: format limits from the bit layout (bias, IEEE vs finite-only fp8),
 what a cast loses (underflow, subnormals, overflow, with and without a loss scale), a dynamic loss scaler
 replayed step by step against ``torch.amp.GradScaler`` on the same fp16 gradients (it skips exactly the
-overflowing steps, grows after exactly ``growth_interval`` clean steps, resets its counter on an overflow),
+overflowing steps, an overflow in any parameter of any param group, grows after exactly ``growth_interval``
+clean steps, resets its counter on an overflow, backs off below 1; a GradScaler held anywhere in the scaler,
+its code, its kernels or an op recorder switched off earn nothing),
 an autocast training step (fp32 master weights, low-precision forward, unscale before clipping, overflowing
 steps skipped) and a Kahan sum that stays in the low precision. Wrong answers are named by the mistake they
 match. Hidden cases: one per rule (a case's name starts with its rule, before ':'), the same rules on every seed.
@@ -157,8 +159,25 @@ def _gradients(gen, n, lo, hi, zeros=0.0):
     return torch.where(torch.rand(n, generator=gen) < zeros, 0.0, x)
 
 
+_MANTISSA = {"float16": 10, "bfloat16": 7, "float8_e5m2": 2}  # stored fraction bits: min subnormal = tiny 2^-m
+
+
+def _on_the_edges(gen, x, dtype, scale):
+    """``x`` with a few entries that land exactly on the edges after scaling: +-tiny (the smallest normal: not
+    subnormal), and 3/4 of the smallest subnormal (rounds up to it: not an underflow), so a test with <= tiny or
+    one on the value before the cast fails on every seed."""
+    fi = torch.finfo(RUN._DTYPES[dtype])
+    edges = torch.tensor([fi.tiny, -fi.tiny, 0.75 * fi.tiny * 2.0 ** -_MANTISSA[dtype]],
+                         dtype=torch.float64) / scale
+    x = x.clone()
+    x[torch.randperm(x.numel(), generator=gen)[:len(edges)]] = edges.float()
+    return x
+
+
 def _report_cases(gen, public):
     def case(rule, x, dtype, scale):
+        if rule:
+            x = _on_the_edges(gen, x, dtype, scale)
         return Case(f"{rule}{': ' if rule else ''}{x.numel()} values, |x| from {x[x != 0].abs().min():.1e} to "
                     f"{x.abs().max():.1e}, {dtype}, scale {scale:g}", dict(x=x, dtype=dtype, scale=scale))
 
@@ -171,7 +190,7 @@ def _report_cases(gen, public):
     return [case("small gradients in fp16", _gradients(gen, n, uniform(gen, -11, -9), -3), "float16", 1.0),
             case("the same range in bf16", _gradients(gen, n, uniform(gen, -11, -9), -3), "bfloat16", 1.0),
             case("a loss scale", _gradients(gen, n, -10, -3, 0.1), "float16", 2.0 ** randint(gen, 8, 16)),
-            case("a scale that overflows", _gradients(gen, n, -4, 1), "float16", 2.0 ** randint(gen, 14, 18)),
+            case("a large scale", _gradients(gen, n, -4, 1), "float16", 2.0 ** randint(gen, 14, 18)),
             case("exact zeros in the input (ReLU gradients)", _gradients(gen, n, -9, -4, uniform(gen, .2, .5)),
                  "float16", 1.0),
             case("fp8 e5m2", _gradients(gen, n, -8, 2), "float8_e5m2", 2.0 ** randint(gen, 0, 6))]
@@ -201,44 +220,68 @@ TOY_N = 64  # the toy parameter's size: a gradient g overflows at scale s when |
 
 def _stream(gen, steps, spikes=None):
     """``steps`` gradients (TOY_N,) float32 in [-1, 1], each with one entry of |1| (its max), so the toy overflows
-    exactly when scale >= 2^22; ``spikes``: {step: "inf" (one entry x 1e6) or "nan"}."""
+    exactly when scale >= 2^22; ``spikes``: {step: "inf" (one entry x 1e6) or "nan"}, or {step: (kind, (lo, hi))}
+    to put the spike among the entries lo..hi-1 (one parameter of a split toy)."""
     grads = []
     for t in range(steps):
         g = 2 * torch.rand(TOY_N, generator=gen) - 1
         g[randint(gen, 0, TOY_N - 1)] = choice(gen, [-1.0, 1.0])
-        kind = (spikes or {}).get(t)
-        if kind == "inf":
-            g[randint(gen, 0, TOY_N - 1)] = 1e6
-        elif kind == "nan":
-            g[randint(gen, 0, TOY_N - 1)] = float("nan")
+        spike = (spikes or {}).get(t)
+        kind, (lo, hi) = spike if isinstance(spike, tuple) else (spike, (0, TOY_N))
+        if kind:
+            g[randint(gen, lo, hi - 1)] = 1e6 if kind == "inf" else float("nan")
         grads.append(g)
     return grads
 
 
+def _split_toy(gen):
+    """Sizes of the toy split into two param groups of two parameters each, ``[[a, b], [c, d]]``, and the entries
+    of each parameter: an overflow in any one of them must be found (not only in the first or the last)."""
+    cuts = sorted(randint(gen, 4, TOY_N - 4) for _ in range(3))
+    while len(set(cuts)) < 3 or min(b - a for a, b in zip([0, *cuts], [*cuts, TOY_N])) < 4:
+        cuts = sorted(randint(gen, 4, TOY_N - 4) for _ in range(3))
+    bounds = list(zip([0, *cuts], [*cuts, TOY_N]))
+    return [[hi - lo for lo, hi in bounds[:2]], [hi - lo for lo, hi in bounds[2:]]], bounds
+
+
 def _scaler_cases(gen, public):
-    def case(rule, grads, init_scale, interval, growth=2.0, backoff=0.5, unscale_first=False):
+    def case(rule, grads, init_scale, interval, growth=2.0, backoff=0.5, unscale_first=False, groups=None):
         name = (f"{rule}{': ' if rule else ''}{len(grads)} steps, init_scale 2^{int(math.log2(init_scale))}, "
                 f"growth_interval {interval}, growth x{growth:g}, backoff x{backoff:g}"
-                f"{', unscale_() called before step()' if unscale_first else ''}")
+                f"{', unscale_() called before step()' if unscale_first else ''}"
+                f"{f', parameters in groups of sizes {groups}' if groups else ''}")
         return Case(name, dict(grads=torch.stack(grads), init_scale=init_scale, interval=interval, growth=growth,
-                               backoff=backoff, unscale_first=unscale_first))
+                               backoff=backoff, unscale_first=unscale_first, groups=groups))
+
+    def split(steps, spiked, kinds):
+        """A stream over the split toy with one spike in parameter ``p`` at step ``t`` for each (t, p)."""
+        groups, bounds = _split_toy(gen)
+        return _stream(gen, steps, {t: (kind, bounds[p]) for (t, p), kind in zip(spiked, kinds)}), groups
 
     if public:
+        grads, groups = split(8, [(1, 3), (4, 1)], ["inf", "nan"])
         return [case("", _stream(gen, 8), 2.0 ** 8, 3),
                 case("", _stream(gen, 10, {4: "inf"}), 2.0 ** 10, 3),
                 case("", _stream(gen, 12), 2.0 ** 25, 2),
-                case("", _stream(gen, 8, {2: "nan", 5: "inf"}), 2.0 ** 12, 2, unscale_first=True)]
+                case("", _stream(gen, 8, {2: "nan", 5: "inf"}), 2.0 ** 12, 2, unscale_first=True),
+                case("", grads, 2.0 ** 12, 2, groups=groups)]
     k = randint(gen, 3, 5)
     t = randint(gen, 3, 6)
+    # a spike in each of the four parameters in turn: the first, the last, the last of the first group, the first
+    # of the second group (a check of only the first/last parameter, or of one group, misses one of them)
+    grads, groups = split(10, [(1, 0), (3, 3), (5, 1), (7, 2)], ["inf", "nan", "inf", "inf"])
+    nans = {s: "nan" for s in range(1, 6)}
     return [case("growth after exactly growth_interval clean steps", _stream(gen, 3 * k + 1),
                  2.0 ** randint(gen, 4, 12), k),
-            case("an overflow resets the growth counter", _stream(gen, 3 * k, {k - 1: "inf"}), 2.0 ** 10, k),
-            case("a scale too large at the start", _stream(gen, 12), 2.0 ** randint(gen, 24, 27), randint(gen, 2, 3)),
+            case("an overflow before the first growth", _stream(gen, 3 * k, {k - 1: "inf"}), 2.0 ** 10, k),
+            case("a large initial scale", _stream(gen, 12), 2.0 ** randint(gen, 24, 27), randint(gen, 2, 3)),
             case("a NaN gradient", _stream(gen, 9, {t: "nan"}), 2.0 ** 12, 2),
             case("consecutive overflows", _stream(gen, 10, {t - 1: "inf", t: "inf", t + 1: "nan"}), 2.0 ** 14, 2),
             case("growth interval 1", _stream(gen, 9, {t: "inf"}), 2.0 ** 6, 1),
             case("other growth and backoff factors", _stream(gen, 10, {t: "inf"}), 2.0 ** 12, 2, 4.0, 0.25),
-            case("unscale_() before step()", _stream(gen, 8, {t: "inf"}), 2.0 ** 12, 2, unscale_first=True)]
+            case("unscale_() before step()", _stream(gen, 8, {t: "inf"}), 2.0 ** 12, 2, unscale_first=True),
+            case("several parameters in several param groups", grads, 2.0 ** randint(gen, 10, 14), 2, groups=groups),
+            case("NaN gradients from a small scale", _stream(gen, 8, nans), 2.0 ** randint(gen, 0, 2), 2)]
 
 
 def ref_scales(grads, init_scale, interval, growth=2.0, backoff=0.5, *, variant: str = "") -> list:
@@ -267,16 +310,38 @@ _SCALE_VARIANTS = [
 ]
 
 
+def _borrowed_scaler(evidence: dict) -> str | None:
+    """What of GradScaler (or of a course helper) the run side found in a learner's scaler, if anything."""
+    if evidence["is"]:
+        return f"is a torch.amp.GradScaler ({evidence['is']})"
+    if evidence["holds"]:
+        return f"holds GradScaler, its code or a recorder's off switch ({'; '.join(evidence['holds'][:3])})"
+    if evidence["kernels"]:
+        return f"is built on GradScaler's kernels ({', '.join(evidence['kernels'])})"
+    if evidence["names"]:
+        return f"names {', '.join(evidence['names'])} in its code"
+    if evidence["unrecorded_steps"]:
+        return ("switched off the check's op recorder around optimizer.step (the recorder saw none of SGD's "
+                "operations)")
+    if evidence["library_methods"]:
+        return (f"not the author of its {', '.join(evidence['library_methods'])}: those methods are library code, "
+                "or come from elsewhere through __getattr__")
+    if evidence["gpulab"]:
+        return f"reaches {evidence['gpulab']} (a course helper, or GradScaler)"
+    return None
+
+
 def _scaler_judge(case, obs):
     x = case.inputs
-    if obs["borrowed"]:
-        return (f"your LossScaler is {obs['borrowed']}: the exercise is the scaler written from scratch (the check "
+    borrowed = _borrowed_scaler(obs["evidence"])
+    if borrowed:
+        return (f"your LossScaler {borrowed}: the exercise is the scaler written from scratch (the check "
                 "compares it with GradScaler, so GradScaler itself proves nothing). Keep the scale, the clean-step "
-                "count and found_inf yourself, with plain tensor operations.")
+                "count and found_inf yourself, with plain tensor operations, in methods of your own class.")
     grads = list(x["grads"])
     ref = replay_scaler(torch.amp.GradScaler("cpu", init_scale=x["init_scale"], growth_factor=x["growth"],
                                              backoff_factor=x["backoff"], growth_interval=x["interval"]),
-                        grads, unscale_first=x["unscale_first"])
+                        grads, unscale_first=x["unscale_first"], groups=x["groups"])
     got_scales, want_scales = obs["scale"] + obs["after"][-1:], ref["scale"] + ref["after"][-1:]
     skipped = [t for t, s in enumerate(ref["stepped"]) if not s]
     table = f"\n  GradScaler's scales: {[f'{s:g}' for s in want_scales]}, skipped steps {skipped}."
@@ -352,11 +417,11 @@ def _train_cases(gen, public):
     if public:
         return [case("", "float16", 2.0 ** 12, 0.1), case("", "bfloat16", 1.0, 0.1),
                 case("", "float16", 2.0 ** 40, 0.1, steps=2), case("", "float16", 2.0 ** 10, 100.0, "adamw")]
-    return [case("fp16 with loss scaling, clipping active", "float16", 2.0 ** randint(gen, 8, 14),
+    return [case("fp16 with loss scaling, a small max_norm", "float16", 2.0 ** randint(gen, 8, 14),
                  uniform(gen, .02, .2)),
             case("bf16, no loss scaling", "bfloat16", 1.0, uniform(gen, .02, .2)),
-            case("an overflowing first step", "float16", 2.0 ** randint(gen, 36, 44), 0.1, steps=2),
-            case("clipping inactive on the true gradients", "float16", 2.0 ** randint(gen, 10, 14), 1e3),
+            case("a large initial scale", "float16", 2.0 ** randint(gen, 36, 44), 0.1, steps=2),
+            case("a large max_norm", "float16", 2.0 ** randint(gen, 10, 14), 1e3),
             case("AdamW", "float16", 2.0 ** randint(gen, 8, 12), uniform(gen, .05, .2), "adamw")]
 
 

@@ -1,10 +1,12 @@
 """Checks of lab 09, pruning and distillation: magnitude masks, shrinking hidden units, N:M masks, training with masks,
-and the distillation loss.
+and the distillation loss. One weight of each magnitude case, and every N:M weight, is non-contiguous (stored
+transposed, as a tied layer's is): a ``.view`` that flattens it is named.
 
 Beyond plain output equality (curriculum, lab 09 "C:"): the exact number of pruned weights (``round(s * n)``, with
 ties at the threshold, so ``<=`` and ``<`` against the k-th magnitude both miss it) in the right scope (global ranks
 every layer together, per-layer each alone; layers of different scales tell them apart); structured pruning that
-builds smaller ``nn.Linear`` layers, shrinks the next layer's input to match and computes what the masked model
+builds smaller ``nn.Linear`` layers where fc1 lives (not on torch's default device: the run side makes
+another device the default first), shrinks the next layer's input to match and computes what the masked model
 computes (the kept units in any order, as long as fc1's rows and fc2's columns share it: a layer's units are a set,
 so the output, not the index order, is compared; rows and columns in different orders, L1 or max norms and float64
 layers are named); N:M masks with exactly N kept in *every* group of M along the input dim; pruned weights that stay
@@ -111,8 +113,18 @@ def _count_hint(got: int, k: int, mags: torch.Tensor, keep: torch.Tensor, sparsi
     return ""
 
 
+def view_verdict(obs: dict, name: str) -> str | None:
+    """The message for an answer that called .view on the check's non-contiguous weight."""
+    if "view_error" in obs:
+        return (f"{name} raised {obs['view_error']!r}: a weight need not be contiguous (a tied or transposed "
+                "layer's is not), and .view cannot flatten it. Use .reshape or .flatten, which copy when they must.")
+    return None
+
+
 def _magnitude_judge(case, obs):
     weights, sparsity, scope = case.inputs["weights"], case.inputs["sparsity"], case.inputs["scope"]
+    if view_verdict(obs, "magnitude_masks"):
+        return view_verdict(obs, "magnitude_masks")
     masks = obs["masks"]
     if not isinstance(masks, (list, tuple)) or len(masks) != len(weights):
         return f"return a list of {len(weights)} masks, one per weight tensor, in the same order."
@@ -228,6 +240,10 @@ def _structured_judge(case, obs):
     for name, f in (("new_fc1", f1), ("new_fc2", f2)):
         if f["type"] != "Linear":
             return f"{name} must be an nn.Linear, got {f['type']}."
+        if f["devices"] != [obs["device"]]:
+            return (f"{name} was built on torch's default device ({', '.join(f['devices'])}), not where fc1 lives "
+                    f"({obs['device']}): on a GPU your layers would stay on the CPU. Build them there: "
+                    "nn.Linear(..., device=fc1.weight.device), or .to(fc1.weight.device).")
         if not f["param"]:
             return f"{name}.weight must be an nn.Parameter (a layer you can fine-tune), not a plain tensor."
     if tuple(f1["weight"].shape) == (hidden, d_in) and keep < hidden:
@@ -322,6 +338,8 @@ def _nm_cases(gen, public):
 
 def _nm_judge(case, obs):
     w, n, m = case.inputs["w"], case.inputs["n"], case.inputs["m"]
+    if view_verdict(obs, "nm_mask"):
+        return view_verdict(obs, "nm_mask")
     if w.shape[1] % m:
         if "raised" in obs:
             return None

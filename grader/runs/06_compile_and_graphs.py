@@ -56,13 +56,38 @@ def _seen_before(fn, shapes) -> None:
     torch.compile(fn, backend="eager")(torch.randn(max(s[0] for s in shapes) + 7, *first[1:]))
 
 
+def marked(inputs: list, dynamic_dim0: bool) -> list:
+    """``inputs``, their batch dimension marked dynamic when ``dynamic_dim0`` (as compile_once's callers do)."""
+    for x in inputs if dynamic_dim0 else ():
+        torch._dynamo.mark_dynamic(x, 0)
+    return inputs
+
+
+@contextlib.contextmanager
+def _course_counter_calls():
+    """Yield a list that receives one entry per call of gpulab's CountingBackend (the course's own counter, the
+    answer to count_compiles) inside the block, subclasses included."""
+    calls, original = [], CountingBackend.__call__
+
+    def counted(self, gm, example_inputs):
+        calls.append(type(self).__name__)
+        return original(self, gm, example_inputs)
+
+    CountingBackend.__call__ = counted
+    try:
+        yield calls
+    finally:
+        CountingBackend.__call__ = original
+
+
 def _count_run(ns, case, device):
     fn = FUNCTIONS[case.inputs["fn"]]
-    inputs = [torch.randn(*s, device=device) for s in case.inputs["shapes"]]
+    inputs = marked([torch.randn(*s, device=device) for s in case.inputs["shapes"]], case.inputs.get("marked"))
     with _quiet_fresh_dynamo() as changed:
         _seen_before(fn, case.inputs["shapes"])
-        got = entry(ns, "count_compiles")(fn, inputs, dynamic=case.inputs["dynamic"])
-    return {"count": got, "settings": changed}
+        with _course_counter_calls() as course:
+            got = entry(ns, "count_compiles")(fn, inputs, dynamic=case.inputs["dynamic"])
+    return {"count": got, "settings": changed, "course_counter": bool(course)}
 
 
 def _once_inputs(case, device="cpu") -> list:
@@ -81,8 +106,13 @@ def _once_run(ns, case, device):
 
 
 def _step_model(case, device="cpu"):
+    """The case's classifier; its output layer's weights times the case's ``head_gain`` (logits that can be
+    large while the hidden activations are not)."""
     d, h, c = case.inputs["sizes"]
-    return make_classifier(d, h, c, case.inputs["seed"], device)
+    model = make_classifier(d, h, c, case.inputs["seed"], device)
+    with torch.no_grad():
+        model[2].weight.mul_(case.inputs.get("head_gain", 1.0))
+    return model
 
 
 def _step_run(ns, case, device):
@@ -145,19 +175,28 @@ def _trace_run(ns, case, device):
 WARMUP, REPEATS = 3, 5  # what the check asks measure_compile_win for
 
 
+READINGS = 200  # clock readings reported to the judge: an honest timer of the check's calls takes about 24
+HICCUP = WARMUP + 2  # the call (of each function, counting from its first warm one) that a device hiccup slows
+
+
 class VirtualDevice:
     """An asynchronous device on a virtual clock (seconds): a call costs the host `host_s` at once and queues its
     work; ``sync()`` waits for the queue. The compiled function's first call compiles on the host first
-    (`compile_s`), and its next WARMUP calls record/autotune (extra work), as ``mode="reduce-overhead"`` does; eager's
-    first WARMUP calls initialise caches. With WARMUP calls of warm-up the timed calls are all steady; without, most of
-    REPEATS are not, and even a median shows it."""
+    (`compile_s`), then queues `first_work_s` of device work (autotuning runs candidate kernels on the device), and
+    its next WARMUP calls record/autotune (extra work), as ``mode="reduce-overhead"`` does; eager's first WARMUP
+    calls initialise caches. With WARMUP calls of warm-up the timed calls are all steady but one: the call HICCUP
+    of each function takes `hiccup` times its work (another process on the device), which a median ignores and a
+    mean does not. Without warm-up, most of REPEATS are not steady, and even a median shows it."""
 
     def __init__(self, p: dict, x: torch.Tensor):
         self.p, self.x, self.now, self.free_at = p, x, 0.0, 0.0
         self.calls = {"eager": 0, "compiled": 0, "compile_fn": 0, "other_input": 0, "clock": 0}
+        self.readings: list = []  # what clock() returned, the first READINGS of them
 
     def clock(self) -> float:
         self.calls["clock"] += 1
+        if len(self.readings) < READINGS:
+            self.readings.append(self.now)
         return self.now
 
     def sync(self) -> None:
@@ -172,8 +211,9 @@ class VirtualDevice:
         return arg * 2.0
 
     def eager(self, x):
-        first = self.calls["eager"] < WARMUP
-        return self._run("eager", x, self.p["eager_s"] * (self.p["eager_first"] if first else 1.0))
+        n = self.calls["eager"]
+        slow = self.p["eager_first"] if n < WARMUP else self.p["hiccup"] if n == HICCUP else 1.0
+        return self._run("eager", x, self.p["eager_s"] * slow)
 
     def compile_fn(self, fn):
         self.calls["compile_fn"] += 1
@@ -182,7 +222,9 @@ class VirtualDevice:
             n = self.calls["compiled"]
             if n == 0:
                 self.now += self.p["compile_s"]            # compiling: host time, before any work is queued
-            return self._run("compiled", x, self.p["compiled_s"] * (self.p["record"] if 1 <= n <= WARMUP else 1.0))
+                return self._run("compiled", x, self.p["first_work_s"])
+            slow = self.p["record"] if n <= WARMUP else self.p["hiccup"] if n == HICCUP + 1 else 1.0
+            return self._run("compiled", x, self.p["compiled_s"] * slow)
         return compiled
 
 
@@ -190,4 +232,5 @@ def _win_run(ns, case, device):
     dev = VirtualDevice(case.inputs["params"], case.inputs["x"])
     got = entry(ns, "measure_compile_win")(dev.eager, dev.compile_fn, case.inputs["x"], clock=dev.clock,
                                             sync=dev.sync, warmup=WARMUP, repeats=REPEATS)
-    return {"result": got if isinstance(got, dict) else type(got).__name__, "calls": dev.calls}
+    return {"result": got if isinstance(got, dict) else type(got).__name__, "calls": dev.calls,
+            "readings": dev.readings}

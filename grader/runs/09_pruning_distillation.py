@@ -4,6 +4,8 @@ it knows no answer (the references and verdicts are the judge's, in ``grader/che
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -11,9 +13,33 @@ import torch.nn.functional as F
 from grader.exercise import entry, to_cpu
 
 
+def strided(w: torch.Tensor) -> torch.Tensor:
+    """``w`` (out, in) with the same values, stored transposed: a non-contiguous weight (a tied or transposed
+    layer's), on which ``.view`` fails and memory order is not row order."""
+    return w.t().contiguous().t()  # (in, out) storage -> an (out, in) view
+
+
+@contextlib.contextmanager
+def _views_reported():
+    """Yield a dict that receives ``{"view_error": message}`` when the block calls ``.view`` on a tensor whose
+    strides do not allow it (a non-contiguous weight): the judge names the mistake."""
+    failed: dict = {}
+    try:
+        yield failed
+    except RuntimeError as exc:
+        if "view size is not compatible" not in str(exc):
+            raise
+        failed["view_error"] = str(exc).splitlines()[0][:200]
+
+
 def _magnitude_run(ns, case, device):
-    weights = [w.clone().to(device) for w in case.inputs["weights"]]  # a list: run_case does not copy it
-    masks = entry(ns, "magnitude_masks")(weights, case.inputs["sparsity"], case.inputs["scope"])
+    # a list: run_case does not copy it; the first weight non-contiguous, as a tied layer's is
+    weights = [(strided(w) if i == 0 else w.clone()).to(device) for i, w in enumerate(case.inputs["weights"])]
+    fn = entry(ns, "magnitude_masks")
+    with _views_reported() as failed:
+        masks = fn(weights, case.inputs["sparsity"], case.inputs["scope"])
+    if failed:
+        return failed
     return {"masks": to_cpu(list(masks) if isinstance(masks, (list, tuple)) else masks), "after": to_cpu(weights)}
 
 
@@ -29,20 +55,40 @@ def _linear(w, b) -> nn.Linear:
 def _describe_linear(layer) -> dict:
     if not isinstance(layer, nn.Linear):
         return {"type": type(layer).__name__}
-    return {"type": "Linear", "weight": to_cpu(layer.weight), "bias": to_cpu(layer.bias),
+    devices = sorted({str(t.device) for t in (layer.weight, layer.bias) if isinstance(t, torch.Tensor)})
+    if "meta" in devices:  # no values to read: the judge reports where the layer was built
+        return {"type": "Linear", "devices": devices}
+    return {"type": "Linear", "weight": to_cpu(layer.weight), "bias": to_cpu(layer.bias), "devices": devices,
             "param": isinstance(layer.weight, nn.Parameter), "in": layer.in_features, "out": layer.out_features}
 
 
-def _structured_run(ns, case, device):
-    i = case.inputs
+def _prune_pair(fn, i, device, default_device=None):
+    """fc1, fc2 built from the case on ``device`` and what ``fn`` returns for them, run with ``default_device``
+    as torch's default device when given."""
     fc1, fc2 = _linear(i["w1"], i["b1"]).to(device), _linear(i["w2"], i["b2"]).to(device)
-    out = entry(ns, "prune_hidden_units")(fc1, fc2, i["keep"])
+    with torch.device(default_device) if default_device else contextlib.nullcontext():
+        return fc1, fc2, fn(fc1, fc2, i["keep"])
+
+
+def _structured_run(ns, case, device):
+    i, fn = case.inputs, entry(ns, "prune_hidden_units")
+    # First with another default device ("meta": no storage): layers built without device=fc1.weight.device
+    # land there, as they land on the CPU when the check runs on a GPU. An answer that moves its layers with
+    # .to(device) cannot run so (meta tensors have no values to move): it runs again as usual.
+    try:
+        fc1, fc2, out = _prune_pair(fn, i, device, default_device="meta")
+        on_default = isinstance(out, (tuple, list)) and any(
+            isinstance(layer, nn.Linear) and layer.weight.device.type == "meta" for layer in out)
+    except Exception:
+        on_default = False
+    if not on_default:
+        fc1, fc2, out = _prune_pair(fn, i, device)
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         return {"returned": type(out).__name__}
     new1, new2 = out
-    obs = {"fc1": _describe_linear(new1), "fc2": _describe_linear(new2),
+    obs = {"fc1": _describe_linear(new1), "fc2": _describe_linear(new2), "device": str(fc1.weight.device),
            "orig": to_cpu([fc1.weight, fc2.weight])}
-    if isinstance(new1, nn.Linear) and isinstance(new2, nn.Linear):
+    if isinstance(new1, nn.Linear) and isinstance(new2, nn.Linear) and not on_default:
         try:
             with torch.no_grad():
                 obs["y"] = to_cpu(new2(F.relu(new1(i["x"].to(device)))))
@@ -52,10 +98,13 @@ def _structured_run(ns, case, device):
 
 
 def _nm_run(ns, case, device):
-    w = case.inputs["w"].to(device)
+    w = strided(case.inputs["w"]).to(device)  # non-contiguous, as a tied or transposed layer's weight is
     fn = entry(ns, "nm_mask")
     try:
-        mask = fn(w, case.inputs["n"], case.inputs["m"])
+        with _views_reported() as failed:
+            mask = fn(w, case.inputs["n"], case.inputs["m"])
+        if failed:
+            return failed
     except ValueError as exc:
         return {"raised": str(exc)}
     except NotImplementedError:
