@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from grader.checks import load_lab
+from grader.checks import exercises, load_lab
+from grader.exercise import evaluate
 from tests.conftest import grade, solution_namespace, with_answer
 
 STEM = "12_tensor_parallel"
@@ -442,6 +443,30 @@ def test_load_balancing_loss_without_the_num_experts_factor_fails(sol12):
 
     r = grade(STEM, "moe_routing", with_answer(sol12, load_balancing_loss=no_factor))
     assert r.status == "failed" and "num_experts factor is missing" in r.message, r.message
+
+
+def test_load_balancing_loss_recomputing_the_index_from_the_logits_fails(sol12):
+    def own_index(router_logits, expert_index, num_experts):
+        mine = router_logits.topk(expert_index.shape[1], dim=-1).indices  # BUG: ignores the index it is given
+        return sol12["load_balancing_loss"](router_logits, mine, num_experts)
+
+    ex = exercises(STEM)["moe_routing"]
+    for seed in (1, 2, 3):
+        r = evaluate(ex, with_answer(sol12, load_balancing_loss=own_index), "cpu", ex.cases(seed, public=False))
+        assert r.status == "failed" and r.score == 0 and "load_balancing_loss" in r.message, r.message
+
+
+def test_route_ignoring_the_capacity_or_filling_token_by_token_fails_every_case_on_every_seed(sol12):
+    def no_capacity(router_logits, top_k, capacity):
+        index, weight, slot = sol12["route"](router_logits, top_k, router_logits.shape[0] * top_k)  # BUG: no drops
+        return index, weight, slot
+
+    ex = exercises(STEM)["moe_routing"]
+    for seed in (1, 2, 3, 4):
+        for route, said in ((no_capacity, "dropped the wrong choices"), (_token_major_route, "dropped the wrong")):
+            r = evaluate(ex, with_answer(sol12, route=route), "cpu", ex.cases(seed, public=False))
+            k2 = [c for c in r.cases if "top-2" in c.name]
+            assert all(said in c.message for c in (r.cases if route is no_capacity else k2)), r.message
 
 
 def test_all_to_all_bytes_counting_only_the_kept_tokens_fails(sol12):

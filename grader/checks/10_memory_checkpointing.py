@@ -30,6 +30,38 @@ FORMULA_RTOL = 1e-6  # memory and time formulas in float bytes and seconds: any 
 # --- 1. saved bytes, measured ----------------------------------------------------------------------
 
 
+def ref_saved_bytes(fn, *args, exclude=()) -> int:
+    """Bytes of the distinct storages autograd saves while ``fn(*args)`` runs (storages of
+    ``exclude``, the parameters, left out). Each packed tensor is kept alive until the count is
+    done, so no address is reused by a later tensor."""
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*args)
+    total = sum(seen.values())
+    del out
+    return total
+
+
+def distinct_bytes(packs, skip=()) -> int:
+    """Bytes of the distinct storages among the run side's ``(data_ptr, nbytes)`` packs, ``skip`` left out."""
+    skip = set(skip)
+    seen = {ptr: nbytes for ptr, nbytes in packs if ptr not in skip}
+    return sum(seen.values())
+
+
+def _saved(obs, which: str) -> int:
+    """Bytes the plain (``which="plain"``) or checkpointed call saved for backward, parameters excluded."""
+    return distinct_bytes(obs[f"packs_{which}"], obs["param_ptrs"])
+
+
 def _saved_cases(gen, public):
     if public:
         return [Case("x * x saves x twice: count it once", dict(kind="square", n=16, m=8, seed=1)),
@@ -51,7 +83,7 @@ def _saved_cases(gen, public):
 
 def _saved_judge(case, obs):
     fn, args, exclude = RUN._scenario(case.inputs["kind"], case.inputs)
-    want = RUN.ref_saved_bytes(fn, *args, exclude=exclude)
+    want = ref_saved_bytes(fn, *args, exclude=exclude)
     got = obs["bytes"]
     if not isinstance(got, (int, float)):
         return f"saved_tensor_bytes must return a number of bytes, got {got}."
@@ -167,7 +199,7 @@ def _formula_cases(gen, public):
 def _measured_block_bytes(x: dict) -> int:
     block = make_block(x["d_model"], x["n_heads"], x["d_ff"], x["dropout"], dtype=RUN._DTYPES[x["dtype"]])
     inp = torch.randn(x["batch"], x["seq"], x["d_model"], dtype=RUN._DTYPES[x["dtype"]], requires_grad=True)
-    return RUN.ref_saved_bytes(block, inp, exclude=tuple(block.parameters()))
+    return ref_saved_bytes(block, inp, exclude=tuple(block.parameters()))
 
 
 def _formula_judge(case, obs):
@@ -279,10 +311,11 @@ def _ckpt_judge(case, obs):
                 "state only inside `with torch.random.fork_rng():`, which gives the caller's state back when the "
                 "recomputation is done.")
     allowed = obs["input_bytes"] + 16 * 1024  # the inputs, plus room for an RNG state saved as a tensor
-    if obs["saved_ckpt"] > allowed:
-        return (f"the checkpointed call kept {obs['saved_ckpt']} bytes for backward; the plain block keeps "
-                f"{obs['saved_plain']} and a checkpoint should keep only its inputs ({obs['input_bytes']} bytes, "
-                f"a {obs['saved_plain'] / obs['input_bytes']:.1f}x drop). Run fn under torch.no_grad() in "
+    saved_ckpt, saved_plain = _saved(obs, "ckpt"), _saved(obs, "plain")
+    if saved_ckpt > allowed:
+        return (f"the checkpointed call kept {saved_ckpt} bytes for backward; the plain block keeps "
+                f"{saved_plain} and a checkpoint should keep only its inputs ({obs['input_bytes']} bytes, "
+                f"a {saved_plain / obs['input_bytes']:.1f}x drop). Run fn under torch.no_grad() in "
                 "forward and save only the inputs (ctx.save_for_backward).")
     extra, fwd = obs["flops_ckpt"] - obs["flops_plain"], obs["flops_forward"]
     if abs(extra - fwd) <= 0.02 * fwd:  # exactly one forward pass more: the recomputation
@@ -332,8 +365,8 @@ def _selective_verdict(case, obs):
     args = (x["batch"], x["seq"], x["d_model"], x["n_heads"], 4 * x["d_model"], x["dropout"], 4)
     want_saved, want_extra = ref_recompute_cost(*args, x["recompute"], stats_bytes=4)
     full, _ = ref_recompute_cost(*args, (), stats_bytes=4)
-    if obs["saved_ckpt"] != want_saved:
-        return (f"recompute={set(x['recompute'])}: {obs['saved_ckpt']} bytes saved for backward, expected "
+    if _saved(obs, "ckpt") != want_saved:
+        return (f"recompute={set(x['recompute'])}: {_saved(obs, 'ckpt')} bytes saved for backward, expected "
                 f"{want_saved} (the plain block keeps {full}). Checkpoint exactly the named pieces with your "
                 "`checkpoint`: 'attn_core' wraps block.attn_core(q, k, v), 'attn' block.attention(x), 'mlp' "
                 "block.mlp(x1), 'block' the whole block; the residual additions stay outside.")
