@@ -43,10 +43,7 @@ def _validate(fn, plain_schedule, p, m, v=1) -> dict:
 def _validator_run(ns, case, device):
     x = case.inputs
     fn = entry(ns, "validate_schedule")
-    obs = _validate(fn, x["schedule"], x["p"], x["m"], x["v"])
-    if x.get("base") is not None:
-        obs["base"] = _validate(fn, x["base"], x["p"], x["m"], x["v"])
-    return obs
+    return {"verdicts": [_validate(fn, schedule, x["p"], x["m"], x["v"]) for schedule in x["schedules"]]}
 
 
 def _bubble_run(ns, case, device):
