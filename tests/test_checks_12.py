@@ -520,6 +520,17 @@ def test_expert_parallel_exchange_without_a_backward_exchange_fails(sol12):
     assert r.status == "failed" and ("x.grad" in r.message or "expert" in r.message), r.message
 
 
+def test_expert_parallel_token_index_without_device_fails():
+    """torch.arange(T) without device=: right on a CPU, a device mismatch beside CUDA tokens on a GPU; the check runs
+    forward with torch's default device elsewhere, so it fails here too."""
+    from tests import graderkit as kit
+
+    ns = solution_namespace(STEM)
+    exec(kit.solution_with(STEM, "expert_parallel", "torch.arange(T, device=x.device)", "torch.arange(T)"), ns)  # BUG
+    r = grade(STEM, "expert_parallel", ns, hidden=False)
+    assert r.status == "failed" and "device=x.device" in r.message, r.message
+
+
 def test_moe_routing_do_nothing_answers_score_zero():
     from grader.checks import exercises
     from tests.graderkit import assert_do_nothing_scores_zero

@@ -380,8 +380,13 @@ def _first_case(ns):
 
 def _runner(bug: str):
     """The solution's runner with one bug."""
-    def run_stage(stage, schedule, microbatches, targets, hidden):
-        rank, p = dist.get_rank(), dist.get_world_size()
+    def run_stage(stage, schedule, microbatches, targets, hidden, process_group=None):
+        group = dist.group.WORLD if bug == "ignores its group" else process_group or dist.group.WORLD
+        rank, p = dist.get_rank(group), dist.get_world_size(group)
+
+        def peer(s):
+            return dist.get_global_rank(group, s)
+        where = {} if bug == "no device" else {"device": microbatches[0].device}  # BUG (no device): torch's default
         m = len(microbatches)
         ins, outs, losses, pending = {}, {}, [0.0] * m, []
         steps = [(s, i, k) for slot in schedule for s, i, k in slot if s == rank]
@@ -392,8 +397,8 @@ def _runner(bug: str):
                 if rank == 0:
                     x = microbatches[i]
                 else:
-                    x = torch.empty(microbatches[i].shape[0], hidden)
-                    dist.recv(x, src=rank - 1)
+                    x = torch.empty(microbatches[i].shape[0], hidden, **where)
+                    dist.recv(x, src=peer(rank - 1))
                     x.requires_grad_()
                 out = stage(x)
                 if rank == p - 1:
@@ -401,9 +406,9 @@ def _runner(bug: str):
                     losses[i] = loss.item()
                     out = loss if bug == "no 1/m" else loss / m  # BUG (no 1/m): gradients m times too large
                 elif bug == "blocking send":
-                    dist.send(out.detach(), dst=rank + 1)  # BUG: blocks while the neighbour sends to us
+                    dist.send(out.detach(), dst=peer(rank + 1))  # BUG: blocks while the neighbour sends to us
                 else:
-                    pending.append((dist.isend(out.detach(), dst=rank + 1), out))
+                    pending.append((dist.isend(out.detach(), dst=peer(rank + 1)), out))
                 ins[i], outs[i] = x, out
             else:
                 out, x = outs.pop(i), ins.pop(i)
@@ -413,15 +418,15 @@ def _runner(bug: str):
                     continue  # BUG: the last stage never sends x.grad back, so earlier stages never backprop
                 else:
                     g = torch.empty_like(out)
-                    dist.recv(g, src=rank + 1)
+                    dist.recv(g, src=peer(rank + 1))
                     out.backward(g)
                 if bug == "last stage keeps its gradient" and rank == p - 1:
                     continue  # BUG: stage p-2 waits in dist.recv for a gradient that never comes
                 if rank > 0 and bug != "no grad sent":
                     if bug == "blocking send":
-                        dist.send(x.grad, dst=rank - 1)
+                        dist.send(x.grad, dst=peer(rank - 1))
                     else:
-                        pending.append((dist.isend(x.grad, dst=rank - 1), x.grad))
+                        pending.append((dist.isend(x.grad, dst=peer(rank - 1)), x.grad))
         for h, _ in pending:
             h.wait()
         return losses if rank == p - 1 else []
@@ -445,7 +450,7 @@ def test_a_runner_without_the_1_over_m_has_gradients_m_times_too_large(sol13):
 
 
 def test_blocking_sends_hang_1f1b_and_end_within_the_timeout_with_a_clear_message(sol13, monkeypatch):
-    monkeypatch.setattr(CHECKS, "LAUNCH_TIMEOUT_S", 6.0)
+    monkeypatch.setattr(CHECKS.RUN, "LAUNCH_TIMEOUT_S", 6.0)
     start = time.monotonic()
     r = _first_case(with_answer(sol13, run_stage=_runner("blocking send")))
     assert time.monotonic() - start < 6.0 + 40
@@ -453,12 +458,44 @@ def test_blocking_sends_hang_1f1b_and_end_within_the_timeout_with_a_clear_messag
 
 
 def test_a_stage_waiting_for_a_gradient_that_is_never_sent_ends_with_a_clear_message(sol13, monkeypatch):
-    monkeypatch.setattr(CHECKS, "LAUNCH_TIMEOUT_S", 6.0)
+    monkeypatch.setattr(CHECKS.RUN, "LAUNCH_TIMEOUT_S", 6.0)
     start = time.monotonic()
     r = _first_case(with_answer(sol13, run_stage=_runner("last stage keeps its gradient")))
     assert time.monotonic() - start < 6.0 + 40
     assert r.status == "failed" and "hung" in r.message and "never came" in r.message
 
+
+
+def _group_case():
+    """The public case whose runs are followed by two pipelines over sub-groups [[0, 2], [1, 3]] (one launch)."""
+    ex = exercises(STEM)["pipeline_run"]
+    return ex, [c for c in ex.cases() if c.inputs.get("groups")]
+
+
+def test_the_check_runs_pipelines_over_sub_groups_on_every_seed():
+    ex = exercises(STEM)["pipeline_run"]
+    for seed in (None, 1, 2, 3):
+        cases = ex.cases() if seed is None else ex.cases(seed, public=False)
+        groups = [c.inputs["groups"] for c in cases if c.inputs.get("groups")]
+        assert len(groups) == 1 and sorted(sum(groups[0], [])) == [0, 1, 2, 3] and groups[0][0] != [0, 1]
+
+
+def test_a_runner_that_ignores_its_process_group_fails(sol13, monkeypatch):
+    """Stage and neighbours taken from the whole world: the sub-groups' pipelines talk across groups and hang."""
+    monkeypatch.setattr(CHECKS.RUN, "LAUNCH_TIMEOUT_S", 6.0)
+    ex, cases = _group_case()
+    r = evaluate(ex, with_answer(sol13, run_stage=_runner("ignores its group")), "cpu", cases)
+    assert r.status == "failed" and "process_group" in r.message and "dist.get_global_rank" in r.message, r.message
+
+
+def test_a_runner_whose_receive_buffer_ignores_the_tensors_device_fails(sol13):
+    """torch.empty(B, hidden) without device=: right on a CPU, a device mismatch beside CUDA tensors on a GPU; the
+    check's sub-group pipelines run with torch's default device elsewhere, so it fails here too."""
+    ex, cases = _group_case()
+    r = evaluate(ex, with_answer(sol13, run_stage=_runner("no device")), "cpu", cases)
+    assert r.status == "failed" and "device=microbatches[i].device" in r.message, r.message
+    r = evaluate(ex, with_answer(sol13, run_stage=_runner("")), "cpu", cases)  # the same runner with device=
+    assert r.status == "passed", r.message
 
 
 def test_a_runner_that_computes_nothing_scores_zero(sol13):

@@ -865,7 +865,8 @@ def _routing_cases(gen, public):
         index = torch.rand(T, E, generator=gen).argsort(-1)[:, :k]            # (T, k)
         cases.append(Case(f"{'public' if public else 'random'} {n + 1}: {T} tokens, {E} experts, top-{k}, "
                           f"capacity factor {cf}, capacity {capacity}",
-                          {"T": T, "E": E, "k": k, "cf": cf, "logits": logits, "capacity": capacity, "expert_index": index,
+                          {"T": T, "E": E, "k": k, "cf": cf, "logits": logits, "capacity": capacity,
+                           "expert_index": index,
                            # capacities to compute, floor != ceil in most of them
                            "sizes": [(T, E, k, cf), (T + 1, E, k, 1.25), (3 * E + 1, E, 1, 1.0)]}))
     return cases
@@ -1015,6 +1016,10 @@ def _ep_calls(cfg, obs) -> str | None:
 
 def _ep_values(cfg, ref, obs, r, rank):
     tp = cfg["tp"]
+    if "placement" in obs:
+        return (f"forward with torch's default device elsewhere than the tokens' (the check sets it to 'meta'; on a "
+                f"GPU it stays 'cpu' while the tokens are CUDA tensors) raised {obs['placement']}. Make every tensor "
+                "forward creates on the tokens' device: torch.arange(T, device=x.device), x.new_zeros(...).")
     if msg := _first_mismatch(obs, [("y", ref["y"][r], "y (this rank's tokens)"), ("aux", ref["aux"][r], "aux"),
                                     ("x_grad", ref["x_grad"][r], "x.grad"),
                                     ("router_grad", ref["router_grad"], "router.weight.grad summed over the group")]):

@@ -731,19 +731,33 @@ def _pipeline_case(gen, name, p, runs, mb=None, d_in=None, hidden=None, d_out=No
     return Case(name, dict(p=p, d_in=d_in, hidden=hidden, d_out=d_out, weights=weights, runs=spec))
 
 
+def _with_groups(gen, case: Case, groups: list, name: str | None = None) -> Case:
+    """``case`` (4 ranks), then two pipelines of 2 stages over the sub-groups ``groups``, each with its own
+    weights and microbatches (1F1B), run with ``run_stage(..., process_group=...)``: a runner that ignores the
+    group talks to the other pipeline's ranks."""
+    sub = [_pipeline_case(gen, "", len(members), [("1F1B", randint(gen, 2, 5))]).inputs for members in groups]
+    name = name or f"{case.name}; then two pipelines over sub-groups {groups}"
+    return Case(name, dict(case.inputs, groups=groups, sub=sub))
+
+
 def _pipeline_cases(gen, public):
     if public:
         return [_pipeline_case(gen, "2 ranks: GPipe m=3, then 1F1B m=4", 2, [("GPipe", 3), ("1F1B", 4)],
                                mb=2, d_in=4, hidden=6, d_out=2),
-                _pipeline_case(gen, "4 ranks: 1F1B m=6, then GPipe m=2", 4, [("1F1B", 6), ("GPipe", 2)],
-                               mb=3, d_in=5, hidden=8, d_out=3)]
-    # one launch per case (~3 s of process start-up each), so a single hidden case
+                _with_groups(gen, _pipeline_case(gen, "4 ranks: 1F1B m=6, then GPipe m=2", 4,
+                                                 [("1F1B", 6), ("GPipe", 2)], mb=3, d_in=5, hidden=8, d_out=3),
+                             [[0, 2], [1, 3]])]
+    # one launch per case (~3 s of process start-up each): the runs over every rank, then (4 ranks) sub-groups
     p = randint(gen, 2, 4)
     runs = [("1F1B", randint(gen, 1, 7)), ("GPipe", randint(gen, 1, 5))]
     if randint(gen, 0, 1):
         runs.reverse()
-    return [_pipeline_case(gen, f"GPipe and 1F1B runs: {p} ranks, " + ", ".join(f"{k} m={m}" for k, m in runs),
-                           p, runs)]
+    case = _pipeline_case(gen, f"GPipe and 1F1B runs: {p} ranks, " + ", ".join(f"{k} m={m}" for k, m in runs),
+                          p, runs)
+    groups = [[0, 2], [1, 3]] if randint(gen, 0, 1) else [[0, 3], [1, 2]]
+    sub = _with_groups(gen, _pipeline_case(gen, "", 4, []), groups,
+                       f"two pipelines over sub-groups: 4 ranks, groups {groups}")
+    return [case, sub]
 
 
 _PARAM_NAMES = ["first Linear weight", "first Linear bias", "output Linear weight", "output Linear bias"]
@@ -782,47 +796,75 @@ def _pipeline_judge(case, obs):
                 "neighbours send to each other in the same slot (an activation up, a "
                 "gradient down): with blocking dist.send both wait for a recv that never starts. Send with "
                 "dist.isend (wait on the handles at the end), receive with dist.recv, and make every recv "
-                "match a send of the neighbour, in the same order.")
+                "match a send of the neighbour, in the same order." + (_GROUP_HINT if x.get("groups") else ""))
+    if "error" in obs:
+        hints = (_GROUP_HINT if RUN.SUB_GROUPS in obs["error"] else "") + (
+            _PLACEMENT_HINT if "meta" in obs["error"] else "")
+        where = f" {RUN.SUB_GROUPS}" if RUN.SUB_GROUPS in obs["error"] else ""
+        return f"a rank raised an exception{where}.{hints}\n{obs['error'][:800]}"
     ranks = obs["ranks"]
     for r_idx, run in enumerate(x["runs"]):
-        what = f"{run['kind']} m={run['m']}"
-        want_losses, want_grads = reference_pipeline(x, run)
-        last = ranks[p - 1][r_idx]["losses"]
-        if not isinstance(last, list) or len(last) != run["m"]:
-            return (f"{what}: the last stage must return the list of the m = {run['m']} microbatch losses, "
-                    f"got {last!r}.")
-        got = torch.tensor(last, dtype=torch.float64)
-        want = torch.tensor(want_losses, dtype=torch.float64)
-        report = compare(got, want, name=f"{what}: losses", dtype=torch.float64, atol=1e-5, rtol=1e-4)
-        if report:
-            if torch.allclose(got * run["m"], want, rtol=1e-4, atol=1e-6):
-                report += "\n  They are the losses divided by m: return each microbatch's unscaled loss."
-            return report
-        for s in range(p):
-            for j, (g, w) in enumerate(zip(ranks[s][r_idx]["grads"], want_grads[s])):
-                name = f"{what}: stage {s} {_PARAM_NAMES[j]} gradient"
-                if g is None:
-                    return (f"{name} is None: the backward never reached stage {s}. Stage {s + 1} must send the "
-                            f"gradient of its input (x.grad) back to stage {s}, which then calls "
-                            "output.backward(grad)." if s < p - 1 else
-                            f"{name} is None: call backward on the loss (divided by m) at every B step.")
-                if not isinstance(g, torch.Tensor) or g.shape != w.shape:
-                    return f"{name}: expected a tensor of shape {tuple(w.shape)}, got {g!r}."
-                report = compare(g.double(), w, name=name, dtype=torch.float64, atol=1e-5, rtol=1e-4)
-                if report:
-                    if float(g.abs().max()) == 0.0:
-                        report += (f"\n  All zero: stage {s} never got a real gradient. Stage {s + 1} must send "
-                                   f"x.grad of its input back to stage {s}, which calls output.backward(grad).")
-                    elif torch.allclose(g.double(), w * run["m"], rtol=1e-4, atol=1e-6):
-                        report += "\n  m times too large: backpropagate loss / m so the microbatches average."
-                    return report
-        for s in range(p):
-            want_order = "".join(k for slot in run["schedule"] for st, _, k in slot if st == s)
-            got_order = ranks[s][r_idx]["order"]
-            if got_order != want_order:
-                return (f"{what}: rank {s} ran its stage's forwards and backwards in the order {got_order}, but "
-                        f"the schedule says {want_order}. Execute schedule[t] slot after slot, only the steps "
-                        f"whose stage is your rank.")
+        if bad := _judge_pipeline_run(x, run, [ranks[s]["runs"][r_idx] for s in range(p)]):
+            return bad
+    for g, members in enumerate(x.get("groups") or []):
+        sub = x["sub"][g]
+        if bad := _judge_pipeline_run(sub, sub["runs"][0], [ranks[r]["sub"] for r in members]):
+            return (f"run_stage(..., process_group=dist.new_group({members})), the pipeline of that group (its stage s "
+                    f"on its rank s): {bad}{_GROUP_HINT}")
+    return None
+
+
+_GROUP_HINT = ("\n  After its runs over every rank, this case runs run_stage(..., process_group=...) in pipelines over "
+               "sub-groups: with a process_group, your stage is dist.get_rank(process_group), p = "
+               "dist.get_world_size(process_group), and a neighbour's rank for send and recv is global: "
+               "dist.get_global_rank(process_group, s + 1).")
+_PLACEMENT_HINT = ("\n  The check ran run_stage over a process group with torch's default device set elsewhere "
+                   "('meta') than the tensors' (as on a GPU, where torch.empty(...) without device= makes a CPU "
+                   "tensor beside CUDA ones): make every buffer on the tensors' device, e.g. torch.empty(..., "
+                   "device=microbatches[i].device).")
+
+
+def _judge_pipeline_run(x, run, got) -> str | None:
+    """One run of a ``p``-stage pipeline (``x``: its weights and sizes): ``got[s]``, what stage s observed."""
+    p = x["p"]
+    what = f"{run['kind']} m={run['m']}"
+    want_losses, want_grads = reference_pipeline(x, run)
+    last = got[p - 1]["losses"]
+    if not isinstance(last, list) or len(last) != run["m"]:
+        return (f"{what}: the last stage must return the list of the m = {run['m']} microbatch losses, "
+                f"got {last!r}.")
+    losses = torch.tensor(last, dtype=torch.float64)
+    want = torch.tensor(want_losses, dtype=torch.float64)
+    report = compare(losses, want, name=f"{what}: losses", dtype=torch.float64, atol=1e-5, rtol=1e-4)
+    if report:
+        if torch.allclose(losses * run["m"], want, rtol=1e-4, atol=1e-6):
+            report += "\n  They are the losses divided by m: return each microbatch's unscaled loss."
+        return report
+    for s in range(p):
+        for j, (g, w) in enumerate(zip(got[s]["grads"], want_grads[s])):
+            name = f"{what}: stage {s} {_PARAM_NAMES[j]} gradient"
+            if g is None:
+                return (f"{name} is None: the backward never reached stage {s}. Stage {s + 1} must send the "
+                        f"gradient of its input (x.grad) back to stage {s}, which then calls "
+                        "output.backward(grad)." if s < p - 1 else
+                        f"{name} is None: call backward on the loss (divided by m) at every B step.")
+            if not isinstance(g, torch.Tensor) or g.shape != w.shape:
+                return f"{name}: expected a tensor of shape {tuple(w.shape)}, got {g!r}."
+            report = compare(g.double(), w, name=name, dtype=torch.float64, atol=1e-5, rtol=1e-4)
+            if report:
+                if float(g.abs().max()) == 0.0:
+                    report += (f"\n  All zero: stage {s} never got a real gradient. Stage {s + 1} must send "
+                               f"x.grad of its input back to stage {s}, which calls output.backward(grad).")
+                elif torch.allclose(g.double(), w * run["m"], rtol=1e-4, atol=1e-6):
+                    report += "\n  m times too large: backpropagate loss / m so the microbatches average."
+                return report
+    for s in range(p):
+        want_order = "".join(k for slot in run["schedule"] for st, _, k in slot if st == s)
+        got_order = got[s]["order"]
+        if got_order != want_order:
+            return (f"{what}: rank {s} ran its stage's forwards and backwards in the order {got_order}, but "
+                    f"the schedule says {want_order}. Execute schedule[t] slot after slot, only the steps "
+                    f"whose stage is your rank.")
     return None
 
 

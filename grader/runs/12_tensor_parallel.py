@@ -353,7 +353,15 @@ def _rank_ep(L, cfg, pg, r, tp):
     layer.load_from_full(_full_moe(cfg))
     x = _leaf(cfg["x"][r])                                                    # (T, h): this rank's tokens
     with record_collectives() as log:
-        out = layer(x)
+        # torch's default device elsewhere ("meta") than the tokens' (CPU): an index made without device= lands
+        # there and fails, as a CPU one does beside CUDA tensors on a GPU (every rank alike, before any exchange)
+        try:
+            with torch.device("meta"):
+                out = layer(x)
+        except Exception as exc:  # noqa: BLE001 - only a tensor on the default device is reported here
+            if "meta" not in str(exc):
+                raise
+            return {"placement": f"{type(exc).__name__}: {str(exc)[:300]}", "calls": []}
         if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
             raise TypeError(f"forward must return (y, aux), two tensors; got {type(out).__name__}.")
         y, aux = out
