@@ -384,8 +384,8 @@ def _runner(bug: str):
         group = dist.group.WORLD if bug == "ignores its group" else process_group or dist.group.WORLD
         rank, p = dist.get_rank(group), dist.get_world_size(group)
 
-        def peer(s):
-            return dist.get_global_rank(group, s)
+        def peer(s):  # BUG (group ranks as global): a neighbour's rank in the group taken for its global rank
+            return s if bug == "group ranks as global" else dist.get_global_rank(group, s)
         where = {} if bug == "no device" else {"device": microbatches[0].device}  # BUG (no device): torch's default
         m = len(microbatches)
         ins, outs, losses, pending = {}, {}, [0.0] * m, []
@@ -480,11 +480,13 @@ def test_the_check_runs_pipelines_over_sub_groups_on_every_seed():
         assert len(groups) == 1 and sorted(sum(groups[0], [])) == [0, 1, 2, 3] and groups[0][0] != [0, 1]
 
 
-def test_a_runner_that_ignores_its_process_group_fails(sol13, monkeypatch):
-    """Stage and neighbours taken from the whole world: the sub-groups' pipelines talk across groups and hang."""
+@pytest.mark.parametrize("bug", ["ignores its group", "group ranks as global"])
+def test_a_runner_that_ignores_its_process_group_fails(sol13, monkeypatch, bug):
+    """Stage and neighbours taken from the whole world, or a neighbour's group rank used as a global rank: the
+    sub-groups' pipelines talk across groups (wrong shapes, or a hang)."""
     monkeypatch.setattr(CHECKS.RUN, "LAUNCH_TIMEOUT_S", 6.0)
     ex, cases = _group_case()
-    r = evaluate(ex, with_answer(sol13, run_stage=_runner("ignores its group")), "cpu", cases)
+    r = evaluate(ex, with_answer(sol13, run_stage=_runner(bug)), "cpu", cases)
     assert r.status == "failed" and "process_group" in r.message and "dist.get_global_rank" in r.message, r.message
 
 
