@@ -177,7 +177,7 @@ def test_sizes_that_do_not_divide_must_raise_a_value_error():
 # --- a hang ends with a clear message --------------------------------------------------------------
 
 def test_a_hung_rank_ends_within_its_timeout_with_a_clear_message(sol12, monkeypatch):
-    monkeypatch.setattr(load_lab(STEM), "RANK_TIMEOUT_S", 6.0)
+    monkeypatch.setattr(load_lab(STEM).RUN, "RANK_TIMEOUT_S", 6.0)
 
     class DeadlockedGather(sol12["GatherFromParallelRegion"]):
         @staticmethod
