@@ -536,3 +536,43 @@ def test_moe_routing_do_nothing_answers_score_zero():
     from tests.graderkit import assert_do_nothing_scores_zero
 
     assert_do_nothing_scores_zero(exercises(STEM)["moe_routing"])
+
+
+# --- the contract: the untouched lab scores zero, answers that compute nothing too, same rules every seed ---
+
+def test_the_untouched_lab_scores_zero():
+    import nbformat
+
+    from grader.notebooks import answer_cells, exec_source, export_source
+    from grader.release import release_notebook, render
+    from tests.conftest import ROOT
+
+    lab = nbformat.reads(render(release_notebook(ROOT / "solutions" / f"{STEM}.ipynb")), 4)
+    ns = exec_source(export_source(lab, answer_cells(lab)), f"<labs/{STEM}.ipynb>")
+    for eid, ex in exercises(STEM).items():  # a layer's stub raises in the probe: no rank starts
+        r = evaluate(ex, ns, "cpu")
+        assert r.score == 0 and r.status == "not_attempted", (eid, r.message)
+
+
+def test_tp_comm_volume_do_nothing_answers_score_zero():
+    from tests.graderkit import assert_do_nothing_scores_zero
+
+    assert_do_nothing_scores_zero(exercises(STEM)["tp_comm_volume"])
+
+
+@pytest.mark.parametrize("eid", sorted(exercises(STEM)))
+def test_every_hidden_set_covers_the_same_rules(eid):
+    from tests.graderkit import assert_same_rules_every_seed
+
+    assert_same_rules_every_seed(exercises(STEM)[eid], ())
+
+
+def test_tp_allreduce_bytes_counting_a_single_rank_fails_on_every_seed(sol12):
+    def counts_one_rank(block, batch, seq, hidden, dtype_bytes, tp_size):
+        return sol12["tp_allreduce_bytes"](block, batch, seq, hidden, dtype_bytes, max(tp_size, 2))  # BUG: TP=1
+
+    ex = exercises(STEM)["tp_comm_volume"]
+    for seed in (1, 2, 3):
+        r = evaluate(ex, with_answer(sol12, tp_allreduce_bytes=counts_one_rank), "cpu", ex.cases(seed, public=False))
+        failed = [c.name.split(":")[0] for c in r.cases if c.status != "passed"]
+        assert failed == ["TP=1"] and "with one rank nothing is all-reduced" in r.message, r.message
