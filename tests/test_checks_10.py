@@ -341,3 +341,14 @@ def test_checkpointing_benchmark_runs_tiny_on_cpu(tmp_path):
     assert set(rows) == {",".join(c) or "none" for c in RECOMPUTE_CANDIDATES}
     assert all(r["saved_bytes"] == r["formula_bytes"] for r in rows.values())
     assert rows["block"]["saved_bytes"] < rows["none"]["saved_bytes"] and data["tiny"] is True
+
+
+
+@pytest.mark.slow
+def test_the_untouched_lab_graded_scores_zero(tmp_path):
+    """The generated lab, as a learner receives it, through the grader itself: every exercise not attempted."""
+    from grader.grade import grade as grade_submission
+
+    result = grade_submission(kit.write(kit.submission(STEM), tmp_path / f"{STEM}.ipynb"), lab=STEM, seed=1)
+    assert result["score"] == 0 and result["exercises"], result.get("message")
+    assert {e["status"] for e in result["exercises"]} == {"not_attempted"}, result["exercises"]

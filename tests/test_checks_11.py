@@ -163,7 +163,7 @@ def test_sending_whole_tensors_is_not_a_ring(sol11):
 
 @slow
 def test_a_hung_rank_ends_within_its_timeout_with_a_clear_message(sol11, monkeypatch):
-    monkeypatch.setattr(load_lab(STEM), "LAUNCH_TIMEOUT_S", 5.0)
+    monkeypatch.setattr(load_lab(STEM).RUN, "LAUNCH_TIMEOUT_S", 5.0)
     start = time.monotonic()
     r = grade(STEM, "ring_all_reduce", with_answer(sol11, ring_all_reduce=ring_that_hangs), hidden=False)
     assert time.monotonic() - start < 5 + 40
@@ -402,7 +402,7 @@ def test_blocking_all_reduce_in_the_hook_fails(sol11):
 class FullStateOptimizer(torch.optim.Optimizer):
     """Every rank steps every parameter: right numbers, no memory saved."""
 
-    def __init__(self, params, optimizer_cls, **kwargs):
+    def __init__(self, params, optimizer_cls, process_group=None, **kwargs):
         super().__init__(params, kwargs)
         self.inner = optimizer_cls(self.param_groups, **kwargs)
 
@@ -442,7 +442,7 @@ class FSDPDoingNothing(WrapperDoingNothing):
 
 
 class OptimizerDoingNothing(torch.optim.Optimizer):
-    def __init__(self, params, optimizer_cls, **kwargs):
+    def __init__(self, params, optimizer_cls, process_group=None, **kwargs):
         super().__init__(params, kwargs)
 
     def step(self, closure=None):
@@ -616,7 +616,7 @@ class ShardedOwnersAtConstructionOnly(torch.optim.Optimizer):
     """Owners given in __init__ only (as the solution before the fix); a later group's parameters are never
     stepped, only broadcast from rank 0 (the code before the fix raised KeyError there)."""
 
-    def __init__(self, params, optimizer_cls, **kwargs):
+    def __init__(self, params, optimizer_cls, process_group=None, **kwargs):
         super().__init__(params, kwargs)
         rank, world = dist.get_rank(), dist.get_world_size()
         load, self.owner = [0] * world, {}
@@ -641,6 +641,22 @@ def test_sharded_optimizer_ignoring_a_param_group_added_later_fails(sol11):
     assert r.status == "failed" and "joined with opt.add_param_group(...) after step 0" in r.message, r.message
 
 
+def _sharded_ignoring_its_group(sol11):
+    class IgnoresGroup(sol11["ShardedOptimizer"]):
+        def __init__(self, params, optimizer_cls, process_group=None, **kwargs):
+            super().__init__(params, optimizer_cls, **kwargs)  # BUG: shards and broadcasts over every rank
+    return IgnoresGroup
+
+
+@slow
+def test_sharded_optimizer_ignoring_its_process_group_fails(sol11):
+    ex = exercises(STEM)["sharded_optimizer"]
+    for cases in (ex.cases(), [ex.cases(HIDDEN_SEED, public=False)[0]]):  # groups of one rank; two groups of two
+        r = evaluate(ex, with_answer(sol11, ShardedOptimizer=_sharded_ignoring_its_group(sol11)), "cpu", cases)
+        assert r.status == "failed" and "process_group=dist.new_group(" in r.message, r.message
+        assert "broadcast within it" in r.message
+
+
 # --- FSDP (ZeRO-3) ---------------------------------------------------------------------------------
 
 class _GatherScatter(torch.autograd.Function):
@@ -661,8 +677,14 @@ def _fsdp_variant(sol11, mistake):
     base = sol11["FSDP"]
 
     class Broken(base):
-        def __init__(self, module, process_group=None):
-            super().__init__(module, process_group)
+        def __init__(self, module, process_group=None, **kwargs):
+            try:
+                super().__init__(module, process_group, **kwargs)
+            except ValueError:
+                if mistake != "silent_without_units":
+                    raise
+                nn.Module.__init__(self)  # BUG: no unit matched; every parameter silently stays replicated
+                self.module = module
             if mistake == "drop_tail":  # BUG: shards of numel // p elements: the last numel % p belong to none
                 self.numels = {}
                 for i, layout in enumerate(self.layouts):
@@ -682,6 +704,11 @@ def _fsdp_variant(sol11, mistake):
             return out
 
         def _all_gather(self, shard, dtype=None):
+            if mistake == "default_device":
+                shard = shard.detach().to(dtype or self.compute_dtype or shard.dtype)
+                full = torch.empty(self.world_size * shard.numel(), dtype=shard.dtype)  # BUG: no device=
+                dist.all_gather(list(full.chunk(self.world_size)), shard, group=self.process_group)
+                return full
             full = super()._all_gather(shard, dtype)
             if mistake == "drop_tail":  # the gathered vector padded after the fact, to make the views fit
                 full = torch.nn.functional.pad(full, (0, self.numels[shard.numel()] - full.numel()))
@@ -734,7 +761,9 @@ def _fsdp_variant(sol11, mistake):
     ("kept_by_autograd", "saved by autograd for backward"),
     ("summed", "as if the gradients were summed"),
     ("drop_tail", "Pad the flat vector with zeros"),
-    ("full_optimizer", "the optimizer must step on this rank's shards only")])
+    ("full_optimizer", "the optimizer must step on this rank's shards only"),
+    ("silent_without_units", "built zero units and said nothing"),
+    ("default_device", "device=shard.device")])
 def test_fsdp_mistakes_fail(sol11, mistake, message):
     r = grade(STEM, "fsdp", with_answer(sol11, FSDP=_fsdp_variant(sol11, mistake)), hidden=False)
     assert r.status == "failed" and message in r.message, r.message
@@ -753,3 +782,17 @@ def test_a_bucket_that_completes_with_the_last_gradient_is_not_late():
     events = [("mark", 0, False, "grad:b"), ("mark", 0, False, "grad:a"), ("all_reduce", 5, True, ""),
               ("mark", 0, False, "finish"), ("all_reduce", 3, True, "")]
     assert lab._judge_schedule(events, [[2, 1], [0]], [3, 2, 3], may_wait=1) is None
+
+
+def test_the_untouched_lab_scores_zero():
+    import json
+
+    import nbformat
+
+    from grader.notebooks import answer_cells, exec_source, export_source
+
+    lab = nbformat.reads(json.dumps(kit.load("labs", STEM)), 4)  # the lab as release generates it
+    ns = exec_source(export_source(lab, answer_cells(lab)), f"<labs/{STEM}.ipynb>")
+    for eid, ex in exercises(STEM).items():
+        r = evaluate(ex, ns, "cpu")
+        assert r.score == 0 and r.status == "not_attempted", (eid, r.message)

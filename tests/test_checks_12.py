@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from grader.checks import load_lab
+from grader.checks import exercises, load_lab
+from grader.exercise import evaluate
 from tests.conftest import grade, solution_namespace, with_answer
 
 STEM = "12_tensor_parallel"
@@ -176,7 +177,7 @@ def test_sizes_that_do_not_divide_must_raise_a_value_error():
 # --- a hang ends with a clear message --------------------------------------------------------------
 
 def test_a_hung_rank_ends_within_its_timeout_with_a_clear_message(sol12, monkeypatch):
-    monkeypatch.setattr(load_lab(STEM), "RANK_TIMEOUT_S", 6.0)
+    monkeypatch.setattr(load_lab(STEM).RUN, "RANK_TIMEOUT_S", 6.0)
 
     class DeadlockedGather(sol12["GatherFromParallelRegion"]):
         @staticmethod
@@ -444,6 +445,30 @@ def test_load_balancing_loss_without_the_num_experts_factor_fails(sol12):
     assert r.status == "failed" and "num_experts factor is missing" in r.message, r.message
 
 
+def test_load_balancing_loss_recomputing_the_index_from_the_logits_fails(sol12):
+    def own_index(router_logits, expert_index, num_experts):
+        mine = router_logits.topk(expert_index.shape[1], dim=-1).indices  # BUG: ignores the index it is given
+        return sol12["load_balancing_loss"](router_logits, mine, num_experts)
+
+    ex = exercises(STEM)["moe_routing"]
+    for seed in (1, 2, 3):
+        r = evaluate(ex, with_answer(sol12, load_balancing_loss=own_index), "cpu", ex.cases(seed, public=False))
+        assert r.status == "failed" and r.score == 0 and "load_balancing_loss" in r.message, r.message
+
+
+def test_route_ignoring_the_capacity_or_filling_token_by_token_fails_every_case_on_every_seed(sol12):
+    def no_capacity(router_logits, top_k, capacity):
+        index, weight, slot = sol12["route"](router_logits, top_k, router_logits.shape[0] * top_k)  # BUG: no drops
+        return index, weight, slot
+
+    ex = exercises(STEM)["moe_routing"]
+    for seed in (1, 2, 3, 4):
+        for route, said in ((no_capacity, "dropped the wrong choices"), (_token_major_route, "dropped the wrong")):
+            r = evaluate(ex, with_answer(sol12, route=route), "cpu", ex.cases(seed, public=False))
+            k2 = [c for c in r.cases if "top-2" in c.name]
+            assert all(said in c.message for c in (r.cases if route is no_capacity else k2)), r.message
+
+
 def test_all_to_all_bytes_counting_only_the_kept_tokens_fails(sol12):
     def kept_only(tokens, hidden, num_experts, top_k, capacity_factor, dtype_bytes):
         return tokens * top_k * hidden * dtype_bytes  # BUG: the buffer has E * capacity rows, empty slots included
@@ -495,8 +520,60 @@ def test_expert_parallel_exchange_without_a_backward_exchange_fails(sol12):
     assert r.status == "failed" and ("x.grad" in r.message or "expert" in r.message), r.message
 
 
+def test_expert_parallel_token_index_without_device_fails():
+    """torch.arange(T) without device=: right on a CPU, a device mismatch beside CUDA tokens on a GPU; the check runs
+    forward with torch's default device elsewhere, so it fails here too."""
+    from tests import graderkit as kit
+
+    ns = solution_namespace(STEM)
+    exec(kit.solution_with(STEM, "expert_parallel", "torch.arange(T, device=x.device)", "torch.arange(T)"), ns)  # BUG
+    r = grade(STEM, "expert_parallel", ns, hidden=False)
+    assert r.status == "failed" and "device=x.device" in r.message, r.message
+
+
 def test_moe_routing_do_nothing_answers_score_zero():
     from grader.checks import exercises
     from tests.graderkit import assert_do_nothing_scores_zero
 
     assert_do_nothing_scores_zero(exercises(STEM)["moe_routing"])
+
+
+# --- the contract: the untouched lab scores zero, answers that compute nothing too, same rules every seed ---
+
+def test_the_untouched_lab_scores_zero():
+    import json
+
+    import nbformat
+
+    from grader.notebooks import answer_cells, exec_source, export_source
+    from tests import graderkit as kit
+
+    lab = nbformat.reads(json.dumps(kit.load("labs", STEM)), 4)  # the lab as release generates it
+    ns = exec_source(export_source(lab, answer_cells(lab)), f"<labs/{STEM}.ipynb>")
+    for eid, ex in exercises(STEM).items():  # a layer's stub raises in the probe: no rank starts
+        r = evaluate(ex, ns, "cpu")
+        assert r.score == 0 and r.status == "not_attempted", (eid, r.message)
+
+
+def test_tp_comm_volume_do_nothing_answers_score_zero():
+    from tests.graderkit import assert_do_nothing_scores_zero
+
+    assert_do_nothing_scores_zero(exercises(STEM)["tp_comm_volume"])
+
+
+@pytest.mark.parametrize("eid", sorted(exercises(STEM)))
+def test_every_hidden_set_covers_the_same_rules(eid):
+    from tests.graderkit import assert_same_rules_every_seed
+
+    assert_same_rules_every_seed(exercises(STEM)[eid], ())
+
+
+def test_tp_allreduce_bytes_counting_a_single_rank_fails_on_every_seed(sol12):
+    def counts_one_rank(block, batch, seq, hidden, dtype_bytes, tp_size):
+        return sol12["tp_allreduce_bytes"](block, batch, seq, hidden, dtype_bytes, max(tp_size, 2))  # BUG: TP=1
+
+    ex = exercises(STEM)["tp_comm_volume"]
+    for seed in (1, 2, 3):
+        r = evaluate(ex, with_answer(sol12, tp_allreduce_bytes=counts_one_rank), "cpu", ex.cases(seed, public=False))
+        failed = [c.name.split(":")[0] for c in r.cases if c.status != "passed"]
+        assert failed == ["TP=1"] and "with one rank nothing is all-reduced" in r.message, r.message

@@ -192,10 +192,10 @@ def test_a_validator_missing_one_rule_accepts_that_invalid_schedule(sol13, skip,
         cases = ex.cases() if seed is None else ex.cases(seed, public=False)
         r = evaluate(ex, with_answer(sol13, validate_schedule=_validator(skip)), "cpu", cases)
         assert r.status == "failed", r.message
-        failed = [c for c in r.cases if c.status != "passed"]
-        assert [c.name.replace("invalid, ", "invalid: ").split(" (")[0].split(": ")[1] for c in failed] == rules, \
+        failed = [case for case, c in zip(cases, r.cases) if c.status != "passed"]
+        assert sorted(rule for case in failed for rule in CHECKS.case_rules(case)) == sorted(rules), \
             [c.name for c in failed]
-        assert "accepted an invalid schedule" in failed[0].message
+        assert all("accepted an invalid schedule" in c.message for c in r.cases if c.status != "passed")
 
 
 def test_a_validator_allowing_a_dependency_in_the_same_slot_fails_on_every_seed(sol13):
@@ -204,8 +204,8 @@ def test_a_validator_allowing_a_dependency_in_the_same_slot_fails_on_every_seed(
     for seed in (None, 1, 2, 3, 4, 5):
         cases = ex.cases() if seed is None else ex.cases(seed, public=False)
         r = evaluate(ex, with_answer(sol13, validate_schedule=_validator(same_slot_ok=True)), "cpu", cases)
-        failed = [c.name for c in r.cases if c.status != "passed"]
-        assert len(failed) == 2 and all(any(rule in name for rule in same_slot) for name in failed), failed
+        failed = [rule for case, c in zip(cases, r.cases) if c.status != "passed" for rule in CHECKS.case_rules(case)]
+        assert sorted(failed) == sorted(same_slot), failed
         assert "accepted an invalid schedule" in r.message and "runs before" in r.message
 
 
@@ -214,10 +214,10 @@ def test_a_validator_checking_collisions_per_virtual_stage_accepts_two_chunks_on
     for seed in (None, 1, 2):
         cases = ex.cases() if seed is None else ex.cases(seed, public=False)
         r = evaluate(ex, with_answer(sol13, validate_schedule=_validator(by_stage=True)), "cpu", cases)
-        failed = [c for c in r.cases if c.status != "passed"]
-        assert [c.name.replace("invalid, ", "invalid: ").split(" (")[0].split(": ")[1] for c in failed] == \
-            ["two chunks on one device in one slot"], [c.name for c in failed]
-        assert "device" in failed[0].message and "runs two steps" in failed[0].message
+        failed = [(case, c) for case, c in zip(cases, r.cases) if c.status != "passed"]
+        assert [CHECKS.case_rules(case) for case, _ in failed] == [["two chunks on one device in one slot"]], \
+            [c.name for _, c in failed]
+        assert "device" in failed[0][1].message and "runs two steps" in failed[0][1].message
 
 
 def test_a_validator_without_v_rejects_a_valid_interleaved_schedule(sol13):
@@ -236,6 +236,54 @@ def test_a_validator_accepting_duplicate_steps_fails(sol13):
 def test_a_validator_that_accepts_everything_scores_zero(sol13):
     r = grade(STEM, "validate_schedule", with_answer(sol13, validate_schedule=lambda schedule, p, m: None))
     assert r.status == "failed" and r.score == 0
+
+
+def test_validator_cases_are_neutral_and_break_every_rule_on_every_seed():
+    """A case holds schedules and sizes only, named by neither verdict nor rule; the judge reads the rules off
+    the schedules, and every hidden set breaks each rule once (beside all-valid cases)."""
+    ex = exercises(STEM)["validate_schedule"]
+    every_rule = sorted(CHECKS._MUTATIONS + CHECKS._INTERLEAVED_MUTATIONS)
+    for seed in (None, 1, 2, 3, 20261122):
+        cases = ex.cases() if seed is None else ex.cases(seed, public=False)
+        assert all(set(c.inputs) == {"schedules", "p", "m", "v"} and len(c.inputs["schedules"]) == 2 for c in cases)
+        assert all(c.name.startswith("schedules ") and "valid" not in c.name for c in cases)
+        assert sorted(rule for c in cases for rule in CHECKS.case_rules(c)) == every_rule
+        assert sum(not CHECKS.case_rules(c) for c in cases) == 3
+
+
+def test_a_validator_that_checks_no_rule_but_reads_its_case_scores_almost_nothing(sol13):
+    """Checks nothing; finds its case through the caller's frames and rejects the longer of its two schedules,
+    naming every step (invalid schedules are often longer): the valid companion is often longer still."""
+    def validate_schedule(schedule, p, m, v=1):
+        case = None
+        f = sys._getframe(1)
+        while f is not None:
+            if hasattr(f.f_locals.get("case"), "inputs"):
+                case = f.f_locals["case"]
+                break
+            f = f.f_back
+        steps = [tuple(x) for slot in schedule for x in slot]
+        others = [[tuple(x) for slot in s for x in slot] for s in case.inputs["schedules"]] if case else [steps]
+        if len(steps) == max(len(o) for o in others) and any(len(o) != len(steps) for o in others):
+            raise ValueError(" ".join(f"{k}({s}, {i})" for s, i, k in steps))
+
+    ex = exercises(STEM)["validate_schedule"]
+    cases = ex.cases() + ex.cases(1, public=False) + ex.cases(2, public=False)
+    r = evaluate(ex, with_answer(sol13, validate_schedule=validate_schedule), "cpu", cases)
+    assert r.status == "failed" and r.score == 0, r.score
+
+
+def test_a_rejection_listing_every_step_does_not_name_the_offending_one(sol13):
+    real = sol13["validate_schedule"]
+
+    def validate_schedule(schedule, p, m, v=1):
+        try:
+            real(schedule, p, m, v)
+        except ValueError:  # BUG: the message lists the whole schedule
+            raise ValueError("invalid: " + " ".join(f"{k}({s}, {i})" for slot in schedule for s, i, k in slot))
+
+    r = grade(STEM, "validate_schedule", with_answer(sol13, validate_schedule=validate_schedule), hidden=False)
+    assert r.status == "failed" and "steps that break no rule" in r.message, r.message
 
 
 def test_a_validator_that_rejects_everything_scores_zero(sol13):
@@ -332,8 +380,13 @@ def _first_case(ns):
 
 def _runner(bug: str):
     """The solution's runner with one bug."""
-    def run_stage(stage, schedule, microbatches, targets, hidden):
-        rank, p = dist.get_rank(), dist.get_world_size()
+    def run_stage(stage, schedule, microbatches, targets, hidden, process_group=None):
+        group = dist.group.WORLD if bug == "ignores its group" else process_group or dist.group.WORLD
+        rank, p = dist.get_rank(group), dist.get_world_size(group)
+
+        def peer(s):  # BUG (group ranks as global): a neighbour's rank in the group taken for its global rank
+            return s if bug == "group ranks as global" else dist.get_global_rank(group, s)
+        where = {} if bug == "no device" else {"device": microbatches[0].device}  # BUG (no device): torch's default
         m = len(microbatches)
         ins, outs, losses, pending = {}, {}, [0.0] * m, []
         steps = [(s, i, k) for slot in schedule for s, i, k in slot if s == rank]
@@ -344,8 +397,8 @@ def _runner(bug: str):
                 if rank == 0:
                     x = microbatches[i]
                 else:
-                    x = torch.empty(microbatches[i].shape[0], hidden)
-                    dist.recv(x, src=rank - 1)
+                    x = torch.empty(microbatches[i].shape[0], hidden, **where)
+                    dist.recv(x, src=peer(rank - 1))
                     x.requires_grad_()
                 out = stage(x)
                 if rank == p - 1:
@@ -353,9 +406,9 @@ def _runner(bug: str):
                     losses[i] = loss.item()
                     out = loss if bug == "no 1/m" else loss / m  # BUG (no 1/m): gradients m times too large
                 elif bug == "blocking send":
-                    dist.send(out.detach(), dst=rank + 1)  # BUG: blocks while the neighbour sends to us
+                    dist.send(out.detach(), dst=peer(rank + 1))  # BUG: blocks while the neighbour sends to us
                 else:
-                    pending.append((dist.isend(out.detach(), dst=rank + 1), out))
+                    pending.append((dist.isend(out.detach(), dst=peer(rank + 1)), out))
                 ins[i], outs[i] = x, out
             else:
                 out, x = outs.pop(i), ins.pop(i)
@@ -365,15 +418,15 @@ def _runner(bug: str):
                     continue  # BUG: the last stage never sends x.grad back, so earlier stages never backprop
                 else:
                     g = torch.empty_like(out)
-                    dist.recv(g, src=rank + 1)
+                    dist.recv(g, src=peer(rank + 1))
                     out.backward(g)
                 if bug == "last stage keeps its gradient" and rank == p - 1:
                     continue  # BUG: stage p-2 waits in dist.recv for a gradient that never comes
                 if rank > 0 and bug != "no grad sent":
                     if bug == "blocking send":
-                        dist.send(x.grad, dst=rank - 1)
+                        dist.send(x.grad, dst=peer(rank - 1))
                     else:
-                        pending.append((dist.isend(x.grad, dst=rank - 1), x.grad))
+                        pending.append((dist.isend(x.grad, dst=peer(rank - 1)), x.grad))
         for h, _ in pending:
             h.wait()
         return losses if rank == p - 1 else []
@@ -397,7 +450,7 @@ def test_a_runner_without_the_1_over_m_has_gradients_m_times_too_large(sol13):
 
 
 def test_blocking_sends_hang_1f1b_and_end_within_the_timeout_with_a_clear_message(sol13, monkeypatch):
-    monkeypatch.setattr(CHECKS, "LAUNCH_TIMEOUT_S", 6.0)
+    monkeypatch.setattr(CHECKS.RUN, "LAUNCH_TIMEOUT_S", 6.0)
     start = time.monotonic()
     r = _first_case(with_answer(sol13, run_stage=_runner("blocking send")))
     assert time.monotonic() - start < 6.0 + 40
@@ -405,12 +458,46 @@ def test_blocking_sends_hang_1f1b_and_end_within_the_timeout_with_a_clear_messag
 
 
 def test_a_stage_waiting_for_a_gradient_that_is_never_sent_ends_with_a_clear_message(sol13, monkeypatch):
-    monkeypatch.setattr(CHECKS, "LAUNCH_TIMEOUT_S", 6.0)
+    monkeypatch.setattr(CHECKS.RUN, "LAUNCH_TIMEOUT_S", 6.0)
     start = time.monotonic()
     r = _first_case(with_answer(sol13, run_stage=_runner("last stage keeps its gradient")))
     assert time.monotonic() - start < 6.0 + 40
     assert r.status == "failed" and "hung" in r.message and "never came" in r.message
 
+
+
+def _group_case():
+    """The public case whose runs are followed by two pipelines over sub-groups [[0, 2], [1, 3]] (one launch)."""
+    ex = exercises(STEM)["pipeline_run"]
+    return ex, [c for c in ex.cases() if c.inputs.get("groups")]
+
+
+def test_the_check_runs_pipelines_over_sub_groups_on_every_seed():
+    ex = exercises(STEM)["pipeline_run"]
+    for seed in (None, 1, 2, 3):
+        cases = ex.cases() if seed is None else ex.cases(seed, public=False)
+        groups = [c.inputs["groups"] for c in cases if c.inputs.get("groups")]
+        assert len(groups) == 1 and sorted(sum(groups[0], [])) == [0, 1, 2, 3] and groups[0][0] != [0, 1]
+
+
+@pytest.mark.parametrize("bug", ["ignores its group", "group ranks as global"])
+def test_a_runner_that_ignores_its_process_group_fails(sol13, monkeypatch, bug):
+    """Stage and neighbours taken from the whole world, or a neighbour's group rank used as a global rank: the
+    sub-groups' pipelines talk across groups (wrong shapes, or a hang)."""
+    monkeypatch.setattr(CHECKS.RUN, "LAUNCH_TIMEOUT_S", 6.0)
+    ex, cases = _group_case()
+    r = evaluate(ex, with_answer(sol13, run_stage=_runner(bug)), "cpu", cases)
+    assert r.status == "failed" and "process_group" in r.message and "dist.get_global_rank" in r.message, r.message
+
+
+def test_a_runner_whose_receive_buffer_ignores_the_tensors_device_fails(sol13):
+    """torch.empty(B, hidden) without device=: right on a CPU, a device mismatch beside CUDA tensors on a GPU; the
+    check's sub-group pipelines run with torch's default device elsewhere, so it fails here too."""
+    ex, cases = _group_case()
+    r = evaluate(ex, with_answer(sol13, run_stage=_runner("no device")), "cpu", cases)
+    assert r.status == "failed" and "device=microbatches[i].device" in r.message, r.message
+    r = evaluate(ex, with_answer(sol13, run_stage=_runner("")), "cpu", cases)  # the same runner with device=
+    assert r.status == "passed", r.message
 
 
 def test_a_runner_that_computes_nothing_scores_zero(sol13):

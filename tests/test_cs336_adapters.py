@@ -9,8 +9,8 @@ and 11 can paste them into the course's ``adapters.py``. The tests beneath exerc
 course's tests do (its sizes, tolerances, toy models and training loops), on CPU: FlashAttention-2 in
 PyTorch and in Triton (Triton's interpreter here, the GPU elsewhere), DDP, bucketed DDP and the
 sharded optimizer and FSDP on 2 gloo ranks, one launch for all of them. The course's FSDP test trains
-its own ``cs336_basics`` Transformer; here a small model of the same unit types (embedding and linear
-layers) stands in for it, trained the same way in float32 and with float16 compute.
+its own ``cs336_basics`` Transformer; here a small model built like it, from its own Embedding and Linear
+classes (not torch.nn's), stands in for it, trained the same way in float32 and with float16 compute.
 """
 from __future__ import annotations
 
@@ -78,9 +78,11 @@ def ddp_bucketed_on_train_batch_start(ddp_model: nn.Module, optimizer: torch.opt
 
 
 def get_fsdp(module: nn.Module, compute_dtype: torch.dtype | None = None) -> nn.Module:
-    """ZeRO-3 over every rank: lab 11's fsdp. (With the course's model, pass its own Linear and Embedding
-    classes as ``unit_types``.)"""
-    return LAB11["FSDP"](module, unit_types=(nn.Linear, nn.Embedding), compute_dtype=compute_dtype)
+    """ZeRO-3 over every rank: lab 11's fsdp. The course's Transformer builds its layers from its own
+    ``Linear`` and ``Embedding`` classes (``cs336_basics.model``), not torch.nn's: the units are the
+    module's own classes of those names (torch.nn's default types would match no module: FSDP refuses)."""
+    unit_types = tuple({type(m) for m in module.modules() if type(m).__name__ in ("Linear", "Embedding")})
+    return LAB11["FSDP"](module, unit_types=unit_types, compute_dtype=compute_dtype)
 
 
 def fsdp_on_after_backward(fsdp_model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -206,16 +208,39 @@ class ToyModelWithTiedWeights(nn.Module):
         return self.fc5(x)
 
 
+class Linear(nn.Module):
+    """The course's own linear layer (``cs336_basics.model.Linear``): a (d_out, d_in) weight, no bias, not an
+    ``nn.Linear``."""
+
+    def __init__(self, d_in: int, d_out: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(d_out, d_in) / d_in ** 0.5)
+
+    def forward(self, x):
+        return x @ self.weight.T  # (..., d_in) -> (..., d_out)
+
+
+class Embedding(nn.Module):
+    """The course's own embedding (``cs336_basics.model.Embedding``): a (vocab, d) weight, not an ``nn.Embedding``."""
+
+    def __init__(self, vocab: int, d: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(vocab, d))
+
+    def forward(self, tokens):
+        return self.weight[tokens]  # (B, S) -> (B, S, d)
+
+
 class TinyLM(nn.Module):
-    """Stands in for the course's Transformer in its FSDP test: an embedding, linear layers, and a
-    LayerNorm that is no unit (replicated)."""
+    """Stands in for the course's Transformer in its FSDP test: built, like it, from its own Embedding and Linear
+    classes, and a LayerNorm that is no unit (replicated)."""
 
     def __init__(self, vocab: int = 37, d: int = 24):
         super().__init__()
-        self.embed = nn.Embedding(vocab, d)
-        self.up, self.down = nn.Linear(d, 3 * d), nn.Linear(3 * d, d)
+        self.embed = Embedding(vocab, d)
+        self.up, self.down = Linear(d, 3 * d), Linear(3 * d, d)
         self.norm = nn.LayerNorm(d)
-        self.head = nn.Linear(d, vocab, bias=False)
+        self.head = Linear(d, vocab)
 
     def forward(self, tokens):
         h = self.embed(tokens)  # (B, S, d)
@@ -364,3 +389,10 @@ def ranks_results():
 def test_lab11_through_the_course_adapters(ranks_results, scenario):
     failures = {rank: r[scenario] for rank, r in enumerate(ranks_results) if r[scenario]}
     assert not failures, failures
+
+
+def test_fsdp_with_torch_nn_unit_types_refuses_the_course_model():
+    """FSDP's default unit types (nn.Linear, nn.Embedding) match none of the course model's layers: lab 11's FSDP
+    raises before any collective instead of silently replicating every parameter."""
+    with pytest.raises(ValueError, match="no module of unit_types"):
+        _lab("11_data_parallel")["FSDP"](TinyLM())

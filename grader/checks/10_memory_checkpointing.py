@@ -30,6 +30,38 @@ FORMULA_RTOL = 1e-6  # memory and time formulas in float bytes and seconds: any 
 # --- 1. saved bytes, measured ----------------------------------------------------------------------
 
 
+def ref_saved_bytes(fn, *args, exclude=()) -> int:
+    """Bytes of the distinct storages autograd saves while ``fn(*args)`` runs (storages of
+    ``exclude``, the parameters, left out). Each packed tensor is kept alive until the count is
+    done, so no address is reused by a later tensor."""
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*args)
+    total = sum(seen.values())
+    del out
+    return total
+
+
+def distinct_bytes(packs, skip=()) -> int:
+    """Bytes of the distinct storages among the run side's ``(data_ptr, nbytes)`` packs, ``skip`` left out."""
+    skip = set(skip)
+    seen = {ptr: nbytes for ptr, nbytes in packs if ptr not in skip}
+    return sum(seen.values())
+
+
+def _saved(obs, which: str) -> int:
+    """Bytes the plain (``which="plain"``) or checkpointed call saved for backward, parameters excluded."""
+    return distinct_bytes(obs[f"packs_{which}"], obs["param_ptrs"])
+
+
 def _saved_cases(gen, public):
     if public:
         return [Case("x * x saves x twice: count it once", dict(kind="square", n=16, m=8, seed=1)),
@@ -51,7 +83,7 @@ def _saved_cases(gen, public):
 
 def _saved_judge(case, obs):
     fn, args, exclude = RUN._scenario(case.inputs["kind"], case.inputs)
-    want = RUN.ref_saved_bytes(fn, *args, exclude=exclude)
+    want = ref_saved_bytes(fn, *args, exclude=exclude)
     got = obs["bytes"]
     if not isinstance(got, (int, float)):
         return f"saved_tensor_bytes must return a number of bytes, got {got}."
@@ -167,7 +199,7 @@ def _formula_cases(gen, public):
 def _measured_block_bytes(x: dict) -> int:
     block = make_block(x["d_model"], x["n_heads"], x["d_ff"], x["dropout"], dtype=RUN._DTYPES[x["dtype"]])
     inp = torch.randn(x["batch"], x["seq"], x["d_model"], dtype=RUN._DTYPES[x["dtype"]], requires_grad=True)
-    return RUN.ref_saved_bytes(block, inp, exclude=tuple(block.parameters()))
+    return ref_saved_bytes(block, inp, exclude=tuple(block.parameters()))
 
 
 def _formula_judge(case, obs):
@@ -279,10 +311,11 @@ def _ckpt_judge(case, obs):
                 "state only inside `with torch.random.fork_rng():`, which gives the caller's state back when the "
                 "recomputation is done.")
     allowed = obs["input_bytes"] + 16 * 1024  # the inputs, plus room for an RNG state saved as a tensor
-    if obs["saved_ckpt"] > allowed:
-        return (f"the checkpointed call kept {obs['saved_ckpt']} bytes for backward; the plain block keeps "
-                f"{obs['saved_plain']} and a checkpoint should keep only its inputs ({obs['input_bytes']} bytes, "
-                f"a {obs['saved_plain'] / obs['input_bytes']:.1f}x drop). Run fn under torch.no_grad() in "
+    saved_ckpt, saved_plain = _saved(obs, "ckpt"), _saved(obs, "plain")
+    if saved_ckpt > allowed:
+        return (f"the checkpointed call kept {saved_ckpt} bytes for backward; the plain block keeps "
+                f"{saved_plain} and a checkpoint should keep only its inputs ({obs['input_bytes']} bytes, "
+                f"a {saved_plain / obs['input_bytes']:.1f}x drop). Run fn under torch.no_grad() in "
                 "forward and save only the inputs (ctx.save_for_backward).")
     extra, fwd = obs["flops_ckpt"] - obs["flops_plain"], obs["flops_forward"]
     if abs(extra - fwd) <= 0.02 * fwd:  # exactly one forward pass more: the recomputation
@@ -332,8 +365,8 @@ def _selective_verdict(case, obs):
     args = (x["batch"], x["seq"], x["d_model"], x["n_heads"], 4 * x["d_model"], x["dropout"], 4)
     want_saved, want_extra = ref_recompute_cost(*args, x["recompute"], stats_bytes=4)
     full, _ = ref_recompute_cost(*args, (), stats_bytes=4)
-    if obs["saved_ckpt"] != want_saved:
-        return (f"recompute={set(x['recompute'])}: {obs['saved_ckpt']} bytes saved for backward, expected "
+    if _saved(obs, "ckpt") != want_saved:
+        return (f"recompute={set(x['recompute'])}: {_saved(obs, 'ckpt')} bytes saved for backward, expected "
                 f"{want_saved} (the plain block keeps {full}). Checkpoint exactly the named pieces with your "
                 "`checkpoint`: 'attn_core' wraps block.attn_core(q, k, v), 'attn' block.attention(x), 'mlp' "
                 "block.mlp(x1), 'block' the whole block; the residual additions stay outside.")
@@ -369,11 +402,9 @@ def _plan_cases(gen, public):
                     stats_bytes=4)
         full, _ = ref_recompute_cost(*RUN._plan_args(gpt3), (), stats_bytes=4)
         core_only, _ = ref_recompute_cost(*RUN._plan_args(gpt3), ("attn_core",), stats_bytes=4)
-        return [Case("GPT-3 layer, budget = everything", dict(gpt3, budget_bytes=full)),
-                Case("GPT-3 layer, budget = without the attention core", dict(gpt3, budget_bytes=core_only)),
-                Case("GPT-3 layer, budget = 60% of everything", dict(gpt3, budget_bytes=int(0.6 * full))),
-                Case("GPT-3 layer, budget = the input only", dict(gpt3, budget_bytes=12288 * 2048 * 2)),
-                Case("GPT-3 layer, budget below the input: nothing fits", dict(gpt3, budget_bytes=1000))]
+        # named by the budget alone: a name says nothing of the plan that fits
+        budgets = (full, core_only, int(0.6 * full), 12288 * 2048 * 2, 1000)
+        return [Case(f"GPT-3 layer, budget {budget} bytes", dict(gpt3, budget_bytes=budget)) for budget in budgets]
     cases = []  # random layers
     for i, rule in enumerate(("budget = everything", "budget = exactly one choice's bytes",
                               "budget between the choices", "budget = the input only",
@@ -398,7 +429,8 @@ def _plan_cases(gen, public):
         else:
             budget = int(uniform(gen, least, full))
         cfg["budget_bytes"] = budget
-        cases.append(Case(f"{rule}: b={cfg['batch']} s={cfg['seq']} h={cfg['d_model']} a={a} "
+        name = "float32, stats_bytes left out" if rule.startswith("float32") else f"budget {i + 1}"  # not the plan
+        cases.append(Case(f"{name}: b={cfg['batch']} s={cfg['seq']} h={cfg['d_model']} a={a} "
                           f"dropout={cfg['dropout']}, budget {cfg['budget_bytes']} bytes", cfg))
     return cases
 
@@ -541,14 +573,15 @@ def _offload_cases(gen, public):
         opt = dict(n_params=7e9, world_size=8, what="optimizer", param_dtype="bfloat16", grad_dtype="bfloat16",
                    pcie_gbps=25.0, overlap=True, transfer_bytes=3.5e9)
         return [Case("7B, 8 GPUs, optimizer offload, PCIe 25 GB/s, 0.5 s of compute", dict(opt, compute_s=0.5)),
-                Case("7B, 8 GPUs, optimizer offload, 0.05 s of compute: the transfer shows", dict(opt, compute_s=0.05)),
+                Case("7B, 8 GPUs, optimizer offload, 0.05 s of compute", dict(opt, compute_s=0.05)),
                 Case("70B, 64 GPUs, parameter offload, PCIe 50 GB/s, no overlap", dict(
                     n_params=70e9, world_size=64, what="params", param_dtype="bfloat16", grad_dtype="float32",
                     pcie_gbps=50.0, compute_s=0.2, overlap=False, transfer_bytes=8.75e9))]
     cases = []
-    for rule, what, timing in (("optimizer offload, the transfer hides", "optimizer", "hidden"),
-                               ("optimizer offload, the transfer shows", "optimizer", "shows"),
-                               ("parameter offload, the transfer hides", "params", "hidden"),
+    # named by what is offloaded, never by whether the transfer hides (the answer's "hidden")
+    for rule, what, timing in (("optimizer offload 1", "optimizer", "hidden"),
+                               ("optimizer offload 2", "optimizer", "shows"),
+                               ("parameter offload", "params", "hidden"),
                                ("parameter offload, no overlap", "params", "serial")):
         pcie = choice(gen, (12.0, 25.0, 50.0))
         transfer_bytes = float(randint(gen, 1, 100)) * 1e8

@@ -81,7 +81,7 @@ def _cost_cases(gen, public):
         cases += [Case("1 GiB over 8 GPUs, NVLink-like", dict(nbytes=2**30, p=8, alpha=5e-6, beta=1 / 150e9)),
                    Case("4 KiB over 6 ranks (not a power of two), IB-like", dict(nbytes=4096, p=6, alpha=2e-5,
                                                                                   beta=1 / 25e9)),
-                   Case("a single rank: nothing to communicate", dict(nbytes=10**6, p=1, alpha=1e-5, beta=1e-9))]
+                   Case("a single rank", dict(nbytes=10**6, p=1, alpha=1e-5, beta=1e-9))]
         for i in range(2):
             cases.append(Case(f"random #{i}", dict(nbytes=float(randint(gen, 1, 2**34)), p=randint(gen, 2, 1024),
                                                    alpha=10 ** uniform(gen, -6.5, -4),
@@ -462,9 +462,9 @@ def _bucket_cases(gen, public):
     cases = []
     if public:
         cases += [Case("the example of the lab", dict(sizes=[400, 40, 300, 30, 200, 20], mb=250 / mb)),
-                  Case("a bucket that reaches the limit exactly stays open",
+                  Case("four 100-byte parameters, a 200-byte limit",
                        dict(sizes=[100, 100, 100, 100], mb=200 / mb)),
-                  Case("a parameter larger than the limit gets a bucket of its own",
+                  Case("a 5000-byte parameter among 10-byte ones, a 15-byte limit",
                        dict(sizes=[10, 5000, 10, 10], mb=15 / mb)),
                   Case("25 MB, a transformer-like list", dict(sizes=[4 * 50257 * 768] + [4 * 768 * 2304, 4 * 2304,
                                                                                          4 * 768 * 768, 4 * 768] * 4,
@@ -478,10 +478,10 @@ def _bucket_cases(gen, public):
                 cap = sum(sizes[-randint(gen, 1, n):])
             cases.append(Case(f"random #{i}", dict(sizes=sizes, mb=cap / mb)))
         return cases
-    # one case per rule, every seed (the rule is the name before ':'), random sizes
-    for rule in ("a limit some bucket reaches exactly", "a parameter larger than the limit",
-                 "one bucket, the limit above the total", "many small buckets", "any sizes and limit",
-                 "nothing to bucket"):
+    # one case per rule, every seed, random sizes; named by number (a name says nothing of the buckets)
+    for n_rule, rule in enumerate(("a limit some bucket reaches exactly", "a parameter larger than the limit",
+                                   "one bucket, the limit above the total", "many small buckets",
+                                   "any sizes and limit", "nothing to bucket")):
         n = randint(gen, 2, 40)
         sizes = [4 * randint(gen, 1, 5000) for _ in range(n)]
         cap = randint(gen, 1, max(2, sum(sizes) // 2))
@@ -495,7 +495,8 @@ def _bucket_cases(gen, public):
             cap = randint(gen, 1, max(2, max(sizes) // 2))
         elif rule == "nothing to bucket":
             sizes = []
-        cases.append(Case(f"{rule}: {len(sizes)} parameters, limit {cap} bytes", dict(sizes=sizes, mb=cap / mb)))
+        cases.append(Case(f"limit {n_rule + 1}: {len(sizes)} parameters, limit {cap} bytes",
+                          dict(sizes=sizes, mb=cap / mb)))
     return cases
 
 
@@ -639,13 +640,15 @@ BUCKETED_DDP = Exercise(
 
 
 def _sharded_cases(gen, public):
+    """Every rank, then (in the same processes) ShardedOptimizer(..., process_group=...) over sub-groups that
+    train on different data: an optimizer that broadcasts over every rank mixes the groups' parameters."""
     base = dict(d_in=16, hidden=[16, 16, 16, 16], d_out=16, batch_per_rank=4, lr=0.01, steps=3)
     if public:
-        return [Case("2 ranks, Adam, 10 parameters, lr halved after step 0",
-                     dict(base, world=2, seed=3, data_seed=30))]
-    world = randint(gen, 3, 4)
-    cases = [Case(f"Adam, lr halved after step 0: {world} ranks, random seeds",
-                  dict(base, world=world, seed=randint(gen, 0, 10**6), data_seed=randint(gen, 0, 10**6)))]
+        return [Case("2 ranks, Adam, 10 parameters, lr halved after step 0; then each rank a sub-group of its own",
+                     dict(base, world=2, seed=3, data_seed=30, groups=[[0], [1]]))]
+    pairs = choice(gen, ([[0, 1], [2, 3]], [[0, 2], [1, 3]], [[0, 3], [1, 2]]))
+    cases = [Case(f"Adam, lr halved after step 0, then two sub-groups: 4 ranks, groups {pairs}, random seeds",
+                  dict(base, world=4, seed=randint(gen, 0, 10**6), data_seed=randint(gen, 0, 10**6), groups=pairs))]
     late = 2 * randint(gen, 1, 2)  # the last one or two layers' weights and biases
     return cases + [Case(f"a param group added after step 0: 2 ranks, the last {late} parameters, random seeds",
                          dict(base, world=2, late=late, seed=randint(gen, 0, 10**6),
@@ -655,20 +658,38 @@ def _sharded_cases(gen, public):
 def _sharded_judge(case, obs):
     x = case.inputs
     world, ranks = x["world"], obs["ranks"]
-
-    def adam(params):
-        return torch.optim.Adam(params, lr=x["lr"])
-
-    ref = _reference_training(x, adam, RUN._adam_lr(x))
-    names = [n for n, p in ref["model"].named_parameters() if p.requires_grad]
-    added = RUN._late_split(x, names)[1]
     for r, o in enumerate(ranks):
         if not o["is_optimizer"]:
             return "ShardedOptimizer must subclass torch.optim.Optimizer (schedulers and training loops rely on it)."
         if not o["groups_cover"]:
             return ("ShardedOptimizer.param_groups must hold every parameter passed in, on every rank (call "
                     "super().__init__(params, defaults)); only the optimizer *state* is sharded.")
-    fixed_lr = _reference_training(x, adam)
+    ref = _reference_training(x, _adam(x), RUN._adam_lr(x))
+    if bad := _judge_sharded_params(x, ranks, ref):
+        return bad
+    if bad := _judge_sharded_state(ranks, ref, world):
+        return bad
+    for g, members in enumerate(x.get("groups") or []):
+        xg = RUN._subgroup_inputs(x, g)
+        sub = [ranks[r]["sub"] for r in members]
+        if bad := _judge_sharded_params(xg, sub, _reference_training(xg, _adam(x), RUN._adam_lr(x))):
+            return (f"ShardedOptimizer(params, Adam, process_group=dist.new_group({members})), ranks numbered within "
+                    f"the group: {bad}\nWith a process_group, shard over the group's ranks "
+                    "(dist.get_rank(process_group), dist.get_world_size(process_group)) and broadcast within it: "
+                    "dist.broadcast(p, src=dist.get_global_rank(process_group, owner), group=process_group) (the other "
+                    "group holds other parameters).")
+    return None
+
+
+def _adam(x):
+    return lambda params: torch.optim.Adam(params, lr=x["lr"])
+
+
+def _judge_sharded_params(x, ranks, ref) -> str | None:
+    """Every rank's parameters after each step equal plain Adam's on the whole batch (``ref``)."""
+    names = [n for n, p in ref["model"].named_parameters() if p.requires_grad]
+    added = RUN._late_split(x, names)[1]
+    fixed_lr = _reference_training(x, _adam(x))
     for step in range(x["steps"]):
         for r, o in enumerate(ranks):
             for name, w in ref["params"][step].items():
@@ -686,6 +707,11 @@ def _sharded_judge(case, obs):
                         return (f"step {step}: `{name}` on rank {r} never changed: the updated parameters must be "
                                 "broadcast from the rank that owns them to all others.")
                     return f"step {step}: {bad}"
+    return None
+
+
+def _judge_sharded_state(ranks, ref, world) -> str | None:
+    """The optimizer state is split over the ranks, balanced; step() only broadcasts; zero_grad() clears."""
     full = RUN._state_numel([ref["opt"]])
     per_rank = [o["state_numel"] for o in ranks]
     biggest = max(p.numel() for p in ref["model"].parameters() if p.requires_grad)
@@ -874,7 +900,31 @@ def _fsdp_judge(case, obs):
             return (f"{bad}\nWith a process_group: broadcast from its first rank, shard over "
                     "dist.get_world_size(process_group) ranks at dist.get_rank(process_group), pass "
                     "group=process_group to every collective and divide by the group's size.")
+    return _judge_fsdp_placement(ranks[0]) or _judge_fsdp_no_units(ranks[0])
+
+
+def _judge_fsdp_placement(o) -> str | None:
+    """_all_gather and _reduce_scatter make their buffers on the tensors' device, not torch's default one."""
+    for method, where in o["placement"].items():
+        if where != "cpu":
+            return (f"FSDP.{method} with torch's default device elsewhere than the shard's (the check sets it to "
+                    f"'meta'; on a GPU it stays 'cpu' while the shards are CUDA tensors, which NCCL needs): {where}. "
+                    "Make every communication buffer on the tensors' device: torch.empty(..., dtype=..., "
+                    "device=shard.device) (full_grad.device in _reduce_scatter).")
     return None
+
+
+def _judge_fsdp_no_units(o) -> str | None:
+    """FSDP with unit_types matching no module must not silently replicate everything."""
+    got = o["no_units"]
+    if "raised" in got or got.get("warned"):
+        return None
+    if "other" in got:
+        return (f"FSDP(model, unit_types=(nn.Conv2d,)) on a model without any Conv2d raised {got['other']}: raise a "
+                "ValueError that says no module matched unit_types (nothing would be sharded).")
+    return ("FSDP(model, unit_types=(nn.Conv2d,)) on a model without any Conv2d built zero units and said nothing: "
+            "every parameter stays replicated, which is not what FSDP was asked for. Raise a ValueError (or warn) "
+            "when no module of `module` is an instance of unit_types, before any collective.")
 
 
 FSDP_EXERCISE = Exercise(

@@ -540,11 +540,12 @@ def _volume_cases(gen, public):
     fixed = [dict(batch=1, seq=2048, hidden=4096, dtype_bytes=2, tp_size=4, n_layers=32),
              dict(batch=8, seq=1, hidden=4096, dtype_bytes=2, tp_size=4, n_layers=32),
              dict(batch=2, seq=16, hidden=64, dtype_bytes=4, tp_size=1, n_layers=2)]
-    specs = fixed if public else [dict(batch=randint(gen, 1, 64), seq=randint(gen, 1, 8192),
-                                       hidden=128 * randint(gen, 1, 96), dtype_bytes=choice(gen, [1, 2, 4]),
-                                       tp_size=choice(gen, [1, 2, 4, 8]), n_layers=randint(gen, 1, 96))
-                                  for _ in range(4)]
-    return [Case(", ".join(f"{k}={v}" for k, v in s.items()), s) for s in specs]
+    if public:
+        return [Case(", ".join(f"{k}={v}" for k, v in s.items()), s) for s in fixed]
+    # one case per TP size on every seed (TP=1: nothing to all-reduce), random sizes
+    specs = [dict(batch=randint(gen, 1, 64), seq=randint(gen, 1, 8192), hidden=128 * randint(gen, 1, 96),
+                  dtype_bytes=choice(gen, [1, 2, 4]), tp_size=tp, n_layers=randint(gen, 1, 96)) for tp in (1, 2, 4, 8)]
+    return [Case(f"TP={s['tp_size']}: " + ", ".join(f"{k}={v}" for k, v in s.items()), s) for s in specs]
 
 
 def _volume_judge(case, obs):
@@ -810,6 +811,25 @@ SEQUENCE_PARALLEL = Exercise(
 CAPACITY_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)   # exact in binary: ceil never meets a rounding error
 
 
+def ref_expert_capacity(tokens, num_experts, top_k, capacity_factor) -> int:
+    return math.ceil(capacity_factor * tokens * top_k / num_experts)
+
+
+def ref_route(router_logits, top_k, capacity, token_major=False, renormalise=False):
+    """The spec's routing; ``token_major`` fills slots token by token (a token's 2nd choice before the next
+    token's 1st), ``renormalise`` divides the weights by their sum over the top-k: the two wrong variants the
+    judge names."""
+    T, E = router_logits.shape
+    weight, index = router_logits.softmax(-1).topk(top_k, dim=-1)             # (T, k)
+    if renormalise:
+        weight = weight / weight.sum(-1, keepdim=True)
+    in_order = index.reshape(-1) if token_major else index.t().reshape(-1)    # (k*T,)
+    seen = torch.nn.functional.one_hot(in_order, E).cumsum(0)
+    position = seen.gather(1, in_order.unsqueeze(1)).squeeze(1) - 1
+    position = position.view(T, top_k) if token_major else position.view(top_k, T).t()  # (T, k)
+    return index, weight, torch.where(position < capacity, position, torch.full_like(position, -1))
+
+
 def ref_load_balancing_loss(router_logits, expert_index, num_experts):
     P = router_logits.softmax(-1).mean(0)
     f = torch.nn.functional.one_hot(expert_index[:, 0], num_experts).to(P.dtype).mean(0)
@@ -817,7 +837,19 @@ def ref_load_balancing_loss(router_logits, expert_index, num_experts):
 
 
 def ref_moe_all_to_all_bytes(tokens, hidden, num_experts, top_k, capacity_factor, dtype_bytes) -> int:
-    return num_experts * RUN.ref_expert_capacity(tokens, num_experts, top_k, capacity_factor) * hidden * dtype_bytes
+    return num_experts * ref_expert_capacity(tokens, num_experts, top_k, capacity_factor) * hidden * dtype_bytes
+
+
+def _dropping_logits(gen, T, E, k):
+    """Router logits (T, E) and a capacity that drops at least one choice, and (top-2) whose slots differ when
+    filled token by token: an answer that ignores the capacity or fills in the wrong order fails every case."""
+    for _ in range(100):
+        logits, capacity = randn(gen, T, E, scale=2.0), randint(gen, 1, max(1, T * k // E) + 1)
+        slot = ref_route(logits.double(), k, capacity)[2]
+        if (slot < 0).any() and (k == 1 or not torch.equal(slot, ref_route(logits.double(), k, capacity,
+                                                                          token_major=True)[2])):
+            return logits, capacity
+    raise AssertionError(f"no routing of {T} tokens over {E} experts drops a choice")
 
 
 def _routing_cases(gen, public):
@@ -826,23 +858,30 @@ def _routing_cases(gen, public):
     else:
         specs = [(randint(gen, 3, 24), choice(gen, [2, 4, 8]), k, choice(gen, CAPACITY_FACTORS)) for k in (1, 2, 2)]
     cases = []
-    for T, E, k, cf in specs:
-        cases.append(Case(f"{'public' if public else 'random'}: {T} tokens, {E} experts, top-{k}, capacity factor {cf}",
-                          {"T": T, "E": E, "k": k, "cf": cf, "logits": randn(gen, T, E, scale=2.0),
+    for n, (T, E, k, cf) in enumerate(specs):
+        # route's capacity is drawn on its own (not expert_capacity of any size asked for), below the busiest
+        # expert's load most of the time, so choices are dropped; load_balancing_loss gets an index of its own
+        # (k distinct experts per token), so an answer that recomputes the index from the logits shows
+        logits, capacity = _dropping_logits(gen, T, E, k)
+        index = torch.rand(T, E, generator=gen).argsort(-1)[:, :k]            # (T, k)
+        cases.append(Case(f"{'public' if public else 'random'} {n + 1}: {T} tokens, {E} experts, top-{k}, "
+                          f"capacity factor {cf}, capacity {capacity}",
+                          {"T": T, "E": E, "k": k, "cf": cf, "logits": logits, "capacity": capacity,
+                           "expert_index": index,
                            # capacities to compute, floor != ceil in most of them
                            "sizes": [(T, E, k, cf), (T + 1, E, k, 1.25), (3 * E + 1, E, 1, 1.0)]}))
     return cases
 
 
 def _check_route(x, C, got) -> str | None:
-    want = RUN.ref_route(x["logits"].double(), x["k"], C)
+    want = ref_route(x["logits"].double(), x["k"], C)
     if not isinstance(got, tuple) or len(got) != 3:
         return f"route must return (expert_index, combine_weight, slot), got {type(got).__name__}."
     index, weight, slot = got
     if not isinstance(index, torch.Tensor) or not torch.equal(index.long(), want[0]):
         return (f"route's expert_index differs from the top-{x['k']} experts of softmax(router_logits) "
                 f"(best first, as torch.topk): got {index!r}.")
-    renormalised = RUN.ref_route(x["logits"].double(), x["k"], C, renormalise=True)[1]
+    renormalised = ref_route(x["logits"].double(), x["k"], C, renormalise=True)[1]
     if isinstance(weight, torch.Tensor) and _matches(weight.double(), renormalised) and not _matches(
             want[1], renormalised):
         return ("combine_weight sums to 1 over each token's top-k: that is a softmax AFTER top-k (renormalised "
@@ -852,7 +891,7 @@ def _check_route(x, C, got) -> str | None:
         return msg
     if not isinstance(slot, torch.Tensor) or not torch.equal(slot.long(), want[2]):
         wrong = slot.long() if isinstance(slot, torch.Tensor) else None
-        token_major = RUN.ref_route(x["logits"].double(), x["k"], C, token_major=True)[2]
+        token_major = ref_route(x["logits"].double(), x["k"], C, token_major=True)[2]
         why = (" You filled the slots token by token (a token's 2nd choice before the next token's 1st): the spec's "
                "priority is every 1st choice in token order, then every 2nd choice."
                if wrong is not None and torch.equal(wrong, token_major) else "")
@@ -865,17 +904,15 @@ def _check_route(x, C, got) -> str | None:
 def _routing_judge(case, obs):
     x = case.inputs
     for size, got in zip(x["sizes"], obs["capacity"]):
-        want = RUN.ref_expert_capacity(*size)
+        want = ref_expert_capacity(*size)
         if got != want or not isinstance(got, int):
             T, E, k, cf = size
             floor = " (that is the floor: round UP, or the last tokens of a full expert have no slot)" \
                 if got == math.floor(cf * T * k / E) else ""
             return f"expert_capacity({T}, {E}, {k}, {cf}) = {got!r}, expected the int {want} = ceil(cf*T*k/E){floor}."
-    C = RUN.ref_expert_capacity(x["T"], x["E"], x["k"], x["cf"])
-    if msg := _check_route(x, C, obs["route"]):
+    if msg := _check_route(x, x["capacity"], obs["route"]):
         return msg
-    index = RUN.ref_route(x["logits"].double(), x["k"], C)[0]
-    want = ref_load_balancing_loss(x["logits"].double(), index, x["E"])
+    want = ref_load_balancing_loss(x["logits"].double(), x["expert_index"], x["E"])
     got = obs["aux"]
     if isinstance(got, torch.Tensor) and got.numel() == 1 and close(float(got) * x["E"], float(want), rel=1e-5):
         return (f"load_balancing_loss = {float(got):.6g}, expected {float(want):.6g}: the num_experts factor is "
@@ -926,9 +963,9 @@ def _ref_moe(x, p, cfg, token_major=False):
     """Single-process MoE on one rank's tokens x (T, h), float64, all experts local: (y, aux)."""
     F = torch.nn.functional
     T = x.shape[0]
-    C = RUN.ref_expert_capacity(T, cfg["E"], cfg["k"], cfg["cf"])
+    C = ref_expert_capacity(T, cfg["E"], cfg["k"], cfg["cf"])
     logits = x @ p["router"].T                                                # (T, E)
-    index, weight, slot = RUN.ref_route(logits, cfg["k"], C, token_major=token_major)
+    index, weight, slot = ref_route(logits, cfg["k"], C, token_major=token_major)
     y = torch.zeros_like(x)
     for t in range(T):
         for j in range(cfg["k"]):
@@ -980,6 +1017,10 @@ def _ep_calls(cfg, obs) -> str | None:
 
 def _ep_values(cfg, ref, obs, r, rank):
     tp = cfg["tp"]
+    if "placement" in obs:
+        return (f"forward with torch's default device elsewhere than the tokens' (the check sets it to 'meta'; on a "
+                f"GPU it stays 'cpu' while the tokens are CUDA tensors) raised {obs['placement']}. Make every tensor "
+                "forward creates on the tokens' device: torch.arange(T, device=x.device), x.new_zeros(...).")
     if msg := _first_mismatch(obs, [("y", ref["y"][r], "y (this rank's tokens)"), ("aux", ref["aux"][r], "aux"),
                                     ("x_grad", ref["x_grad"][r], "x.grad"),
                                     ("router_grad", ref["router_grad"], "router.weight.grad summed over the group")]):

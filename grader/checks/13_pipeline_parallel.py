@@ -8,7 +8,8 @@ interleaved schedule (``p`` devices, ``v`` chunks each) uses virtual stages ``0 
 devices by :func:`gpulab.schedules.device_of`; every rule and measure below takes ``v`` (default 1)
 and counts per device, so with ``v = 1`` they are the plain ones.
 Hidden cases: one per rule, the same rules for every seed (a case's name starts with its rule,
-before ':'), random sizes within it.
+before ':'), random sizes within it; the validator's cases are named neutrally (the judge reads each
+schedule's broken rule off the schedule, :func:`rule_broken`).
 
 The pipeline exercise is distributed: ``run`` (learner process) launches one rank per stage with
 :func:`grader.runs.ranks.launch_ranks` over gloo; each rank loads its stage's weights from the case, runs
@@ -20,6 +21,7 @@ explained by the judge (a blocking send in 1F1B, a gradient never sent back).
 from __future__ import annotations
 
 import random
+import re
 from functools import partial
 
 import torch
@@ -404,9 +406,67 @@ def _mutate_finish(sched, rng):
     return sched
 
 
-def _validator_case(name, schedule, p, m, broken=None, base=None, v=1) -> Case:
-    return Case(name, dict(schedule=RUN._plain(schedule), p=p, m=m, v=v, broken=broken,
-                           base=None if base is None else RUN._plain(base)))
+def rule_broken(schedule, p: int, m: int, v: int = 1) -> str | None:
+    """The rule (one of :data:`_MUTATIONS` or :data:`_INTERLEAVED_MUTATIONS`) an invalid schedule breaks, or
+    None for a valid one: read from the schedule itself (judge-side), since a case says nothing about it.
+    Where a mutation breaks two rules at once, the first in this order wins: a step outside the pipeline,
+    two steps on one device, a repeated step, a missing step, a dependency."""
+    n = p * v
+    first: dict = {}
+    for slot in schedule:
+        for s, i, k in slot:
+            if k not in ("F", "B"):
+                return "a step of unknown kind"
+            if not 0 <= s < n:
+                return "a stage outside the pipeline"
+            if not 0 <= i < m:
+                return "a microbatch outside the range"
+        stages = [s for s, _, _ in slot]
+        devices = [device_of(s, p) for s in stages]
+        if len(set(devices)) < len(devices):
+            chunks = any(stages[a] != stages[b] for a in range(len(stages)) for b in range(a)
+                         if devices[a] == devices[b])
+            return "two chunks on one device in one slot" if v > 1 and chunks else "two steps on one stage in one slot"
+    for t, slot in enumerate(schedule):
+        for step in slot:
+            if tuple(step) in first:
+                return "a duplicated step"
+            first[tuple(step)] = t
+    if any(step not in first for step in all_steps(n, m)):
+        return "a missing step"
+    for step, t in sorted(first.items(), key=lambda kv: kv[1]):
+        for d in deps(step, n):
+            if first[d] >= t:
+                if step[2] == "B" and d[2] == "F":
+                    return "backward before its forward"
+                if v > 1 and step[2] == "F":
+                    return "a chunk's forward before the previous chunk's"
+                which = "a forward" if step[2] == "F" else "a backward"
+                when = "in the same slot as" if first[d] == t else "before"
+                return f"{which} {when} the {'forward' if step[2] == 'F' else 'backward'} it needs"
+    return None
+
+
+def case_rules(case) -> list:
+    """The rules the schedules of a ``validate_schedule`` case break (judge-side), sorted; [] if all are valid."""
+    x = case.inputs
+    return sorted(r for plain in x["schedules"] if (r := rule_broken(RUN._tuples(plain), x["p"], x["m"], x["v"])))
+
+
+def _with_idle(gen, p, m, v=1) -> list:
+    """A random valid schedule with an empty slot somewhere: what an invalid schedule is shown beside."""
+    sched = random_valid(gen, p, m, v=v)
+    sched.insert(randint(gen, 0, len(sched)), [])
+    return sched
+
+
+def _validator_case(gen, rng, sizes: str, schedules: list, p, m, v=1) -> tuple:
+    """``(sizes, inputs)`` of a case: its schedules in an order drawn from ``rng``, each beside a valid random
+    one (so that accepting or rejecting everything earns nothing), and nothing said of which is which."""
+    if len(schedules) == 1:
+        schedules = schedules + [_with_idle(gen, p, m, v)]
+    rng.shuffle(schedules)
+    return sizes, dict(schedules=[RUN._plain(s) for s in schedules], p=p, m=m, v=v)
 
 
 def _interleaved_validator_cases(gen, rng, public) -> list:
@@ -418,14 +478,11 @@ def _interleaved_validator_cases(gen, rng, public) -> list:
         return p, p * randint(gen, 1, 2), randint(gen, 2, 3)
 
     p, m, v = sizes()
-    sep = (": ", " ") if public else (", ", ": ")  # public names read "valid: x (sizes)", hidden "valid, x: sizes"
-    cases = [_validator_case(f"valid{sep[0]}interleaved{sep[1]}{'(' * public}p={p} v={v} m={m}{')' * public}",
-                             ref_interleaved(p, m, v), p, m, v=v)]
+    cases = [_validator_case(gen, rng, f"p={p} v={v} m={m}", [ref_interleaved(p, m, v)], p, m, v=v)]
     for kind in _INTERLEAVED_MUTATIONS:
         p, m, v = sizes()
         base = ref_interleaved(p, m, v)
-        cases.append(_validator_case(f"invalid{sep[0]}{kind}{sep[1]}{'(' * public}p={p} v={v} m={m}{')' * public}",
-                                     _mutate(base, p, m, kind, rng, v), p, m, kind, base, v))
+        cases.append(_validator_case(gen, rng, f"p={p} v={v} m={m}", [_mutate(base, p, m, kind, rng, v)], p, m, v=v))
     return cases
 
 
@@ -437,75 +494,86 @@ def _rule_sizes(gen, kind) -> tuple[int, int]:
 
 
 def _validator_cases(gen, public):
-    """Valid schedules (accepting one earns nothing: a Neutral) and one invalid schedule per rule.
-    An invalid case passes only if the validator also accepts the valid schedule it was made from,
-    so neither accepting nor rejecting everything earns a point."""
+    """Pairs of schedules: two valid ones (accepting them earns nothing: a Neutral), or one invalid schedule
+    per rule beside a valid one, in a drawn order. A case passes only if the validator accepts its valid
+    schedule and rejects its invalid one naming the step, so neither accepting nor rejecting everything earns
+    a point. Names and inputs are neutral: the judge reads the broken rule off the schedule (:func:`rule_broken`),
+    and the hidden cases come in a drawn order."""
     rng = random.Random(randint(gen, 0, 2**31 - 1))
     cases = []
     if public:
         g = ref_gpipe(3, 4)
-        cases.append(_validator_case("valid: GPipe p=3 m=4", g, 3, 4))
-        cases.append(_validator_case("valid: 1F1B p=4 m=6", ref_1f1b(4, 6), 4, 6))
-        r = random_valid(gen, 3, 3)
-        r.insert(2, [])
-        cases.append(_validator_case("valid: a random schedule with idle slots (one slot empty)", r, 3, 3))
+        cases.append(_validator_case(gen, rng, "p=3 m=4", [g], 3, 4))
+        cases.append(_validator_case(gen, rng, "p=4 m=6", [ref_1f1b(4, 6)], 4, 6))
         bases = [(3, 4, g), (4, 6, ref_1f1b(4, 6)), (3, 4, random_valid(gen, 3, 4)), (2, 3, ref_gpipe(2, 3)),
                  (4, 3, ref_1f1b(4, 3)), (3, 2, ref_gpipe(3, 2))]
         for n, kind in enumerate(_MUTATIONS):
             p, m, base = bases[n % len(bases)]
-            cases.append(_validator_case(f"invalid: {kind} (p={p} m={m})", _mutate(base, p, m, kind, rng), p, m,
-                                         kind, base))
-        return cases + _interleaved_validator_cases(gen, rng, public)
+            cases.append(_validator_case(gen, rng, f"p={p} m={m}", [_mutate(base, p, m, kind, rng)], p, m))
+        cases += _interleaved_validator_cases(gen, rng, public)
+        return [Case(f"schedules {n + 1} ({sizes})", inputs) for n, (sizes, inputs) in enumerate(cases)]
     # hidden: the same valid kinds, and every rule
     p, m = randint(gen, 1, 5), randint(gen, 1, 6)
-    cases.append(_validator_case(f"valid, GPipe: p={p} m={m}", ref_gpipe(p, m), p, m))
+    cases.append(_validator_case(gen, rng, f"p={p} m={m}", [ref_gpipe(p, m)], p, m))
     p, m = randint(gen, 1, 5), randint(gen, 1, 6)
-    cases.append(_validator_case(f"valid, 1F1B: p={p} m={m}", ref_1f1b(p, m), p, m))
-    p, m = randint(gen, 1, 5), randint(gen, 1, 6)
-    r = random_valid(gen, p, m)
-    r.insert(randint(gen, 0, len(r)), [])
-    cases.append(_validator_case(f"valid, a random schedule with an idle slot: p={p} m={m}", r, p, m))
+    cases.append(_validator_case(gen, rng, f"p={p} m={m}", [ref_1f1b(p, m)], p, m))
     for kind in _MUTATIONS:
         p, m = _rule_sizes(gen, kind)
         base = [ref_gpipe, ref_1f1b, lambda p, m: random_valid(gen, p, m)][randint(gen, 0, 2)](p, m)
-        cases.append(_validator_case(f"invalid, {kind}: p={p} m={m}", _mutate(base, p, m, kind, rng), p, m,
-                                     kind, base))
-    return cases + _interleaved_validator_cases(gen, rng, public)
+        cases.append(_validator_case(gen, rng, f"p={p} m={m}", [_mutate(base, p, m, kind, rng)], p, m))
+    cases += _interleaved_validator_cases(gen, rng, public)
+    rng.shuffle(cases)
+    return [Case(f"schedules {n + 1}: {sizes}", inputs) for n, (sizes, inputs) in enumerate(cases)]
+
+
+_STEP_NAME = re.compile(r"([A-Za-z]+)\((-?\d+),(-?\d+)\)")  # a step named in a message, spaces removed
+_MAX_OTHER_STEPS = 3  # steps a rejection may name beside the offending ones (e.g. the slot's other step)
+
+
+def _judge_rejection(schedule, bad, got, p, m, v, what) -> str | None:
+    """The verdict on one invalid schedule: rejected with a ValueError that names an offending step."""
+    rule = rule_broken(schedule, p, m, v)
+    if got["verdict"] == "accepted":
+        return f"your validator accepted an invalid schedule ({rule}): {bad[0][0]}.{what}{_picture(schedule, p, v)}"
+    if got["verdict"] == "crashed":
+        return (f"invalid schedule ({rule}): your validator should raise ValueError naming the problem, "
+                f"but raised {got['message']}")
+    names = set().union(*(involved for _, involved in bad))
+    said = got["message"].replace(" ", "")
+    others = {f"{k}({s},{i})" for k, s, i in _STEP_NAME.findall(said)} - names
+    if len(others) > _MAX_OTHER_STEPS:  # a message listing every step names the offending one by chance
+        return (f"your validator rejected the schedule ({rule}), but its message names {len(others)} steps that "
+                f"break no rule: name the offending step, e.g. '{bad[0][0]}'; yours: {got['message'][:200]!r}")
+    if rule in _OUTSIDE_RULES:
+        return None  # any ValueError will do
+    if not any(n.replace(" ", "") in said for n in names):
+        return (f"your validator rejected the schedule, but its message does not name the offending step. "
+                f"Expected one of {', '.join(sorted(names))} in the message (written F(stage, microbatch) or "
+                f"B(stage, microbatch)), e.g. '{bad[0][0]}'; yours: {got['message']!r}")
+    return None
 
 
 def _validator_judge(case, obs):
     x = case.inputs
-    schedule = RUN._tuples(x["schedule"])
     p, m, v = x["p"], x["m"], x["v"]
-    bad = violations(schedule, p, m, v)
-    assert bool(bad) == (x["broken"] is not None), "internal: mutation did not break the schedule"
-    pic = _picture(schedule, p, v)
     what = (f" (interleaved: validate_schedule(schedule, p={p}, m={m}, v={v}), virtual stages 0..{p * v - 1}, "
             f"virtual stage s on device s % p)") if v > 1 else ""
-    if x.get("base") is not None:  # the valid schedule this one was made from must pass first
-        base = RUN._tuples(x["base"])
-        assert not violations(base, p, m, v), "internal: the base schedule is not valid"
-        if obs["base"]["verdict"] != "accepted":
-            return (f"this schedule is valid{what}, but your validator {obs['base']['verdict']} it: "
-                    f"{obs['base']['message']}{_picture(base, p, v)}")
-    if not bad:
-        if obs["verdict"] != "accepted":
-            return f"this schedule is valid{what}, but your validator {obs['verdict']} it: {obs['message']}{pic}"
-        return Neutral("valid schedule accepted (not scored: accepting is what a validator that checks nothing "
+    invalid = []
+    for plain, got in zip(x["schedules"], obs["verdicts"]):  # the valid ones first: each must be accepted
+        schedule = RUN._tuples(plain)
+        bad = violations(schedule, p, m, v)
+        assert bool(bad) == (rule_broken(schedule, p, m, v) is not None), "internal: the two rule readers disagree"
+        if bad:
+            invalid.append((schedule, bad, got))
+        elif got["verdict"] != "accepted":
+            return (f"this schedule is valid{what}, but your validator {got['verdict']} it: "
+                    f"{got['message']}{_picture(schedule, p, v)}")
+    if not invalid:
+        return Neutral("valid schedules accepted (not scored: accepting is what a validator that checks nothing "
                        "does; the invalid schedules earn the points)")
-    if obs["verdict"] == "accepted":
-        return (f"your validator accepted an invalid schedule ({x['broken']}): {bad[0][0]}.{what}{pic}")
-    if obs["verdict"] == "crashed":
-        return (f"invalid schedule ({x['broken']}): your validator should raise ValueError naming the problem, "
-                f"but raised {obs['message']}")
-    if x["broken"] in _OUTSIDE_RULES:
-        return None  # any ValueError will do
-    names = set().union(*(involved for _, involved in bad))
-    said = obs["message"].replace(" ", "")
-    if not any(n.replace(" ", "") in said for n in names):
-        return (f"your validator rejected the schedule, but its message does not name the offending step. "
-                f"Expected one of {', '.join(sorted(names))} in the message (written F(stage, microbatch) or "
-                f"B(stage, microbatch)), e.g. '{bad[0][0]}'; yours: {obs['message']!r}")
+    for schedule, bad, got in invalid:
+        if message := _judge_rejection(schedule, bad, got, p, m, v, what):
+            return message
     return None
 
 
@@ -663,19 +731,33 @@ def _pipeline_case(gen, name, p, runs, mb=None, d_in=None, hidden=None, d_out=No
     return Case(name, dict(p=p, d_in=d_in, hidden=hidden, d_out=d_out, weights=weights, runs=spec))
 
 
+def _with_groups(gen, case: Case, groups: list, name: str | None = None) -> Case:
+    """``case`` (4 ranks), then two pipelines of 2 stages over the sub-groups ``groups``, each with its own
+    weights and microbatches (1F1B), run with ``run_stage(..., process_group=...)``: a runner that ignores the
+    group talks to the other pipeline's ranks."""
+    sub = [_pipeline_case(gen, "", len(members), [("1F1B", randint(gen, 2, 5))]).inputs for members in groups]
+    name = name or f"{case.name}; then two pipelines over sub-groups {groups}"
+    return Case(name, dict(case.inputs, groups=groups, sub=sub))
+
+
 def _pipeline_cases(gen, public):
     if public:
         return [_pipeline_case(gen, "2 ranks: GPipe m=3, then 1F1B m=4", 2, [("GPipe", 3), ("1F1B", 4)],
                                mb=2, d_in=4, hidden=6, d_out=2),
-                _pipeline_case(gen, "4 ranks: 1F1B m=6, then GPipe m=2", 4, [("1F1B", 6), ("GPipe", 2)],
-                               mb=3, d_in=5, hidden=8, d_out=3)]
-    # one launch per case (~3 s of process start-up each), so a single hidden case
+                _with_groups(gen, _pipeline_case(gen, "4 ranks: 1F1B m=6, then GPipe m=2", 4,
+                                                 [("1F1B", 6), ("GPipe", 2)], mb=3, d_in=5, hidden=8, d_out=3),
+                             [[0, 2], [1, 3]])]
+    # one launch per case (~3 s of process start-up each): the runs over every rank, then (4 ranks) sub-groups
     p = randint(gen, 2, 4)
     runs = [("1F1B", randint(gen, 1, 7)), ("GPipe", randint(gen, 1, 5))]
     if randint(gen, 0, 1):
         runs.reverse()
-    return [_pipeline_case(gen, f"GPipe and 1F1B runs: {p} ranks, " + ", ".join(f"{k} m={m}" for k, m in runs),
-                           p, runs)]
+    case = _pipeline_case(gen, f"GPipe and 1F1B runs: {p} ranks, " + ", ".join(f"{k} m={m}" for k, m in runs),
+                          p, runs)
+    groups = [[0, 2], [1, 3]] if randint(gen, 0, 1) else [[0, 3], [1, 2]]
+    sub = _with_groups(gen, _pipeline_case(gen, "", 4, []), groups,
+                       f"two pipelines over sub-groups: 4 ranks, groups {groups}")
+    return [case, sub]
 
 
 _PARAM_NAMES = ["first Linear weight", "first Linear bias", "output Linear weight", "output Linear bias"]
@@ -714,47 +796,75 @@ def _pipeline_judge(case, obs):
                 "neighbours send to each other in the same slot (an activation up, a "
                 "gradient down): with blocking dist.send both wait for a recv that never starts. Send with "
                 "dist.isend (wait on the handles at the end), receive with dist.recv, and make every recv "
-                "match a send of the neighbour, in the same order.")
+                "match a send of the neighbour, in the same order." + (_GROUP_HINT if x.get("groups") else ""))
+    if "error" in obs:
+        hints = (_GROUP_HINT if RUN.SUB_GROUPS in obs["error"] else "") + (
+            _PLACEMENT_HINT if "meta" in obs["error"] else "")
+        where = f" {RUN.SUB_GROUPS}" if RUN.SUB_GROUPS in obs["error"] else ""
+        return f"a rank raised an exception{where}.{hints}\n{obs['error'][:800]}"
     ranks = obs["ranks"]
     for r_idx, run in enumerate(x["runs"]):
-        what = f"{run['kind']} m={run['m']}"
-        want_losses, want_grads = reference_pipeline(x, run)
-        last = ranks[p - 1][r_idx]["losses"]
-        if not isinstance(last, list) or len(last) != run["m"]:
-            return (f"{what}: the last stage must return the list of the m = {run['m']} microbatch losses, "
-                    f"got {last!r}.")
-        got = torch.tensor(last, dtype=torch.float64)
-        want = torch.tensor(want_losses, dtype=torch.float64)
-        report = compare(got, want, name=f"{what}: losses", dtype=torch.float64, atol=1e-5, rtol=1e-4)
-        if report:
-            if torch.allclose(got * run["m"], want, rtol=1e-4, atol=1e-6):
-                report += "\n  They are the losses divided by m: return each microbatch's unscaled loss."
-            return report
-        for s in range(p):
-            for j, (g, w) in enumerate(zip(ranks[s][r_idx]["grads"], want_grads[s])):
-                name = f"{what}: stage {s} {_PARAM_NAMES[j]} gradient"
-                if g is None:
-                    return (f"{name} is None: the backward never reached stage {s}. Stage {s + 1} must send the "
-                            f"gradient of its input (x.grad) back to stage {s}, which then calls "
-                            "output.backward(grad)." if s < p - 1 else
-                            f"{name} is None: call backward on the loss (divided by m) at every B step.")
-                if not isinstance(g, torch.Tensor) or g.shape != w.shape:
-                    return f"{name}: expected a tensor of shape {tuple(w.shape)}, got {g!r}."
-                report = compare(g.double(), w, name=name, dtype=torch.float64, atol=1e-5, rtol=1e-4)
-                if report:
-                    if float(g.abs().max()) == 0.0:
-                        report += (f"\n  All zero: stage {s} never got a real gradient. Stage {s + 1} must send "
-                                   f"x.grad of its input back to stage {s}, which calls output.backward(grad).")
-                    elif torch.allclose(g.double(), w * run["m"], rtol=1e-4, atol=1e-6):
-                        report += "\n  m times too large: backpropagate loss / m so the microbatches average."
-                    return report
-        for s in range(p):
-            want_order = "".join(k for slot in run["schedule"] for st, _, k in slot if st == s)
-            got_order = ranks[s][r_idx]["order"]
-            if got_order != want_order:
-                return (f"{what}: rank {s} ran its stage's forwards and backwards in the order {got_order}, but "
-                        f"the schedule says {want_order}. Execute schedule[t] slot after slot, only the steps "
-                        f"whose stage is your rank.")
+        if bad := _judge_pipeline_run(x, run, [ranks[s]["runs"][r_idx] for s in range(p)]):
+            return bad
+    for g, members in enumerate(x.get("groups") or []):
+        sub = x["sub"][g]
+        if bad := _judge_pipeline_run(sub, sub["runs"][0], [ranks[r]["sub"] for r in members]):
+            return (f"run_stage(..., process_group=dist.new_group({members})), the pipeline of that group (its stage s "
+                    f"on its rank s): {bad}{_GROUP_HINT}")
+    return None
+
+
+_GROUP_HINT = ("\n  After its runs over every rank, this case runs run_stage(..., process_group=...) in pipelines over "
+               "sub-groups: with a process_group, your stage is dist.get_rank(process_group), p = "
+               "dist.get_world_size(process_group), and a neighbour's rank for send and recv is global: "
+               "dist.get_global_rank(process_group, s + 1).")
+_PLACEMENT_HINT = ("\n  The check ran run_stage over a process group with torch's default device set elsewhere "
+                   "('meta') than the tensors' (as on a GPU, where torch.empty(...) without device= makes a CPU "
+                   "tensor beside CUDA ones): make every buffer on the tensors' device, e.g. torch.empty(..., "
+                   "device=microbatches[i].device).")
+
+
+def _judge_pipeline_run(x, run, got) -> str | None:
+    """One run of a ``p``-stage pipeline (``x``: its weights and sizes): ``got[s]``, what stage s observed."""
+    p = x["p"]
+    what = f"{run['kind']} m={run['m']}"
+    want_losses, want_grads = reference_pipeline(x, run)
+    last = got[p - 1]["losses"]
+    if not isinstance(last, list) or len(last) != run["m"]:
+        return (f"{what}: the last stage must return the list of the m = {run['m']} microbatch losses, "
+                f"got {last!r}.")
+    losses = torch.tensor(last, dtype=torch.float64)
+    want = torch.tensor(want_losses, dtype=torch.float64)
+    report = compare(losses, want, name=f"{what}: losses", dtype=torch.float64, atol=1e-5, rtol=1e-4)
+    if report:
+        if torch.allclose(losses * run["m"], want, rtol=1e-4, atol=1e-6):
+            report += "\n  They are the losses divided by m: return each microbatch's unscaled loss."
+        return report
+    for s in range(p):
+        for j, (g, w) in enumerate(zip(got[s]["grads"], want_grads[s])):
+            name = f"{what}: stage {s} {_PARAM_NAMES[j]} gradient"
+            if g is None:
+                return (f"{name} is None: the backward never reached stage {s}. Stage {s + 1} must send the "
+                        f"gradient of its input (x.grad) back to stage {s}, which then calls "
+                        "output.backward(grad)." if s < p - 1 else
+                        f"{name} is None: call backward on the loss (divided by m) at every B step.")
+            if not isinstance(g, torch.Tensor) or g.shape != w.shape:
+                return f"{name}: expected a tensor of shape {tuple(w.shape)}, got {g!r}."
+            report = compare(g.double(), w, name=name, dtype=torch.float64, atol=1e-5, rtol=1e-4)
+            if report:
+                if float(g.abs().max()) == 0.0:
+                    report += (f"\n  All zero: stage {s} never got a real gradient. Stage {s + 1} must send "
+                               f"x.grad of its input back to stage {s}, which calls output.backward(grad).")
+                elif torch.allclose(g.double(), w * run["m"], rtol=1e-4, atol=1e-6):
+                    report += "\n  m times too large: backpropagate loss / m so the microbatches average."
+                return report
+    for s in range(p):
+        want_order = "".join(k for slot in run["schedule"] for st, _, k in slot if st == s)
+        got_order = got[s]["order"]
+        if got_order != want_order:
+            return (f"{what}: rank {s} ran its stage's forwards and backwards in the order {got_order}, but "
+                    f"the schedule says {want_order}. Execute schedule[t] slot after slot, only the steps "
+                    f"whose stage is your rank.")
     return None
 
 

@@ -31,24 +31,22 @@ def _number(x):
     return repr(x)
 
 
-def ref_saved_bytes(fn, *args, exclude=()) -> int:
-    """Bytes of the distinct storages autograd saves while ``fn(*args)`` runs (storages of
-    ``exclude``, the parameters, left out). Each packed tensor is kept alive until the count is
-    done, so no address is reused by a later tensor."""
-    skip = {t.untyped_storage().data_ptr() for t in exclude}
-    seen: dict[int, int] = {}
+@contextlib.contextmanager
+def _packed_storages():
+    """Record every tensor autograd packs for backward while the block runs: a list of
+    ``(storage data_ptr, storage nbytes)``, one per pack, duplicates included (the judge counts them).
+    The packed tensors are kept alive until the block ends, so no address is reused by a later tensor."""
+    packs: list = []
+    alive: list = []
 
     def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in skip:
-            seen[storage.data_ptr()] = storage.nbytes()
+        alive.append(t)
+        packs.append((t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()))
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn(*args)
-    total = sum(seen.values())
-    del out
-    return total
+        yield packs
+    alive.clear()
 
 
 def _scenario(name: str, inputs: dict):
@@ -137,21 +135,26 @@ def _one_thread():
 
 def _ckpt_observe(fn_plain, fn_ckpt, block, xs, weight, seed):
     """Forward and backward of ``fn_plain`` and of ``fn_ckpt``: outputs, gradients, FLOPs, the caller's
-    RNG afterwards and the bytes saved for backward, side by side."""
+    RNG afterwards and the storages packed for backward (with the parameters' addresses), side by side."""
     with _one_thread():
         out_p, grads_p, flops_p, rng_p = _fwd_bwd(block, fn_plain, xs, weight, seed)
         out_c, grads_c, flops_c, rng_c = _fwd_bwd(block, fn_ckpt, xs, weight, seed)
         with count_flops() as counter, torch.no_grad():
             fn_plain(*xs)
-        params = tuple(block.parameters())
         torch.manual_seed(seed)
-        saved_p = ref_saved_bytes(fn_plain, *xs, exclude=params)
+        with _packed_storages() as packs_p:
+            out = fn_plain(*xs)
+        del out
         torch.manual_seed(seed)
-        saved_c = ref_saved_bytes(fn_ckpt, *xs, exclude=params)
+        with _packed_storages() as packs_c:
+            out = fn_ckpt(*xs)
+        del out
     return {"out_plain": out_p, "out_ckpt": out_c, "grads_plain": grads_p, "grads_ckpt": grads_c,
             "flops_plain": flops_p, "flops_ckpt": flops_c, "flops_forward": counter.get_total_flops(),
             "rng_plain": rng_p, "rng_ckpt": rng_c,
-            "saved_plain": saved_p, "saved_ckpt": saved_c, "input_bytes": sum(t.nbytes for t in xs)}
+            "packs_plain": packs_p, "packs_ckpt": packs_c,
+            "param_ptrs": [prm.untyped_storage().data_ptr() for prm in block.parameters()],
+            "input_bytes": sum(t.nbytes for t in xs)}
 
 
 def _ckpt_run(ns, case, device):

@@ -203,18 +203,37 @@ def _state_numel(opt_objects) -> int:
 
 
 def _sharded_rank(rank, world_size, cls, x):
+    import torch.distributed as dist
 
+    launched = world_size == x["world"]  # not the single-rank probe for a stub
+    groups = x.get("groups") if launched else None
+    # every rank creates every group, at once, before the ranks' paces diverge
+    handles = [dist.new_group(members) for members in groups or []]
+    obs = _sharded_train(rank, world_size, cls, x, measure=True)
+    if groups:
+        g = next(g for g, members in enumerate(groups) if rank in members)
+        members = groups[g]
+        obs["sub"] = _sharded_train(members.index(rank), len(members), cls, _subgroup_inputs(x, g), measure=False,
+                                    process_group=handles[g])
+    return obs
+
+
+def _sharded_train(rank, world_size, cls, x, measure: bool, **kwargs) -> dict:
+    """``cls(params, Adam, lr=..., **kwargs)`` over one replica of the case's model, ``steps`` steps on shard
+    ``rank`` of ``world_size`` of each batch, the gradients averaged over the group (``kwargs``' process_group,
+    or every rank) as DDP would; with ``measure``, the optimizer state left alive in this process too."""
     import torch.distributed as dist
     import torch.nn.functional as F
 
     from gpulab.commlog import record_collectives
     from gpulab.toy import shard
 
+    group = kwargs.get("process_group")
     model = _toy_model(x, x["seed"])  # the same replica everywhere: no DDP here
     params = [p for p in model.parameters() if p.requires_grad]
     first, later = _late_split(x, params)
     with record_collectives() as log:
-        opt = cls(first, torch.optim.Adam, lr=x["lr"])
+        opt = cls(first, torch.optim.Adam, lr=x["lr"], **kwargs)
     obs = {"is_optimizer": isinstance(opt, torch.optim.Optimizer),
            "groups_cover": sorted(id(p) for g in getattr(opt, "param_groups", []) for p in g["params"])
            == sorted(id(p) for p in first), "init_comm": log.summary()}
@@ -229,7 +248,7 @@ def _sharded_rank(rank, world_size, cls, x):
         xb, yb = _step_batch(x, step)
         F.mse_loss(model(shard(xb, rank, world_size)), shard(yb, rank, world_size)).backward()
         for p in params:  # what DDP would do: average the gradients
-            dist.all_reduce(p.grad)
+            dist.all_reduce(p.grad, group=group)
             p.grad.div_(world_size)
         with record_collectives() as log:
             opt.step()
@@ -237,7 +256,7 @@ def _sharded_rank(rank, world_size, cls, x):
         steps.append({n: p.detach().clone() for n, p in model.named_parameters()})
     opt.zero_grad()
     obs["zeroed"] = all(p.grad is None or not p.grad.any() for p in params)
-    obs["state_numel"] = _live_optimizer_state()
+    obs["state_numel"] = _live_optimizer_state() if measure else None
     obs["params"], obs["comm"] = steps, comm
     return obs
 
@@ -313,7 +332,50 @@ def _fsdp_train(rank, cls, x, data_rank, data_world, measure, **kwargs) -> dict:
         obs["params"].append({n: t.detach().clone() for n, t in wrapped.gather_full_params().items()})
     obs["param_numel"] = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
     obs["state_numel"] = _live_optimizer_state() if measure else None
+    if measure:
+        obs["placement"] = _fsdp_placement(wrapped)
     return obs
+
+
+def _outcome(fn) -> str:
+    """The device of what ``fn()`` returns, or the exception it raised, in words."""
+    try:
+        out = fn()
+    except Exception as exc:  # noqa: BLE001 - the learner's error, reported by the judge
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+    return str(out.device) if isinstance(out, torch.Tensor) else f"not a tensor: {type(out).__name__}"
+
+
+def _fsdp_placement(wrapped) -> dict:
+    """Where ``_all_gather`` and ``_reduce_scatter`` put their results when torch's default device is not the
+    tensors' ("meta" here; on a GPU, a buffer made without device= lands on the CPU while NCCL wants CUDA
+    tensors): the tensors' own device, "cpu", when the buffers are made with device=. Every rank calls both."""
+    def shard():
+        return wrapped.shards[0].detach()
+
+    def full_grad():  # (p * shard numel,) on the shard's device
+        return torch.ones(wrapped.world_size * shard().numel(), device=shard().device)
+
+    with torch.device("meta"):  # the default device only: the tensors passed in stay on the CPU
+        return {"_all_gather": _outcome(lambda: wrapped._all_gather(shard())),
+                "_reduce_scatter": _outcome(lambda: wrapped._reduce_scatter(full_grad()))}
+
+
+def _fsdp_no_units(cls, x) -> dict:
+    """``cls(model, unit_types=(nn.Conv2d,))`` on a model without any Conv2d: nothing to shard. A ValueError or a
+    warning is what it should give; every rank does the same."""
+    import warnings
+
+    model = _toy_model(x, x["seed"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            cls(model, unit_types=(torch.nn.Conv2d,))
+        except ValueError as exc:
+            return {"raised": str(exc)[:300]}
+        except Exception as exc:  # noqa: BLE001 - reported by the judge
+            return {"other": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    return {"warned": [str(w.message)[:300] for w in caught]}
 
 
 def _fsdp_rank(rank, world_size, cls, x):
@@ -329,6 +391,8 @@ def _fsdp_rank(rank, world_size, cls, x):
         members = x["groups"][g]
         obs["sub"] = _fsdp_train(rank, cls, _subgroup_inputs(x, g), members.index(rank), len(members), False,
                                  process_group=handles[g])
+    if launched:
+        obs["no_units"] = _fsdp_no_units(cls, x)
     return obs
 
 
