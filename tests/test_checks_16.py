@@ -31,6 +31,7 @@ from gpulab.reliability import make_divergence_trace, make_step_times
 from gpulab.serving import make_trace
 from grader.checks import exercises, load_lab
 from grader.exercise import evaluate
+from grader.kit.neutral import rules_differ
 from grader.notebooks import answer_cells, exec_source, export_source, read_notebook
 from tests import graderkit as kit
 from tests.conftest import ROOT, grade, solution_namespace
@@ -395,7 +396,7 @@ def test_a_canary_that_ignores_drift_fails(sol16):
 @pytest.mark.parametrize("eid", list(EX))
 def test_do_nothing_answers_earn_nothing_and_hidden_rules_are_stable(eid):
     kit.assert_do_nothing_scores_zero(EX[eid])
-    kit.assert_same_rules_every_seed(EX[eid])
+    assert rules_differ(EX[eid]) is None
 
 
 def test_hostile_plans_fail_cleanly_without_simulating_them(sol16):

@@ -3,7 +3,7 @@ rotated keys cached, no position recomputed), KV-cache bytes and the batch that 
 paged block manager, a continuous-batching scheduler (first come, first served under the block budget at every
 step), speculative decoding (chi-square tests against the target's distribution) and a Triton decode-attention
 kernel over shuffled block tables and stale values. Wrong answers are named by the mistake they match. Hidden
-cases: one per rule (a case's name starts with its rule, before ':'), the same rules on every seed.
+cases: one per rule, the same rules on every seed, named by their inputs alone and shuffled (grader.kit.neutral).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from grader.exercise import Benchmark, Case, Exercise
 from grader.kit.cases import choice, randint, randn, uniform
 from grader.kit.close import close
 from grader.kit.kernels import judge_kernel
+from grader.kit.neutral import neutral
 from grader.kit.variants import diagnose, tensor_match
 from grader.runs import run_side
 
@@ -140,7 +141,8 @@ def _lm_judge(case, obs):
 
 
 KV_DECODE = Exercise(
-    "kv_cache_decode", 4, ("forward_cached",), _lm_cases, RUN._lm_run, _lm_judge, title="Decoding with a KV cache",
+    "kv_cache_decode", 4, ("forward_cached",), neutral(_lm_cases), RUN._lm_run, _lm_judge,
+    title="Decoding with a KV cache",
     hint="past = cache length; positions = arange(past, past + T); per block: q, k, v = project_qkv(x, positions), k "
          "and v = cat(cached, new) on dim 2, repeat k and v n_heads // n_kv_heads times for attention (not in the "
          "cache), mask with ones(T, past + T).tril(past), then project_out, residual, feed_forward, residual.")
@@ -215,7 +217,7 @@ def _bytes_judge(case, obs):
 
 
 KV_BYTES = Exercise(
-    "kv_cache_bytes", 2, ("kv_cache_bytes", "max_batch"), _bytes_cases, RUN._bytes_run, _bytes_judge,
+    "kv_cache_bytes", 2, ("kv_cache_bytes", "max_batch"), neutral(_bytes_cases), RUN._bytes_run, _bytes_judge,
     title="KV-cache bytes, and the batch that fits beside the weights",
     hint="Per token: 2 (K and V) x n_layers x n_kv_heads x head_dim x dtype_bytes. max_batch: (gpu_bytes - n_params x "
          "weight_bytes) // (bytes of one sequence of seq_len tokens), and 0 if the weights leave no room.")
@@ -298,7 +300,7 @@ def _step_judge(case, obs):
             f"(intensity {want['intensity']:.1f} FLOP/B vs the ridge {peaks.ridge_point:.1f} FLOP/B).")
 
 
-ROOFLINE = Exercise("decode_roofline", 2, ("step_roofline",), _step_cases, RUN._step_run, _step_judge,
+ROOFLINE = Exercise("decode_roofline", 2, ("step_roofline",), neutral(_step_cases), RUN._step_run, _step_judge,
                     title="Prefill and decode on the roofline", hint=(
                         "flops = 2 n_params B T + 4 L n_heads head_dim B (T context + T(T+1)/2); bytes = n_params "
                         "dtype_bytes + kv_cache_bytes(spec, B, context + T, dtype_bytes); seconds = max(flops / "
@@ -357,8 +359,8 @@ def _paged_cases(gen, public):
         if not public:
             bs = choice(gen, [1, 2, 4, 8, 16])
             nb = randint(gen, 8, 16) if bs > 1 else randint(gen, 40, 64)
-        name = f"{rule} (num_blocks={nb}, block_size={bs})" if public else f"{rule}: num_blocks={nb}, block_size={bs}"
-        cases.append(Case(name, dict(num_blocks=nb, block_size=bs, ops=_paged_ops(gen, rule, nb, bs))))
+        cases.append(Case(f"{rule}: num_blocks={nb}, block_size={bs}",
+                          dict(num_blocks=nb, block_size=bs, ops=_paged_ops(gen, rule, nb, bs))))
     return cases
 
 
@@ -425,7 +427,7 @@ def _paged_judge(case, obs):
 
 
 PAGED_KV = Exercise(
-    "paged_kv", 3, ("BlockManager",), _paged_cases, RUN._paged_run, _paged_judge,
+    "paged_kv", 3, ("BlockManager",), neutral(_paged_cases), RUN._paged_run, _paged_judge,
     title="A paged KV cache: blocks and block tables",
     hint="Keep a list of free block ids, and per sequence its block table and length. append: need = ceil((length + "
          "n) / block_size) - len(table); raise MemoryError before changing anything if need > free; slot of token p = "
@@ -470,8 +472,7 @@ def _sched_cases(gen, public):
                     [(2 + i, randint(gen, 1, bs), randint(gen, 1, 3)) for i in range(4)]
             num_blocks = 6
         requests = [dict(rid=i, arrival=a, prompt_len=p, max_new_tokens=m) for i, (a, p, m) in enumerate(specs)]
-        name = (f"{rule}{', ' if public else ': '}{len(requests)} requests, num_blocks={num_blocks}, block_size={bs}, "
-                f"max_batch={max_batch}")
+        name = f"{rule}: {len(requests)} requests, num_blocks={num_blocks}, block_size={bs}, max_batch={max_batch}"
         cases.append(Case(name, dict(num_blocks=num_blocks, block_size=bs, max_batch=max_batch, requests=requests)))
     return cases
 
@@ -543,7 +544,7 @@ def _sched_judge(case, obs):
 
 
 SCHEDULER = Exercise(
-    "continuous_batching", 4, ("Scheduler",), _sched_cases, RUN._sched_run, _sched_judge,
+    "continuous_batching", 4, ("Scheduler",), neutral(_sched_cases), RUN._sched_run, _sched_judge,
     title="Continuous batching: admit, decode, retire, preempt under a memory budget", hint=(
         "Keep the live requests in arrival order with their generated counts. step(): walk them oldest first, taking "
         "each while len(batch) < max_batch and its ceil((prompt + generated) / block_size) blocks fit; stop at the "
@@ -646,7 +647,8 @@ def _spec_judge(case, obs):
     return None
 
 
-SPECULATIVE = Exercise("speculative_decoding", 4, ("speculative_verify",), _spec_cases, RUN._spec_run, _spec_judge,
+SPECULATIVE = Exercise("speculative_decoding", 4, ("speculative_verify",), neutral(_spec_cases), RUN._spec_run,
+                       _spec_judge,
                        title="Speculative decoding: rejection sampling that keeps the target's distribution", hint=(
                            "For i in 0..k-1: accept draft x = draft_tokens[i] if u < p[i, x] / q[i, x] (u uniform "
                            "from gen); on the first rejection return the accepted ones plus a sample of max(p[i] - "
@@ -726,7 +728,8 @@ def _kernel_judge(case, obs):
         compare(outputs["out"], want, dtype=dtype, name="out"), outputs["out"], variants, tensor_match(dtype)))
 
 
-PAGED_ATTENTION = Exercise("paged_decode_attention", 4, ("paged_decode_attention",), _kernel_cases, RUN._kernel_run,
+PAGED_ATTENTION = Exercise("paged_decode_attention", 4, ("paged_decode_attention",), neutral(_kernel_cases),
+                           RUN._kernel_run,
                            _kernel_judge, title="Triton: decode attention over a paged KV cache",
                            hint="One program per (sequence, head). Loop j over cdiv(seq_len, BLOCK_SIZE): block = "
                                 "load(block_tables[seq, j]); keys at k_cache[block, slot, head // GROUP, :] for the "

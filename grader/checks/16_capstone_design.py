@@ -4,8 +4,8 @@ GPT-3 175B and Llama 3 405B layouts, and its mixture-of-experts extension (EP in
 the all-to-alls, EP's rules, EP in the search); serving capacity (weights and KV cache per GPU, a 175B deployment at
 100 requests/s judged by a queueing simulation, 7B on 4 GPUs, ResNet-152 batching, a slow deployment's per-rank
 profile); reliability (Young/Daly, a ZeRO re-shard, stragglers and hangs, a diverging run) and an MLOps checklist
-with a canary decision. Wrong answers are named by the mistake they match. Hidden cases: one per rule (a case's name
-starts with its rule, before ':'), the same rules on every seed.
+with a canary decision. Wrong answers are named by the mistake they match. Hidden cases: one per rule, the same rules
+on every seed, named by their inputs alone and shuffled (grader.kit.neutral).
 """
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ from gpulab.serving import MODELS, ModelSpec, make_trace
 from grader.exercise import Case, Exercise
 from grader.kit.cases import choice, randint, uniform
 from grader.kit.close import close
+from grader.kit.neutral import neutral
 from grader.kit.variants import diagnose
 from grader.runs import run_side
 
@@ -1529,6 +1530,7 @@ _POINTS = dict(training_memory=3, step_time=3, layout_problems=2, plan_training=
                reshard_zero=2, find_stragglers=2, diagnose_divergence=3, mlops=3)
 _ENTRIES = {"mlops": ("mlops_checklist", "rollout_decision")}  # names other than the exercise id
 
-EXERCISES = [Exercise(eid, points, _ENTRIES.get(eid, (eid,)), globals()[f"_{eid}_cases"], getattr(RUN, f"_{eid}_run"),
+EXERCISES = [Exercise(eid, points, _ENTRIES.get(eid, (eid,)), neutral(globals()[f"_{eid}_cases"]),
+                      getattr(RUN, f"_{eid}_run"),
                       globals()[f"_{eid}_judge"], **_TEXT[eid]) for eid, points in _POINTS.items()]
 BENCHMARKS: list = []
