@@ -16,9 +16,9 @@ from gpulab.serving import BudgetExceeded, Request, make_trace, simulate
 from gpulab.tiny_lm import LMConfig, make_lm
 from grader.checks import exercises, load_lab
 from grader.exercise import evaluate
-from grader.kit.neutral import case_rules, failed_rules, rules_differ
+from grader.kit.neutral import case_rules, failed_rules, in_written_order, rules_differ
 from tests import graderkit as kit
-from tests.conftest import HIDDEN_SEED, grade, public, solution_namespace, with_answer
+from tests.conftest import HIDDEN_SEED, grade, solution_namespace, with_answer
 
 STEM = "14_inference_serving"
 CHECKS = load_lab(STEM)
@@ -28,6 +28,11 @@ EX = exercises(STEM)
 def rules_failed(result) -> list:
     """The rules of the cases ``result`` (a grade: public cases, and hidden ones from HIDDEN_SEED) did not pass."""
     return failed_rules(EX[result.id], result, HIDDEN_SEED)
+
+
+def public(stem: str, eid: str, ns: dict, n: int | None = None):
+    """``eid`` on its first ``n`` public cases, in the order the generator writes them: a message, quickly."""
+    return evaluate(EX[eid], ns, "cpu", in_written_order(EX[eid])[:n])
 
 
 @pytest.fixture(scope="module")
@@ -449,11 +454,57 @@ def test_every_hidden_set_covers_the_same_rules(eid):
     assert rules_differ(EX[eid]) is None
 
 
-@pytest.mark.parametrize("subclass", [False, True])
-def test_a_scheduler_borrowed_from_the_course_helpers_fails(sol14, subclass):
-    """Lab 16's planner models this policy (gpulab.planning.FCFSBatcher): handing it in is not the exercise."""
-    from gpulab.planning import FCFSBatcher
+def _delegating_scheduler():
+    """A Scheduler that hands its work to a course helper (lab 16's batcher) held in an attribute."""
+    from gpulab import planning
 
-    scheduler = type("Scheduler", (FCFSBatcher,), {}) if subclass else FCFSBatcher
-    r = public(STEM, "continuous_batching", with_answer(sol14, Scheduler=scheduler), 1)
-    assert r.status == "failed" and "gpulab.planning.FCFSBatcher" in r.message and "write your own" in r.message
+    class Scheduler:
+        def __init__(self, num_blocks, block_size, max_batch):
+            self.inner = planning._OldestFirst(max_batch)
+
+        def add(self, request):
+            self.inner.add(request)
+
+        def step(self):
+            return self.inner.step()
+    return Scheduler
+
+
+def _spoofed_scheduler():
+    """A course helper under the learner's module name: where its code lives still says gpulab."""
+    from gpulab.planning import _OldestFirst
+
+    members = {k: v for k, v in vars(_OldestFirst).items() if k not in ("__dict__", "__weakref__")}
+    spoofed = type("Scheduler", (), members)
+    spoofed.__module__ = "__main__"
+    return spoofed
+
+
+@pytest.mark.parametrize("how", ["delegating", "spoofed module", "subclass"])
+def test_a_scheduler_reaching_the_course_helpers_earns_nothing(sol14, how):
+    """No gpulab helper computes this policy; one that batches for lab 16's planner, handed in, held or
+    renamed, earns nothing."""
+    from gpulab.planning import _OldestFirst
+
+    scheduler = {"delegating": _delegating_scheduler, "spoofed module": _spoofed_scheduler,
+                 "subclass": lambda: type("Scheduler", (_OldestFirst,), {})}[how]()
+    r = grade(STEM, "continuous_batching", with_answer(sol14, Scheduler=scheduler))
+    assert r.score == 0 and "a course helper this lab does not offer" in r.message, r.message
+    assert "gpulab" in r.message and "write your own" in r.message
+
+
+def test_kv_bytes_from_lab_16s_helper_earns_nothing(sol14):
+    from gpulab.planning import kv_bytes_per_token
+
+    def kv_cache_bytes(spec, batch, seq_len, dtype_bytes):  # lab 16's helper is this exercise
+        return kv_bytes_per_token(spec, dtype_bytes) * batch * seq_len
+    r = grade(STEM, "kv_cache_bytes", with_answer(sol14, kv_cache_bytes=kv_cache_bytes))
+    assert r.score == 0 and "gpulab.planning.kv_bytes_per_token, a course helper" in r.message, r.message
+
+
+def test_the_gpulab_helpers_no_longer_hold_the_policy():
+    """The batcher lab 16's planner simulates with ignores the memory budget (its replicas are sized so that
+    memory never binds), so it is not this exercise's answer."""
+    import gpulab.planning
+
+    assert not hasattr(gpulab.planning, "FCFSBatcher")

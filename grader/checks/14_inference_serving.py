@@ -18,6 +18,7 @@ from gpulab.tiny_lm import LMConfig, make_lm
 from grader.exercise import Benchmark, Case, Exercise
 from grader.kit.cases import choice, randint, randn, uniform
 from grader.kit.close import close
+from grader.kit.helpers import offering
 from grader.kit.kernels import judge_kernel
 from grader.kit.neutral import neutral
 from grader.kit.variants import diagnose, tensor_match
@@ -478,9 +479,6 @@ def _sched_cases(gen, public):
 
 
 def _sched_judge(case, obs):
-    if obs.get("borrowed"):
-        return (f"Scheduler is {obs['borrowed']}, a course helper: write your own scheduler (the exercise is "
-                "the policy itself).")
     x, batches = case.inputs, obs["batches"]
     nb, bs, mb = x["num_blocks"], x["block_size"], x["max_batch"]
     reqs = sorted((Request(**r) for r in x["requests"]), key=lambda r: (r.arrival, r.rid))
@@ -736,7 +734,15 @@ PAGED_ATTENTION = Exercise("paged_decode_attention", 4, ("paged_decode_attention
                                 "BLOCK_SIZE slots, masked where j * BLOCK_SIZE + slot >= seq_len; scores = sum(k * q) "
                                 "* scale (masked to -inf); online softmax (m, l, acc) as in lab 05.")
 
-EXERCISES = [KV_DECODE, KV_BYTES, ROOFLINE, PAGED_KV, SCHEDULER, SPECULATIVE, PAGED_ATTENTION]
+# The helpers lab 14's setup imports: its answers may call these, and no other gpulab function or class (lab 16's
+# planner models this lab's cache sizes and scheduler).
+OFFERED = ("gpulab.setup", "gpulab.feedback.check", "gpulab.bench.benchmark", "gpulab.compare.validate",
+           "gpulab.peaks.Peaks", "gpulab.peaks.measured_peaks", "gpulab.serving.ModelSpec", "gpulab.serving.Request",
+           "gpulab.serving.make_trace", "gpulab.serving.simulate", "gpulab.serving.summarize",
+           "gpulab.tiny_lm.LMConfig", "gpulab.tiny_lm.TinyLM", "gpulab.tiny_lm.make_lm")
+
+EXERCISES = [offering(ex, OFFERED)
+             for ex in (KV_DECODE, KV_BYTES, ROOFLINE, PAGED_KV, SCHEDULER, SPECULATIVE, PAGED_ATTENTION)]
 
 
 # --- benchmarks (python -m grader bench) ----------------------------------------------------------

@@ -18,6 +18,7 @@ from gpulab.peaks import Peaks
 from grader.exercise import Benchmark, Case, Exercise
 from grader.kit.cases import choice, randint, randn, uniform
 from grader.kit.close import close
+from grader.kit.helpers import offering
 from grader.kit.kernels import judge_kernel, torch_ops_verdict
 from grader.kit.neutral import neutral
 from grader.kit.variants import diagnose
@@ -879,8 +880,13 @@ PREFETCH = Exercise("prefetch_loop", 3, ("prefetch_loop",), neutral(_pipe_cases)
                          "batch 0; then for each i: io.wait(io.copy_stream); x = the fetched batch; fetch batch i + 1 "
                          "(if any); results.append(step(x)). No io.synchronize() in the loop.")
 
-EXERCISES = [HEAP_TOPK, STREAMING_TOPK, TOPK_KERNEL, KMEANS_ASSIGN, KMEANS, KMEANS_COST, RECALL, IVF, HISTOGRAMS,
-             BEST_SPLIT, PREFETCH]
+# The helpers lab 15's setup imports: its answers may call these, and no other gpulab function or class.
+OFFERED = ("gpulab.setup", "gpulab.feedback.check", "gpulab.bench.benchmark", "gpulab.datasheet.h100_peaks",
+           "gpulab.peaks.Peaks", "gpulab.peaks.measured_peaks", "gpulab.prefetch.CudaTransfers",
+           "gpulab.prefetch.RecordingTransfers", "gpulab.vectors.make_blobs")
+
+EXERCISES = [offering(ex, OFFERED) for ex in (HEAP_TOPK, STREAMING_TOPK, TOPK_KERNEL, KMEANS_ASSIGN, KMEANS,
+                                             KMEANS_COST, RECALL, IVF, HISTOGRAMS, BEST_SPLIT, PREFETCH)]
 
 
 # --- benchmarks (python -m grader bench) ------------------------------------------------------------------------

@@ -41,7 +41,6 @@ from gpulab.reliability import (
     BOTTLENECKS,
     CAUSES,
     MLOPS_ITEMS,
-    flat_shards,
     make_divergence_trace,
     make_profile,
     make_step_times,
@@ -50,6 +49,7 @@ from gpulab.serving import MODELS, ModelSpec, make_trace
 from grader.exercise import Case, Exercise
 from grader.kit.cases import choice, randint, uniform
 from grader.kit.close import close
+from grader.kit.helpers import offering
 from grader.kit.neutral import neutral
 from grader.kit.variants import diagnose
 from grader.runs import run_side
@@ -1156,6 +1156,15 @@ def _checkpoint_interval_judge(case, obs):
 
 # --- 10. elastic restart: re-shard a ZeRO checkpoint ---------------------------------------------------------
 
+def flat_shards(flat: torch.Tensor, world: int) -> list[torch.Tensor]:
+    """``flat`` (n,) cut into ``world`` shards of ``ceil(n / world)`` elements each, the last zero-padded: how ZeRO
+    and FSDP store a flat parameter across ``world`` ranks (the old shards of a case, and the reference)."""
+    size = math.ceil(flat.numel() / world)
+    padded = torch.zeros(size * world, dtype=flat.dtype)
+    padded[:flat.numel()] = flat
+    return list(padded.view(world, size).clone().unbind(0))  # (world, size) -> world shards of (size,)
+
+
 def _reshard_zero_cases(gen, public):
     def case(rule, numel, old, new):
         flat = torch.randn(numel, generator=gen, dtype=torch.float64).float()
@@ -1530,7 +1539,16 @@ _POINTS = dict(training_memory=3, step_time=3, layout_problems=2, plan_training=
                reshard_zero=2, find_stragglers=2, diagnose_divergence=3, mlops=3)
 _ENTRIES = {"mlops": ("mlops_checklist", "rollout_decision")}  # names other than the exercise id
 
-EXERCISES = [Exercise(eid, points, _ENTRIES.get(eid, (eid,)), neutral(globals()[f"_{eid}_cases"]),
-                      getattr(RUN, f"_{eid}_run"),
-                      globals()[f"_{eid}_judge"], **_TEXT[eid]) for eid, points in _POINTS.items()]
+# The helpers lab 16's setup imports: its answers may call these, and no other gpulab function or class.
+OFFERED = ("gpulab.setup", "gpulab.feedback.check", "gpulab.bench.percentile", "gpulab.planning.Cluster",
+           "gpulab.planning.Layout", "gpulab.planning.MoESpec", "gpulab.planning.Workload",
+           "gpulab.planning.all_to_all_time", "gpulab.planning.fcfs_pool", "gpulab.planning.group_link",
+           "gpulab.planning.kv_bytes_per_token", "gpulab.planning.replica_step_time",
+           "gpulab.planning.ring_allreduce_time", "gpulab.planning.simulate_replicas",
+           "gpulab.reliability.make_divergence_trace", "gpulab.reliability.make_profile",
+           "gpulab.reliability.make_step_times", "gpulab.serving.ModelSpec", "gpulab.serving.make_trace")
+
+EXERCISES = [offering(Exercise(eid, points, _ENTRIES.get(eid, (eid,)), neutral(globals()[f"_{eid}_cases"]),
+                               getattr(RUN, f"_{eid}_run"), globals()[f"_{eid}_judge"], **_TEXT[eid]), OFFERED)
+             for eid, points in _POINTS.items()]
 BENCHMARKS: list = []

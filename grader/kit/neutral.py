@@ -25,21 +25,21 @@ def split_name(name: str) -> tuple[str, str]:
     return rule, details
 
 
-def _tagged(generator, gen: torch.Generator, public: bool) -> list[tuple[str, Case]]:
-    """``(rule, neutral case)`` pairs: the generator's cases, shuffled by ``gen`` (a case's place in the list
-    says nothing either: the grader may run them in order), renamed by their place and inputs."""
+def _tagged(generator, gen: torch.Generator, public: bool) -> list[tuple[str, int, Case]]:
+    """``(rule, place in the generator's list, neutral case)``: the generator's cases, shuffled by ``gen`` (a
+    case's place says nothing either: the grader may run them in order), renamed by their place and inputs."""
     cases = list(generator(gen, public))
     order = torch.randperm(len(cases), generator=gen).tolist()  # the same seed, the same order
     word = "example" if public else "case"
     out = []
     for place, i in enumerate(order, 1):
         rule, details = split_name(cases[i].name)
-        out.append((rule, Case(f"{word} {place}: {details}" if details else f"{word} {place}", cases[i].inputs)))
+        out.append((rule, i, Case(f"{word} {place}: {details}" if details else f"{word} {place}", cases[i].inputs)))
     return out
 
 
 def _neutral_cases(generator, gen: torch.Generator, public: bool) -> list[Case]:
-    return [case for _, case in _tagged(generator, gen, public)]
+    return [case for _, _, case in _tagged(generator, gen, public)]
 
 
 def neutral(generator):
@@ -49,8 +49,16 @@ def neutral(generator):
 
 def case_rules(ex, seed: int, public: bool = False) -> dict:
     """``{neutral case name: rule}`` of ``ex``'s cases drawn from ``seed`` (judge-side: tests and reports)."""
-    generator = ex.make_cases.args[0]
-    return {case.name: rule for rule, case in _tagged(generator, torch.Generator().manual_seed(seed), public)}
+    return {case.name: rule for rule, _, case in _drawn(ex, seed, public)}
+
+
+def _drawn(ex, seed: int, public: bool) -> list:
+    return _tagged(ex.make_cases.args[0], torch.Generator().manual_seed(seed), public)
+
+
+def in_written_order(ex, seed: int = PUBLIC_SEED, public: bool = True) -> list[Case]:
+    """``ex``'s neutral cases in the order its generator writes them (tests pick "the first public case")."""
+    return [case for _, _, case in sorted(_drawn(ex, seed, public), key=lambda tagged: tagged[1])]
 
 
 def failed_rules(ex, result, seed: int) -> list:
