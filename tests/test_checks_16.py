@@ -8,6 +8,7 @@ hiccup, a divergence diagnosis that blames the biggest layer, MLOps anti-pattern
 requests."""
 import dataclasses
 import math
+import sys
 import types
 
 import pytest
@@ -27,14 +28,14 @@ from gpulab.planning import (
     kv_bytes_per_token,
     ring_allreduce_time,
 )
-from gpulab.reliability import make_divergence_trace, make_step_times
+from gpulab.reliability import BOTTLENECKS, CAUSES, make_divergence_trace, make_step_times
 from gpulab.serving import make_trace
 from grader.checks import exercises, load_lab
-from grader.exercise import evaluate
-from grader.kit.neutral import in_written_order, rules_differ
+from grader.exercise import Case, evaluate
+from grader.kit.neutral import case_rules, in_written_order, rules_differ
 from grader.notebooks import answer_cells, exec_source, export_source, read_notebook
 from tests import graderkit as kit
-from tests.conftest import ROOT, grade, solution_namespace
+from tests.conftest import HIDDEN_SEED, ROOT, grade, solution_namespace
 
 STEM = "16_capstone_design"
 CHECKS, EX = load_lab(STEM), exercises(STEM)
@@ -647,3 +648,53 @@ def test_disaggregation_trades_the_decode_stall_for_a_kv_transfer(sol16):
     split = sol16["prefill_decode_split"](GPT3_175B, SERVE_175B, CLUSTERS["H100-80GB x 8192 (RoCE 400G)"], 8, 32)
     assert split["ttft_s"] > 5 * split["tpot_s"] > 5 * split["kv_transfer_s"] > 0  # prefill >> decode step > transfer
     assert split["p99_ttft_s"] > split["ttft_s"]  # queueing for a prefill replica adds to the longest prefill
+
+
+# --- answers that read the case instead of solving it ------------------------------------------------------
+
+def _case_in_caller():
+    """The case the grader's run function holds, found up the answer's call stack."""
+    frame = sys._getframe(2)
+    while frame is not None and not isinstance(frame.f_locals.get("case"), Case):
+        frame = frame.f_back
+    return frame.f_locals["case"]
+
+
+def test_a_diagnosis_read_from_the_case_name_earns_nothing(sol16):
+    seen = []
+
+    def spying(profile):  # the case is within reach of the answer: its name must say nothing
+        seen.append(_case_in_caller().name)
+        return sol16["diagnose_deployment"](profile)
+    assert grade(STEM, "diagnose_deployment", {"diagnose_deployment": spying}).status == "passed"
+    assert len(seen) == 2 * len(BOTTLENECKS) and all(n.startswith(("case", "example")) for n in seen), seen
+
+    def diagnose_deployment(profile):
+        name = _case_in_caller().name
+        found = [b for b in BOTTLENECKS if b in name or b.replace("_", " ") in name]
+        return {"bottleneck": found[0], "rank": int(profile["kernel_ms"].argmax())}  # IndexError: nothing found
+    r = grade(STEM, "diagnose_deployment", {"diagnose_deployment": diagnose_deployment})
+    assert r.score == 0, r.message
+
+
+def test_a_rollout_read_from_the_case_name_earns_nothing(sol16):
+    words = {"healthy": "promote", "within noise": "promote", "too few": "wait", "over": "rollback",
+             "more errors": "rollback", "drift": "rollback"}
+
+    def rollout_decision(baseline, canary, slo):
+        name = _case_in_caller().name
+        return next(decision for word, decision in words.items() if word in name)  # StopIteration: nothing found
+    r = grade(STEM, "mlops", with_answer(sol16, rollout_decision=rollout_decision))
+    rules = {**case_rules(EX["mlops"], 0, True), **case_rules(EX["mlops"], HIDDEN_SEED)}
+    canaries = [c for c in r.cases if rules[c.name].startswith("canary")]
+    assert canaries and all(c.status != "passed" for c in canaries), [(c.name, c.status) for c in canaries]
+
+
+def test_hidden_case_names_name_no_answer():
+    """A classification's answer (a bottleneck, a cause, a decision) never appears in its cases' names."""
+    answers = {"diagnose_deployment": BOTTLENECKS, "diagnose_divergence": CAUSES,
+               "mlops": ("promote", "rollback", "wait", "healthy", "noise", "drift", "errors", "latency")}
+    for eid, words in answers.items():
+        for seed, public in ((0, True), (HIDDEN_SEED, False), (3, False)):
+            for case in EX[eid].cases(seed, public):
+                assert not any(w in case.name or w.replace("_", " ") in case.name for w in words), case.name
