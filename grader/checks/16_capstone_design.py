@@ -172,6 +172,10 @@ def _training_memory_cases(gen, public):
         spec = choice(gen, (GPT3_175B, LLAMA3_405B, MODELS["Llama-2-70B"], MODELS["Llama-2-7B"]))
         cl = choice(gen, (A100, H100)).with_gpus(lay.dp * lay.tp * lay.pp)
         cases.append(_layout_case(f"ZeRO stage {zero}", spec, choice(gen, (2048, 4096, 8192)), 1024, cl, lay))
+    # 126 layers over 4, 8 or 16 stages: the first stage holds ceil(L / pp), not L // pp nor L / pp
+    lay = dataclasses.replace(_random_layout(gen), pp=choice(gen, (4, 8, 16)))
+    cases.append(_layout_case("layers that do not split evenly", LLAMA3_405B, choice(gen, (2048, 4096)), 1024,
+                              H100.with_gpus(lay.dp * lay.tp * lay.pp), lay))
     return cases
 
 
@@ -334,6 +338,8 @@ def _layout_problems_cases(gen, public):
         _layout_case("a feasible layout", gpt3_spec, seq, batch, a100.with_gpus(dp * 64),
                      dataclasses.replace(gpt3_layout, dp=dp)),
         _layout_case("TP across nodes", gpt3_spec, seq, batch, a100.with_gpus(dp * 128), Layout(dp, 16, 8, 1, 1, True)),
+        _layout_case("fewer GPUs than the cluster", gpt3_spec, seq, batch,
+                     a100.with_gpus(dp * 64 * choice(gen, (2, 4))), dataclasses.replace(gpt3_layout, dp=dp)),
         _layout_case("no room for Adam", gpt3_spec, seq, batch, a100.with_gpus(dp * 32), Layout(dp, 8, 4, 1, 0, False)),
         _layout_case("activations of pp microbatches", gpt3_spec, seq, batch, a100.with_gpus(dp * 64),
                      Layout(dp, 8, 8, choice(gen, (8, 16)), 1, False)),
@@ -544,8 +550,10 @@ def _moe_training_memory_cases(gen, public):
     if public:
         return _moe_cases_public()
     cases = []
-    for zero in (1, 3):
-        lay = dataclasses.replace(_moe_random_layout(gen), zero=zero)
+    for zero in (1, 3):  # EP > 1: the experts' ZeRO shards over dp // ep ranks, their weights over ep
+        lay = _moe_random_layout(gen)
+        ep = choice(gen, (2, 4, 8))
+        lay = dataclasses.replace(lay, zero=zero, ep=ep, dp=ep * choice(gen, (2, 4)))
         cases.append(_layout_case(f"ZeRO stage {zero}", MIXTRAL_8X7B, choice(gen, (2048, 4096)), 256,
                                   _moe_cluster(lay.dp * lay.tp * lay.pp), lay))
     return cases
@@ -620,8 +628,10 @@ _MOE_TIME_HINTS = {
 def _moe_step_time_cases(gen, public):
     if public:
         return _moe_cases_public()
-    lay = _moe_random_layout(gen)
-    cross = Layout(16, 2, choice(gen, (1, 2)), 1, randint(gen, 0, 3), choice(gen, (False, True)), 8)
+    lay = _moe_random_layout(gen)  # then EP > 1 without recomputation (4 all-to-alls a layer), and with it (6)
+    ep = choice(gen, (2, 4))
+    lay = dataclasses.replace(lay, ep=ep, dp=ep * choice(gen, (1, 2, 4)), recompute=False)
+    cross = Layout(16, 2, choice(gen, (1, 2)), 1, randint(gen, 0, 3), True, 8)
     return [_layout_case(rule, MIXTRAL_8X7B, choice(gen, (2048, 4096)), lay.dp * lay.micro_batch * randint(gen, 8, 32),
                          _moe_cluster(lay.dp * lay.tp * lay.pp), lay)
             for rule, lay in (("EP inside a node or across", lay), ("EP across nodes", cross))]
@@ -665,6 +675,10 @@ def _moe_layout_problems_cases(gen, public):
              Layout(dp, 8, 1, 1, 1, True, 2 if public else choice(gen, (2, 4)))),
             ("more EP ranks than experts", MIXTRAL_8X7B, seq, batch, cl, Layout(32, 4, 1, 1, 1, True, 16)),
             ("experts that do not fit", MIXTRAL_8X7B, seq, batch, _moe_cluster(64), Layout(64, 1, 1, 1, 0, False, 1))]
+    if not public:  # 74 to 79 GB per GPU: over 90% of 80 GB, under 100% (a test against the whole GPU accepts them)
+        rows.append(("experts over the 90% headroom", MIXTRAL_8X7B, seq, batch, _moe_cluster(16), choice(gen, (
+            Layout(8, 1, 2, 1, 0, False, 8), Layout(8, 1, 2, 1, 1, False, 4), Layout(8, 2, 1, 1, 2, False, 2),
+            Layout(8, 1, 4, 2, 1, False, 2)))))
     control = (_MOE_FEASIBLE, cl)
     first, *rest = [_layout_case(*row) for row in rows]
     return [_with_control(first, Layout(64, 1, 1, 1, 0, False, 1), _moe_cluster(64))] + \
@@ -1057,7 +1071,36 @@ def _resnet_batch_cases(gen, public):
                                                                         2000.0, 0.01)]
     return [case("a feasible target", uniform(gen, 0.5e-3, 3e-3), uniform(gen, 0.03e-3, 0.2e-3),
                  float(randint(gen, 500, 4000)), uniform(gen, 0.01, 0.05)),
-            case("a target no batch meets", 3e-3, 1e-3, 3000.0, uniform(gen, 0.001, 0.005))]
+            case("a target no batch meets", 3e-3, 1e-3, 3000.0, uniform(gen, 0.001, 0.005)),
+            case("a target met exactly", *_exact_target(gen)), case("throughput short of the rate", *_short(gen)),
+            case("a batch over 64", *_large_batch(gen))]
+
+
+def _exact_target(gen) -> tuple:
+    """A target equal to one batch's worst latency: that batch meets it (latency <= slo)."""
+    t_fixed, t_per, rate = uniform(gen, 0.5e-3, 3e-3), uniform(gen, 0.03e-3, 0.2e-3), float(randint(gen, 500, 4000))
+    b = max(randint(gen, 2, 40), math.ceil(rate * t_fixed / max(1e-9, 1 - rate * t_per)))  # keeps up with the rate
+    run = t_fixed + b * t_per
+    return t_fixed, t_per, rate, run + (b - 1) / rate
+
+
+def _short(gen) -> tuple:
+    """Batch 1 meets the target, but no batch both meets it and keeps up with the rate: the answer is none."""
+    while True:
+        t_fixed, t_per, rate = uniform(gen, 1e-3, 3e-3), uniform(gen, 0.05e-3, 0.15e-3), float(randint(gen, 3000, 6000))
+        b_min = math.ceil(rate * t_fixed / (1 - rate * t_per)) if rate * t_per < 0.9 else 10**9
+        if 3 <= b_min <= 200:
+            first, last = t_fixed + t_per, (b_min - 2) / rate + t_fixed + (b_min - 1) * t_per
+            return t_fixed, t_per, rate, uniform(gen, first, last)
+
+
+def _large_batch(gen) -> tuple:
+    """A fast model at a high rate under a loose target: the best batch is over 64."""
+    while True:
+        args = (uniform(gen, 0.5e-3, 2e-3), uniform(gen, 0.01e-3, 0.03e-3), float(randint(gen, 10000, 30000)),
+                uniform(gen, 0.008, 0.03))
+        if ref_resnet_batch(*args)["batch"] > 64:
+            return args
 
 
 def _resnet_batch_judge(case, obs):
@@ -1088,22 +1131,54 @@ SHARES = {"nccl_ms": ("communication", 0.4), "cpu_gap_ms": ("host_overhead", 0.3
           "memcpy_ms": ("host_device_copies", 0.2)}  # in the order to check them, after imbalance
 
 
-def ref_diagnose_deployment(profile: dict) -> dict:
+def ref_diagnose_deployment(profile: dict, *, bug: str = "") -> dict:
     """Imbalance first (a rank whose kernels take over 1.5x the median rank's: the others wait for it in NCCL),
-    then the mean shares of the step: NCCL over 0.4, CPU gaps over 0.3, copies over 0.2; else compute."""
+    then the mean shares of the step: NCCL over 0.4, CPU gaps over 0.3, copies over 0.2; else compute.
+    ``bug``: "mean" (over 1.5x the mean rank's), "twice" (over 2x the median), "slowest step" (shares of the
+    slowest rank's step)."""
     kernel = profile["kernel_ms"]
-    if float(kernel.max()) > 1.5 * float(kernel.median()):
+    typical = float(kernel.mean()) if bug == "mean" else float(kernel.median())
+    if float(kernel.max()) > (2.0 if bug == "twice" else 1.5) * typical:
         return {"bottleneck": "stage_imbalance", "rank": int(kernel.argmax())}
-    step = float(profile["step_ms"].mean())
+    step = float(profile["step_ms"].max() if bug == "slowest step" else profile["step_ms"].mean())
     for key, (name, limit) in SHARES.items():
         if float(profile[key].mean()) > limit * step:
             return {"bottleneck": name, "rank": -1}
     return {"bottleneck": "compute", "rank": -1}
 
 
+def _near_a_threshold(gen, ranks: int, rule: str) -> dict:
+    """A profile that a rule only just decides, so that a nearby rule decides it otherwise: "a mild imbalance"
+    (one rank's kernels 1.51 to 1.6x the median: the mean as the yardstick, or 2x, miss it), "communication just
+    over 40%" (of the mean step: the slowest rank's step as the yardstick misses it)."""
+    for _ in range(200):
+        prof = {k: v for k, v in make_profile(randint(gen, 0, 2**31), "compute", ranks).items() if k != "slow_rank"}
+        kernel, nccl = prof["kernel_ms"], prof["nccl_ms"]
+        if rule == "a mild imbalance":
+            slow = randint(gen, 0, ranks - 1)
+            kernel[slow] = float(kernel.median()) * uniform(gen, 1.51, 1.6)
+            nccl += kernel[slow] - kernel  # the others wait for it in their next collective
+            bugs = ("mean", "twice")
+        else:
+            rest = float((kernel + prof["cpu_gap_ms"] + prof["memcpy_ms"]).mean())
+            share = uniform(gen, 0.402, 0.41)
+            nccl *= share * rest / ((1 - share) * float(nccl.mean()))  # NCCL's mean share of the mean step
+            bugs = ("slowest step",)
+        prof["step_ms"] = kernel + nccl + prof["cpu_gap_ms"] + prof["memcpy_ms"]
+        want = ref_diagnose_deployment(prof)
+        if all(ref_diagnose_deployment(prof, bug=bug) != want for bug in bugs):
+            return prof
+    raise RuntimeError(f"no profile for {rule!r}")
+
+
 def _diagnose_deployment_cases(gen, public):
-    return [Case(f"{b}: {8 if public else 16} ranks", dict(profile={k: v for k, v in make_profile(
-        randint(gen, 0, 2**31), b, 8 if public else 16).items() if k != "slow_rank"})) for b in BOTTLENECKS]
+    ranks = 8 if public else 16
+    cases = [Case(f"{b}: {ranks} ranks", dict(profile={k: v for k, v in make_profile(
+        randint(gen, 0, 2**31), b, ranks).items() if k != "slow_rank"})) for b in BOTTLENECKS]
+    if not public:
+        cases += [Case(f"{rule}: {ranks} ranks", dict(profile=_near_a_threshold(gen, ranks, rule)))
+                  for rule in ("a mild imbalance", "communication just over 40%")]
+    return cases
 
 
 def _diagnose_deployment_judge(case, obs):
@@ -1166,16 +1241,17 @@ def flat_shards(flat: torch.Tensor, world: int) -> list[torch.Tensor]:
 
 
 def _reshard_zero_cases(gen, public):
-    def case(rule, numel, old, new):
-        flat = torch.randn(numel, generator=gen, dtype=torch.float64).float()
-        return Case(f"{rule}: {numel} elements, {old} -> {new} ranks",
+    def case(rule, numel, old, new, dtype=torch.float32):
+        flat = torch.randn(numel, generator=gen, dtype=torch.float64).to(dtype)
+        return Case(f"{rule}: {numel} {str(dtype)[6:]} elements, {old} -> {new} ranks",
                     dict(flat=flat, shards=flat_shards(flat, old), numel=numel, new_world=new))
     if public:
         return [case("shrink", 1000, 8, 6), case("grow", 10, 3, 4), case("no padding", 24, 4, 8),
                 case("old padding longer than a new shard", 10, 8, 3)]
     return [case("shrink", randint(gen, 100, 5000), 8, choice(gen, (3, 5, 6, 7))),
             case("grow", randint(gen, 10, 500), choice(gen, (2, 3, 5)), choice(gen, (8, 16))),
-            case("fewer elements than ranks", randint(gen, 1, 6), 2, 8)]
+            case("fewer elements than ranks", randint(gen, 1, 6), 2, 8),
+            case("bfloat16 shards", randint(gen, 10, 500), choice(gen, (2, 4)), choice(gen, (3, 6)), torch.bfloat16)]
 
 
 def _reshard_zero_judge(case, obs):
