@@ -673,7 +673,8 @@ def test_a_diagnosis_read_from_the_case_name_earns_nothing(sol16):
         seen.append(_case_in_caller().name)
         return sol16["diagnose_deployment"](profile)
     assert grade(STEM, "diagnose_deployment", {"diagnose_deployment": spying}).status == "passed"
-    assert len(seen) == 2 * len(BOTTLENECKS) and all(n.startswith(("case", "example")) for n in seen), seen
+    cases = len(EX["diagnose_deployment"].cases()) + len(EX["diagnose_deployment"].cases(HIDDEN_SEED, False))
+    assert len(seen) == cases and all(n.startswith(("case", "example")) for n in seen), seen
 
     def diagnose_deployment(profile):
         name = _case_in_caller().name
@@ -704,3 +705,96 @@ def test_hidden_case_names_name_no_answer():
         for seed, public in ((0, True), (HIDDEN_SEED, False), (3, False)):
             for case in EX[eid].cases(seed, public):
                 assert not any(w in case.name or w.replace("_", " ") in case.name for w in words), case.name
+
+
+# --- plausible wrong answers, one line of the solution changed: each fails on every seed, and says why ------
+
+MUTANTS = [  # (exercise, the solution's text, the mistake, what the message says)
+    ("training_memory", "12 * share / sharded(1)", "8 * share / sharded(1)", "12 bytes per parameter"),
+    ("training_memory", "layout.zero >= stage", "layout.zero > stage", "divided by dp from ZeRO-2 on"),
+    ("training_memory", "(34 * sbh / layout.tp if layout.recompute else 0.0)", "0.0", "recomputation peak"),
+    ("training_memory", "layout.pp * layers * kept", "layers * kept", "pp microbatches in flight"),
+    ("training_memory", "math.ceil(spec.n_layers / layout.pp)", "spec.n_layers // layout.pp", "ceil(L / pp)"),
+    ("training_memory", "math.ceil(spec.n_layers / layout.pp)", "spec.n_layers / layout.pp", "ceil(L / pp)"),
+    ("step_time", "(8 if layout.recompute else 6)", "6", "8 x with recomputation"),
+    ("step_time", "per_layer = 6 if layout.recompute else 4", "per_layer = 4", "6 with recomputation"),
+    ("step_time", "bubble = (compute + tp + pp)", "bubble = (compute)", "(compute + tp_comm + pp_comm)"),
+    ("step_time", "(layout.pp - 1) / m", "(layout.pp - 1) / (m + layout.pp - 1)", "(pp - 1) / m"),
+    ("step_time", "2 * m * (alpha + act / bw)", "m * (alpha + act / bw)", "one send forward and one backward"),
+    ("step_time", "2 * m * (alpha + act / bw)", "2 * m * (act / bw)", "2 m (alpha + bytes"),
+    ("step_time", "group_link(cluster, layout.tp, layout.dp)", "group_link(cluster, 1, layout.dp)", "dp ranks"),
+    ("step_time", "dp *= 1.5 if layout.zero == 3 else 1.0", "dp *= 1.0", "ZeRO-3"),
+    ("step_time", "tp = math.ceil(spec.n_layers / layout.pp) * m", "tp = spec.n_layers * m", "ceil(L / pp)"),
+    ("layout_problems", "HEADROOM * cluster.gpu_bytes", "cluster.gpu_bytes", "0.9 x gpu_bytes"),
+    ("layout_problems", "layout.tp > cluster.gpus_per_node", "False", "spans nodes"),
+    ("layout_problems", "spec.n_heads % layout.tp", "0", "heads do not split"),
+    ("layout_problems", "layout.pp > spec.n_layers", "False", "stages for 96 layers"),
+    ("layout_problems", "global_batch % (layout.dp * layout.micro_batch)", "global_batch % layout.dp",
+     "not a multiple of dp x micro_batch"),
+    ("layout_problems", "!= cluster.n_gpus", "> cluster.n_gpus", "not the 1024 GPUs"),
+    ("moe_training_memory", "expert_dp = layout.dp // layout.ep  # ranks", "expert_dp = layout.dp  # ranks",
+     "expected"),
+    ("moe_training_memory", "share = spec.expert_params / (layout.tp * layout.pp * layout.ep)",
+     "share = spec.expert_params / (layout.tp * layout.pp)", "expected"),
+    ("moe_step_time", "per_layer = 6 if layout.recompute else 4  ", "per_layer = 4  ", "6 with recomputation"),
+    ("moe_step_time", "* spec.top_k * spec.d_model", "* spec.d_model", "top_k"),
+    ("moe_step_time", 'out["bubble"] = pipelined *', 'out["bubble"] = (pipelined - out["a2a_comm"]) *',
+     "the all-to-alls"),
+    ("moe_step_time", "expert_dp = layout.dp // layout.ep\n", "expert_dp = layout.dp\n", "dp_comm"),
+    ("moe_layout_problems", "if layout.dp % layout.ep:", "if False:", "does not divide DP"),
+    ("moe_layout_problems", "if spec.num_experts % layout.ep:", "if False:", "experts do not split"),
+    ("moe_layout_problems", "total > HEADROOM * cluster.gpu_bytes", "total > cluster.gpu_bytes", "> 90% of 80 GB"),
+    ("serving_memory", "math.ceil(spec.n_kv_heads / tp)", "spec.n_kv_heads / tp", "ceil(n_kv_heads / tp)"),
+    ("serving_memory", "math.ceil(spec.n_kv_heads / tp)", "math.ceil(spec.n_heads / tp)", "query heads"),
+    ("prefill_decode_split", "math.ceil((prefill_load + decode_load) / SERVE_UTILISATION)",
+     "math.ceil(prefill_load / SERVE_UTILISATION) + math.ceil(decode_load / SERVE_UTILISATION)",
+     "mixed replicas share both loads"),
+    ("prefill_decode_split", "tpot + prefill(longest)", "prefill(longest)", "tpot_s + ttft_s"),
+    ("prefill_decode_split", "percentile(ttfts, 99)", "percentile(ttfts, 50)", "p99_ttft_s"),
+    ("prefill_decode_split", "return cluster.inter_alpha + prompt", "return prompt", "inter_alpha"),
+    ("prefill_decode_split", "/ cluster.inter_bytes_per_s", "/ cluster.intra_bytes_per_s", "inter_bytes_per_s"),
+    ("four_gpu_options", "cycle = 4 * (t1 / 4 + hop)", "cycle = t1", "four_gpu_options['pp']"),
+    ("resnet_batch", "if latency <= slo and b / run >= rate:", "if latency <= slo:", "no throughput check"),
+    ("resnet_batch", "latency <= slo", "latency < slo", "a target met exactly"),
+    ("resnet_batch", "range(1, 257)", "range(1, 65)", "expected 256"),
+    ("diagnose_deployment", "1.5 * float(kernel.median())", "1.5 * float(kernel.mean())", "the median rank's"),
+    ("diagnose_deployment", "1.5 * float(kernel.median())", "2.0 * float(kernel.median())", "stage_imbalance"),
+    ("diagnose_deployment", 'step = float(profile["step_ms"].mean())', 'step = float(profile["step_ms"].max())',
+     "mean shares of the step"),
+    ("reshard_zero", "dtype=flat.dtype", "dtype=torch.float32", "keep torch.bfloat16"),
+    ("find_stragglers", "torch.nanmedian(times, dim=0).values", "torch.nanmean(times, dim=0)",
+     "use each rank's median"),
+    ("find_stragglers", "if r not in hung and float", "if float", "is hung: report it once"),
+    ("find_stragglers", "torch.isnan(times[-3:, r]).all()", "torch.isnan(times[-3:, r]).any()", "not a hang"),
+    ("diagnose_divergence", "norms[last] / torch.median(norms[:max(last, 1)], dim=0).values", "norms[last]",
+     "big layers are not suspects"),
+    ("diagnose_divergence", "1.5 * float(torch.median(loss[t - 20:t]))", "1.5 * float(torch.mean(loss[t - 20:t]))",
+     "StopIteration"),
+    ("diagnose_divergence", "1.5 * float(torch.median(loss[t - 20:t]))", "1.5 * float(torch.nanmedian(loss[:t]))",
+     "StopIteration"),
+    ("diagnose_divergence", "if first_nan >= 0 and scale[first_nan] * 8 <= scale[max(0, first_nan - 10)]:",
+     "if first_nan >= 0 and first_nan == spike:", "loss scale down 8x"),
+    ("mlops", "limit = p + 3 *", "limit = p + 2 *", "the error limit p + 3 sqrt"),
+    ("mlops", 'canary["psi"] >= 0.25', 'canary["psi"] >= 0.1', "PSI 0."),
+    ("mlops", 'canary["psi"] >= 0.25', 'canary["psi"] > 0.25', "PSI 0.25"),
+    ("mlops", '/ canary["requests"])', '/ baseline["requests"])', "the error limit"),
+]
+
+
+def _mutated(sol16: dict, eid: str, old: str, new: str) -> dict:
+    """The solution's namespace with the answer cell of ``eid`` re-run with ``old`` replaced by ``new``."""
+    lines = kit.source(kit.load("solutions", STEM), eid).splitlines()
+    src = "\n".join(line for line in lines if "### HINT" not in line)
+    assert old in src, (eid, old)
+    ns = with_answer(sol16)
+    exec(compile(src.replace(old, new), f"<answer cell {eid}>", "exec"), ns)
+    return with_answer(ns)
+
+
+@pytest.mark.parametrize("eid, old, new, says", MUTANTS, ids=[f"{m[0]}: {m[2][:40]}" for m in MUTANTS])
+def test_a_plausible_mistake_fails_on_every_seed_and_says_why(sol16, eid, old, new, says):
+    ns, ex = _mutated(sol16, eid, old, new), EX[eid]
+    for seed in (1, 2, HIDDEN_SEED):
+        r = evaluate(ex, ns, "cpu", ex.cases(seed, True) + ex.cases(seed, False))
+        assert r.score < ex.points, (seed, r.message)
+        assert any(says in c.message for c in r.cases if c.status != "passed"), (seed, r.message)

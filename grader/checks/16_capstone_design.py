@@ -1054,7 +1054,8 @@ def ref_resnet_batch(t_fixed, t_per_item, rate, slo, *, bug: str = "") -> dict:
     for b in range(1, 257):
         run = t_fixed + b * t_per_item
         latency = run + (0 if bug == "no wait" else (b - 1) / rate)
-        if latency <= slo and b / run >= rate:
+        meets = latency < slo if bug == "strict" else latency <= slo
+        if meets and (b / run >= rate or bug == "no throughput"):
             best = {"batch": b, "latency_s": latency, "items_per_s": b / run}
             if bug == "smallest":
                 return best
@@ -1116,7 +1117,11 @@ def _resnet_batch_judge(case, obs):
             ("no wait for the batch to fill: the first image waits (b - 1) / rate for the others",
              ref_resnet_batch(*args, bug="no wait")["batch"]),
             ("the smallest batch that works: the largest one that meets the target serves most per GPU",
-             ref_resnet_batch(*args, bug="smallest")["batch"])], lambda g, w: g == w, "\n  Yours is {}.")
+             ref_resnet_batch(*args, bug="smallest")["batch"]),
+            ("no throughput check: a batch whose b / (t_fixed + b t_per_item) is under the rate falls behind, and "
+             "its queue grows without bound", ref_resnet_batch(*args, bug="no throughput")["batch"]),
+            ("a target met exactly counted as missed: a latency equal to the target meets it (<=)",
+             ref_resnet_batch(*args, bug="strict")["batch"])], lambda g, w: g == w, "\n  Yours is {}.")
     for key in ("latency_s", "items_per_s"):
         if not close(got[key], want[key], 1e-6):
             return (f"resnet_batch: {key} = {got[key]:.6g}, expected {want[key]:.6g} for batch {want['batch']}: "
@@ -1318,7 +1323,16 @@ def _find_stragglers_cases(gen, public):
             case("a dropped report", ranks, [], [1], 3, randint(gen, 2, ranks - 1)),
             # 3/8 of the ranks 1.3x slow: over 1.2x the median rank, under 1.2x the mean (a mean is pulled up)
             case("a slow group", ranks, sorted(torch.randperm(ranks, generator=gen)[:3 * ranks // 8].tolist()), [], 3,
-                 slowdown=1.3)]
+                 slowdown=1.3),
+            _hiccups_on_one_rank(gen, ranks),
+            case("a slow rank that hangs", ranks, [slow := randint(gen, 0, ranks - 1)], [slow], 3)]  # hung, only
+
+
+def _hiccups_on_one_rank(gen, ranks: int) -> Case:
+    """One rank 3x slow on 8 of 40 steps: its mean is 1.4x the others', its median is not (no straggler)."""
+    times = make_step_times(randint(gen, 0, 2**31), 40, ranks, hiccups=0)
+    times[torch.randperm(40, generator=gen)[:8], randint(gen, 0, ranks - 1)] *= 3.0
+    return Case(f"repeated hiccups on one rank: {ranks} ranks, 40 steps", dict(times=times))
 
 
 def _find_stragglers_judge(case, obs):
@@ -1336,7 +1350,10 @@ def _find_stragglers_judge(case, obs):
                      and float(means[r]) > STRAGGLER_FACTOR * float(torch.nanmedian(means))]
         message = (f"find_stragglers: stragglers = {got['stragglers']}, expected {want['stragglers']} for "
                    f"{case.name}: a straggler's median step time is over {STRAGGLER_FACTOR} x the median rank's.")
-        if set(got["stragglers"]) < set(want["stragglers"]):
+        if set(got["stragglers"]) & set(want["hung"]):
+            message += (f" Rank {sorted(set(got['stragglers']) & set(want['hung']))[0]} is hung: report it once, as "
+                        "hung (a hang needs a restart, a straggler a look at its node), not as a straggler too.")
+        elif set(got["stragglers"]) < set(want["stragglers"]):
             message += (" Yours misses some: compare with the median of the ranks' medians, not their mean (a group "
                         "of slow ranks pulls a mean up).")
         elif got["stragglers"] == mean_rule or set(got["stragglers"]) > set(want["stragglers"]):
@@ -1381,7 +1398,40 @@ def _diagnose_divergence_cases(gen, public):
         seed = randint(gen, 0, 2**31)
         trace = {k: v for k, v in make_divergence_trace(seed, cause).items() if not k.startswith("_")}
         return Case(f"{cause}: a seeded trace of 200 steps", dict(trace=trace))
-    return [case(cause) for cause in CAUSES]
+    cases = [case(cause) for cause in CAUSES]
+    if not public:
+        cases += [Case(f"{rule}: a seeded trace of 200 steps", dict(trace=_bad_batch_variant(gen, rule)))
+                  for rule in ("a small loss spike", "a NaN from one bad batch")]
+    return cases
+
+
+def _spike_at(loss: torch.Tensor, yardstick) -> int:
+    """The first step from WINDOW on whose loss is NaN or over SPIKE x ``yardstick(t)``."""
+    return next((t for t in range(WINDOW, len(loss)) if math.isnan(loss[t]) or loss[t] > SPIKE * yardstick(t)), -1)
+
+
+def _bad_batch_variant(gen, rule: str) -> dict:
+    """A bad-batch trace whose spike only the right rules find: "a small loss spike" (1.51-1.55x the rolling
+    median, two near-spikes just before it: the window's mean, or the median of the whole run so far, misses it),
+    "a NaN from one bad batch" (the loss is NaN for one step, the loss scale steady: no fp16 overflow). In both the
+    spiked layer is not the largest one (raw norms blame another)."""
+    for _ in range(500):
+        full = make_divergence_trace(randint(gen, 0, 2**31), "bad_batch")
+        (t0, _), trace = full["_truth"], {k: v for k, v in full.items() if not k.startswith("_")}
+        loss, norms = trace["loss"], trace["layer_grad_norm"]
+        if int(norms[t0].argmax()) == int((norms[t0] / norms[:t0].median(0).values).argmax()):
+            continue  # the spiked layer is also the largest one
+        if rule == "a NaN from one bad batch":
+            loss[t0] = float("nan")
+            return trace
+        for k in (3, 8):
+            loss[t0 - k] = float(torch.median(loss[t0 - k - WINDOW:t0 - k])) * 1.45
+        loss[t0] = float(torch.median(loss[t0 - WINDOW:t0])) * uniform(gen, 1.51, 1.55)
+        mean = _spike_at(loss, lambda t: float(loss[t - WINDOW:t].mean()))
+        whole = _spike_at(loss, lambda t: float(torch.median(loss[:t])))
+        if ref_diagnose_divergence(trace)["first_spike"] == t0 and t0 not in (mean, whole):
+            return trace
+    raise RuntimeError(f"no trace for {rule!r}")
 
 
 _DIVERGE_HINTS = {
@@ -1467,6 +1517,9 @@ def _mlops_cases(gen, public):
               errors_at("errors within noise", 1.5), errors_at("errors over 3 standard errors", 4.5),
               canary("latency over the target", p99_ms=uniform(gen, 520, 900)),
               canary("more errors", errors=randint(gen, 60, 120)), canary("input drift", psi=uniform(gen, 0.3, 0.6))]
+    if not public:  # the limits themselves: 3 standard errors (not 2), PSI 0.25 (not 0.1), reached is breached
+        cases += [errors_at("errors between 2 and 3 standard errors", 2.5),
+                  canary("a mild drift", psi=uniform(gen, 0.12, 0.24)), canary("drift at the limit", psi=0.25)]
     return cases
 
 
