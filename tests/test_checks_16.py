@@ -35,6 +35,7 @@ from grader.exercise import Case, evaluate
 from grader.kit.neutral import case_rules, failed_rules, in_written_order, rules_differ
 from grader.notebooks import answer_cells, exec_source, export_source, read_notebook
 from tests import graderkit as kit
+from tests import mutants
 from tests.conftest import HIDDEN_SEED, ROOT, grade, solution_namespace
 
 STEM = "16_capstone_design"
@@ -781,20 +782,6 @@ MUTANTS = [  # (exercise, the solution's text, the mistake, what the message say
 ]
 
 
-def _mutated(sol16: dict, eid: str, old: str, new: str) -> dict:
-    """The solution's namespace with the answer cell of ``eid`` re-run with ``old`` replaced by ``new``."""
-    lines = kit.source(kit.load("solutions", STEM), eid).splitlines()
-    src = "\n".join(line for line in lines if "### HINT" not in line)
-    assert old in src, (eid, old)
-    ns = with_answer(sol16)
-    exec(compile(src.replace(old, new), f"<answer cell {eid}>", "exec"), ns)
-    return with_answer(ns)
-
-
-@pytest.mark.parametrize("eid, old, new, says", MUTANTS, ids=[f"{m[0]}: {m[2][:40]}" for m in MUTANTS])
+@pytest.mark.parametrize("eid, old, new, says", MUTANTS, ids=mutants.ids(MUTANTS))
 def test_a_plausible_mistake_fails_on_every_seed_and_says_why(sol16, eid, old, new, says):
-    ns, ex = _mutated(sol16, eid, old, new), EX[eid]
-    for seed in (1, 2, HIDDEN_SEED):
-        r = evaluate(ex, ns, "cpu", ex.cases(seed, True) + ex.cases(seed, False))
-        assert r.score < ex.points, (seed, r.message)
-        assert any(says in c.message for c in r.cases if c.status != "passed"), (seed, r.message)
+    mutants.assert_fails_on_every_seed(EX[eid], mutants.mutated(STEM, sol16, eid, old, new), says)

@@ -180,7 +180,10 @@ def _bytes_cases(gen, public):
             case("multi-query attention", spec("MQA"), randint(gen, 1, 64), seq(), 2),
             case("an int8 cache", spec("GQA"), randint(gen, 1, 64), seq(), 1, 80, 1),
             case("a published model", real, randint(gen, 1, 32), seq(), 2, choice(gen, [40, 80, 141])),
-            case("weights that do not fit", MODELS["Llama-2-70B"], 1, seq(), 2, choice(gen, [24, 40, 80]))]
+            case("weights that do not fit", MODELS["Llama-2-70B"], 1, seq(), 2, choice(gen, [24, 40, 80])),
+            # the cache and the weights in different dtypes: each count takes its own bytes per value
+            case("an int8 cache beside 16-bit weights", spec("GQA"), randint(gen, 1, 64), seq(), 1, 80, 2),
+            case("8-bit weights beside a 16-bit cache", spec("GQA"), randint(gen, 1, 64), seq(), 2, 80, 1)]
 
 
 def _bytes_judge(case, obs):
@@ -346,6 +349,7 @@ def _paged_ops(gen, rule: str, num_blocks: int, bs: int) -> list:
             append(3, randint(gen, 1, bs))
         free(0)
         append(4, randint(gen, 1, 2 * bs))
+        append(0, randint(gen, 1, bs))        # a freed id comes back: a new sequence, from position 0
     elif rule == "a new sequence that does not fit":
         append(5, (free_blocks() + 1) * bs)   # one block too many: MemoryError, no table for sequence 5
         append(5, free_blocks() * bs)         # exactly the free blocks: fits
