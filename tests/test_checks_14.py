@@ -18,6 +18,7 @@ from grader.checks import exercises, load_lab
 from grader.exercise import evaluate
 from grader.kit.neutral import case_rules, failed_rules, in_written_order, rules_differ
 from tests import graderkit as kit
+from tests import mutants
 from tests.conftest import HIDDEN_SEED, grade, solution_namespace, with_answer
 
 STEM = "14_inference_serving"
@@ -508,3 +509,56 @@ def test_the_gpulab_helpers_no_longer_hold_the_policy():
     import gpulab.planning
 
     assert not hasattr(gpulab.planning, "FCFSBatcher")
+
+
+# --- plausible wrong answers, the solution's text changed: each fails on every seed, and says why ------------
+
+MUTANTS = [  # (exercise, the solution's text, the mistake, what the message says)
+    ("kv_cache_bytes", "kv_cache_bytes(spec, 1, seq_len, kv_dtype_bytes)",
+     "kv_cache_bytes(spec, 1, seq_len, weight_bytes)", "the cache counted in the weights' bytes"),
+    ("kv_cache_bytes", "free = gpu_bytes - spec.n_params * weight_bytes",
+     "free = gpu_bytes - spec.n_params * kv_dtype_bytes", "the weights counted in the cache's bytes"),
+    ("kv_cache_bytes", "spec.n_kv_heads * spec.head_dim", "spec.n_heads * spec.head_dim", "the query heads"),
+    ("kv_cache_bytes", "return 2 * spec.n_layers", "return spec.n_layers", "a factor 2"),
+    ("kv_cache_bytes", "free = gpu_bytes - spec.n_params * weight_bytes", "free = gpu_bytes", "subtract the weights"),
+    ("kv_cache_bytes", "return max(0, int(free // kv_cache_bytes(spec, 1, seq_len, kv_dtype_bytes)))",
+     "return int(free // kv_cache_bytes(spec, 1, seq_len, kv_dtype_bytes))", "a negative count"),
+    ("kv_cache_bytes", "int(free // kv_cache_bytes(spec, 1, seq_len, kv_dtype_bytes))",
+     "round(free / kv_cache_bytes(spec, 1, seq_len, kv_dtype_bytes))", "max_batch"),
+    ("decode_roofline", "4 * spec.n_layers * spec.n_heads * spec.head_dim",
+     "4 * spec.n_layers * spec.n_kv_heads * spec.head_dim", "every query head computes its own scores"),
+    ("decode_roofline", "new_tokens * (new_tokens + 1) / 2", "new_tokens * new_tokens", "the causal half"),
+    ("decode_roofline", "attended = new_tokens * context + new_tokens * (new_tokens + 1) / 2",
+     "attended = new_tokens * context", "token i of the step attends context + i + 1 keys"),
+    ("decode_roofline", "kv_cache_bytes(spec, batch, context + new_tokens, dtype_bytes)",
+     "kv_cache_bytes(spec, batch, context, dtype_bytes)", "context + new_tokens positions"),
+    ("decode_roofline", "max(t_compute, t_memory)", "t_compute + t_memory", "the sum of the two times"),
+    ("decode_roofline", "+ 4 * spec.n_layers", "+ 2 * spec.n_layers", "plus attention"),
+    ("paged_kv", "need = -(-(length + n_tokens) // self.block_size) - len(table)",
+     "need = (length + n_tokens) // self.block_size + 1 - len(table)", "take a new block only when"),
+    ("paged_kv", "if need > len(self.free_blocks):", "if need >= len(self.free_blocks):", "raised MemoryError, but"),
+    ("paged_kv", "        del self.lengths[seq_id]\n", "", "operation"),
+    ("continuous_batching", "need = -(-(r.prompt_len + self.generated[r.rid]) // self.block_size)",
+     "need = -(-r.prompt_len // self.block_size)", "over the budget"),
+    ("continuous_batching", "need = -(-(r.prompt_len + self.generated[r.rid]) // self.block_size)",
+     "need = -(-(r.prompt_len + self.generated[r.rid] + 1) // self.block_size)", "fits beside the batch"),
+    ("continuous_batching", "                break  # no skipping ahead", "                continue  # no skipping",
+     "stop at the first request that does not fit"),
+    ("continuous_batching", "if len(batch) == self.max_batch or", "if len(batch) > self.max_batch or",
+     "more than max_batch"),
+    ("continuous_batching", "for r in self.live:\n            need", "for r in reversed(self.live):\n            need",
+     "(starvation)"),
+    ("continuous_batching", "if self.generated[r.rid] == r.max_new_tokens:",
+     "if self.generated[r.rid] > r.max_new_tokens:", "retire it"),
+    ("speculative_decoding", "item() * float(q[i, x]) < float(p[i, x])", "item() < float(p[i, x])",
+     "with probability p(x)"),
+    ("speculative_decoding", "torch.multinomial(p[-1], 1", "torch.multinomial(q[-1], 1", "the bonus token"),
+    ("speculative_decoding", "(p[i] - q[i]).clamp_min(0)", "(p[i] - q[i]).abs()", "the first token you emit"),
+    ("speculative_decoding", "residual = (p[i] - q[i]).clamp_min(0)", "residual = p[i]", "not from the residual"),
+    ("speculative_decoding", "torch.multinomial(p[-1], 1", "torch.multinomial(p[-2], 1", "the bonus token"),
+]
+
+
+@pytest.mark.parametrize("eid, old, new, says", MUTANTS, ids=mutants.ids(MUTANTS))
+def test_a_plausible_mistake_fails_on_every_seed_and_says_why(sol14, eid, old, new, says):
+    mutants.assert_fails_on_every_seed(EX[eid], mutants.mutated(STEM, sol14, eid, old, new), says)

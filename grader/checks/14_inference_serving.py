@@ -214,8 +214,13 @@ def _bytes_judge(case, obs):
     message = f"max_batch = {obs['max_batch']!r}, expected {want}: {why}."
     if got is not None and got < 0:
         return message + _YOURS_IS.format("a negative count: return 0 when the weights leave no room")
+    in_dtype = lambda nbytes, weights: max(0, int((x["gpu_bytes"] - weights) // nbytes))  # noqa: E731
     return diagnose(message, got, [
         ("the KV cache given the whole GPU: subtract the weights first", int(x["gpu_bytes"] // per_seq)),
+        ("the cache counted in the weights' bytes per value: the cache takes kv_dtype_bytes, the weights "
+         "weight_bytes", in_dtype(ref_kv_cache_bytes(spec, 1, s, x["weight_bytes"]), weights)),
+        ("the weights counted in the cache's bytes per value: n_params x weight_bytes",
+         in_dtype(per_seq, spec.n_params * nb)),
         ("a count rounded up: a sequence that does not fit entirely does not fit", math.ceil(exact))],
         lambda g, w: g == w, _YOURS_IS)
 
@@ -280,7 +285,12 @@ def _step_judge(case, obs):
     expected = {  # per number: what it should be, the mistakes it may match, and how such a match reads
         "flops": (f"{want['flops']:.6g}: 2 x n_params x batch x new_tokens ({matmul:.4g}) plus attention "
                   f"({want['flops'] - matmul:.4g}; token i of the step attends context + i + 1 keys).", [
-                      ("only the matmuls: add attention's 4 x layers x n_heads x head_dim per attended key", matmul)],
+                      ("only the matmuls: add attention's 4 x layers x n_heads x head_dim per attended key", matmul),
+                      ("attention over the n_kv_heads key/value heads: every query head computes its own scores "
+                       "(n_heads)", matmul + (want["flops"] - matmul) * spec.n_kv_heads / spec.n_heads),
+                      ("every new token attending all the step's tokens: token i attends context + i + 1 keys (the "
+                       "causal half, T (T + 1) / 2)", matmul + (want["flops"] - matmul) * (x["context"] + t) * t
+                       / (t * x["context"] + t * (t + 1) / 2))],
                   _YOURS_COUNTS),
         "bytes": (f"{want['bytes']:.6g}: the weights once ({weights:.4g}) plus the KV cache of context + new_tokens "
                   "positions for the batch.", [
