@@ -12,8 +12,12 @@ public cases in the learner's kernel; the grader runs hidden cases from a secret
 """
 from __future__ import annotations
 
+import functools
+import os
 import traceback
+import types
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -227,15 +231,132 @@ def entry(ns: dict, name: str) -> Callable[..., Any]:
     return fn
 
 
-def borrowed(obj) -> str | None:
-    """``module.Name`` when the learner's class (or one it derives from) or function comes from
-    ``gpulab``: the course's helpers include modelling copies of some answers (lab 16 models lab 14's
-    scheduler), and handing one in is not writing the exercise."""
-    classes = obj.__mro__ if isinstance(obj, type) else (obj,)
-    for c in classes:
-        if getattr(c, "__module__", "").split(".")[0] == "gpulab":
-            return f"{c.__module__}.{getattr(c, '__qualname__', c)}"
-    return None
+def borrowed(obj, forbidden: tuple = ()) -> str | None:
+    """What of the course's helpers (or of ``forbidden``, e.g. ``torch.amp.GradScaler``) the learner's
+    answer ``obj`` is, derives from, holds or calls; ``None`` when it is the learner's own.
+
+    The course's helpers include modelling copies of some answers, and handing one in is not writing
+    the exercise. Evidence that an answer cannot rename away:
+
+    - where the code lives: a function or a class's method whose code object comes from a file of
+      ``gpulab/`` (a spoofed ``__module__`` or ``__qualname__`` changes nothing);
+    - what a class derives from: any base in its MRO that is course code or ``forbidden``;
+    - delegation: an instance's attributes (in lists, tuples, dicts and nested objects) holding a
+      course object or a ``forbidden`` one; a function or method whose globals, closure or defaults
+      reach one, or whose code names one (``torch.amp.GradScaler(...)`` inside a method).
+
+    ``obj`` is a class, an instance, a function (or ``functools.partial``). Runs on the learner's side;
+    its answer is an observation, judged like any other.
+    """
+    return _Borrowed(tuple(forbidden)).find(obj, depth=0)
+
+
+_COURSE_DIR = str(Path(__file__).resolve().parent.parent / "gpulab") + os.sep
+
+
+def _code_file(fn) -> str:
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return code.co_filename if code is not None else ""
+
+
+def _label(x, code_file: str = "") -> str:
+    """``module.Name``; for course code under another module name, where its code really lives."""
+    name = f"{getattr(x, '__module__', '?')}.{getattr(x, '__qualname__', type(x).__name__)}"
+    if code_file and not name.startswith("gpulab."):
+        name += f" (course code from gpulab/{Path(code_file).name})"
+    return name
+
+
+class _Borrowed:
+    """One search of :func:`borrowed`: ``seen`` keeps cycles and shared objects from costing twice."""
+
+    MAX_DEPTH = 4
+
+    def __init__(self, forbidden: tuple) -> None:
+        self.forbidden = forbidden
+        self.names = {getattr(f, "__name__", "") for f in forbidden} - {""}
+        self.seen: set[int] = set()
+
+    def origin(self, x, course: bool) -> str | None:
+        """``x`` itself is ``forbidden`` or, when ``course``, course code (a class, function, or method).
+        Only the answer itself is held to "no course code": what it uses may include course helpers
+        (``gpulab.compare``, a lab's models), except the ``forbidden`` ones."""
+        if any(x is f for f in self.forbidden):
+            return _label(x)
+        if isinstance(x, type):
+            for c in x.__mro__:
+                if any(c is f for f in self.forbidden):
+                    return _label(c)
+                if course and str(getattr(c, "__module__", "")).split(".")[0] == "gpulab":
+                    return _label(c)
+                files = [_code_file(m) for m in vars(c).values() if callable(m)]
+                course_files = [f for f in files if f.startswith(_COURSE_DIR)]
+                if course and course_files:
+                    return _label(c, course_files[0])
+            return None
+        if course and callable(x) and _code_file(x).startswith(_COURSE_DIR):
+            return _label(x, _code_file(x))
+        return None
+
+    def find(self, x, depth: int) -> str | None:
+        if depth > self.MAX_DEPTH or id(x) in self.seen or x is None or isinstance(x, (str, bytes, int, float)):
+            return None
+        self.seen.add(id(x))
+        found = self.origin(x, course=depth == 0) if (isinstance(x, type) or callable(x)) else None
+        if found:
+            return found
+        if isinstance(x, functools.partial):
+            # a partial is the function it wraps: held to the same rule as the answer itself
+            return self.find(x.func, depth) or self._each(list(x.args) + list(x.keywords.values()), depth)
+        if isinstance(x, (list, tuple, set, frozenset)):
+            return self._each(list(x), depth)
+        if isinstance(x, dict):
+            return self._each(list(x.values()), depth)
+        if isinstance(x, type):
+            return self._each([m for m in vars(x).values()], depth)
+        fn = getattr(x, "__func__", x)
+        if hasattr(fn, "__code__"):
+            return self._in_function(fn, depth)
+        if isinstance(x, types.ModuleType) or isinstance(x, torch.Tensor):
+            return None
+        kind = self.origin(type(x), course=depth == 0)
+        if kind:
+            return f"an instance of {kind}"
+        attrs = getattr(x, "__dict__", None)
+        return self._each([type(x)] + (list(attrs.values()) if isinstance(attrs, dict) else []), depth)
+
+    def _each(self, values: list, depth: int) -> str | None:
+        for v in values:
+            found = self.find(getattr(v, "__func__", v) if isinstance(v, (staticmethod, classmethod)) else v, depth + 1)
+            if found:
+                return found
+        return None
+
+    def _in_function(self, fn, depth: int) -> str | None:
+        """A learner function: the names its code uses, resolved in its globals; its closure and defaults."""
+        code, names = fn.__code__, set()
+        stack = [code]
+        while stack:
+            c = stack.pop()
+            names |= set(c.co_names)
+            stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+        named = sorted(names & self.names)
+        if named:
+            return f"code that calls {named[0]}"
+        g = getattr(fn, "__globals__", {})
+        values = [g[n] for n in sorted(names) if n in g and not isinstance(g[n], types.ModuleType)]
+        values += [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if _filled(c)]
+        values += list(getattr(fn, "__defaults__", None) or ())
+        values += list((getattr(fn, "__kwdefaults__", None) or {}).values())
+        return self._each(values, depth)
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell: the variable is not assigned yet
+        return False
+    return True
 
 
 def to_cpu(x):

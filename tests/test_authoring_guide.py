@@ -2,6 +2,7 @@
 in its tests fails with the message the guide promises."""
 import importlib.util
 import re
+import sys
 
 import pytest
 
@@ -13,14 +14,31 @@ BLOCK = re.compile(r"```python\n# file: (\w+)\n(.*?)```", re.S)
 @pytest.fixture(scope="module")
 def example(tmp_path_factory):
     blocks = dict((kind, code) for kind, code in BLOCK.findall((ROOT / "grader" / "README.md").read_text()))
-    assert set(blocks) == {"solution", "checks", "test"}, sorted(blocks)
-    # One real file: @triton.jit reads its kernels' source from it.
-    path = tmp_path_factory.mktemp("guide") / "worked_example.py"
-    path.write_text(blocks["solution"] + "\n\n" + blocks["checks"] + "\n\n" + blocks["test"])
-    spec = importlib.util.spec_from_file_location("worked_example", path)
+    assert set(blocks) == {"solution", "runs", "checks", "test"}, sorted(blocks)
+    folder = tmp_path_factory.mktemp("guide")
+    # The run side is its own module, grader.runs.NN_name, as it would be in grader/runs/NN_name.py.
+    runs = _load(folder / "runs_NN_name.py", "grader.runs.NN_name", blocks["runs"])
+    sys.modules["grader.runs.NN_name"] = runs
+    # The rest in one real file: @triton.jit reads its kernels' source from it.
+    try:
+        return _load(folder / "worked_example.py", "worked_example",
+                     blocks["solution"] + "\n\n" + blocks["checks"] + "\n\n" + blocks["test"])
+    finally:
+        sys.modules.pop("grader.runs.NN_name", None)
+
+
+def _load(path, name, source):
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_the_examples_run_side_is_learner_side_code():
+    blocks = dict(BLOCK.findall((ROOT / "grader" / "README.md").read_text()))
+    assert "grader.kit" not in blocks["runs"] and "grader.checks" not in blocks["runs"]
+    assert "def _scaled_add_run" not in blocks["checks"] and "RUN._scaled_add_run" in blocks["checks"]
 
 
 def test_the_example_declares_one_exercise_with_the_stated_points(example):

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 import grader.kit.kernels as kc
+import grader.runs.observe as observe
 from gpulab import launches
 from gpulab.compare import GUARD, MAX_BLOCK, compare, guard_elements, padded
 from tests.conftest import ROOT
@@ -35,7 +36,8 @@ def _observe(fn, n=1000, dtype=torch.float32, pad=None, **kw):
     gen = torch.Generator().manual_seed(0)
     x, y = (padded(torch.randn(n, generator=gen).to(dtype), guard=pad) for _ in range(2))
     want = x.double() + y.double()
-    call = kc.observe_kernel(lambda out: fn(x, y, out), {"out": ((n,), dtype)}, "cpu", inputs={"x": x, "y": y}, **kw)
+    call = observe.observe_kernel(lambda out: fn(x, y, out), {"out": ((n,), dtype)}, "cpu", inputs={"x": x, "y": y},
+                                  **kw)
     return call, want
 
 
@@ -88,7 +90,7 @@ def test_without_the_bounds_check_the_guard_regions_hold_the_largest_block(monke
     # On a GPU kernels are compiled and nothing checks their accesses: the padding after every input
     # and the guard region after every output must hold everything a block of MAX_BLOCK can touch.
     plain = launches.watch_launches
-    monkeypatch.setattr(kc, "watch_launches", lambda **kw: plain(**{**kw, "check_bounds": False}))
+    monkeypatch.setattr(observe, "watch_launches", lambda **kw: plain(**{**kw, "check_bounds": False}))
     call, _ = _observe(_launch(_add_unmasked, MAX_BLOCK), n=1, pad=MAX_BLOCK, guard=MAX_BLOCK)
     assert call.out_of_bounds.startswith("out: the kernel wrote 1048575 element(s) past the end of the tensor")
     assert call.out_of_bounds_read is None  # nobody watched the reads: they stayed inside the padding

@@ -17,11 +17,11 @@ import re
 from types import ModuleType
 
 PACKAGE = __name__  # "grader.runs": every run function lives in a module below it
-_STEM = re.compile(r"^\d\d_[a-z0-9_]+$")
+_NAME = re.compile(r"^[A-Za-z0-9_]+$")  # a stem, never a dotted path
 
 
 def run_side(stem: str) -> ModuleType:
     """The learner-side module of lab ``stem`` (``grader/runs/<stem>.py``)."""
-    if not _STEM.match(stem):
+    if not _NAME.match(stem):
         raise KeyError(f"not a lab stem: {stem!r}")
     return importlib.import_module(f"{__name__}.{stem}")
