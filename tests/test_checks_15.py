@@ -629,3 +629,19 @@ MUTANTS = [  # (exercise, the solution's text, the mistake, what the message say
 @pytest.mark.parametrize("eid, old, new, says", MUTANTS, ids=mutants.ids(MUTANTS))
 def test_a_plausible_mistake_fails_on_every_seed_and_says_why(sol15, eid, old, new, says):
     mutants.assert_fails_on_every_seed(EX[eid], mutants.mutated(STEM, sol15, eid, old, new), says)
+
+
+def test_an_answer_calling_a_helper_the_lab_does_not_offer_earns_nothing(sol15):
+    from gpulab.bench import percentile  # a course helper lab 15 does not offer
+
+    def recall_at_k(found, truth, k):
+        percentile([1.0], 50)
+        return sol15["recall_at_k"](found, truth, k)
+    r = grade(STEM, "recall_at_k", with_answer(sol15, recall_at_k=recall_at_k))
+    assert r.score == 0 and "gpulab.bench.percentile, a course helper this lab does not offer" in r.message
+
+
+def test_the_solution_calls_only_the_helpers_the_lab_offers(sol15):
+    from grader.kit.helpers import unoffered
+
+    assert {ex.id: unoffered(ex, sol15) for ex in EX.values() if unoffered(ex, sol15)} == {}

@@ -785,3 +785,32 @@ MUTANTS = [  # (exercise, the solution's text, the mistake, what the message say
 @pytest.mark.parametrize("eid, old, new, says", MUTANTS, ids=mutants.ids(MUTANTS))
 def test_a_plausible_mistake_fails_on_every_seed_and_says_why(sol16, eid, old, new, says):
     mutants.assert_fails_on_every_seed(EX[eid], mutants.mutated(STEM, sol16, eid, old, new), says)
+
+
+# --- the course helpers an answer may call: those lab 16's setup imports, no others ---------------------------
+
+def test_an_answer_calling_a_helper_the_lab_does_not_offer_earns_nothing(sol16):
+    from gpulab.planning import bubble_fraction  # lab 13's exercise, modelled for the lesson
+
+    def step_time(spec, seq_len, global_batch, layout, cluster):
+        out = dict(sol16["step_time"](spec, seq_len, global_batch, layout, cluster))
+        out["bubble"] = bubble_fraction(layout.pp, global_batch // (layout.dp * layout.micro_batch)) * out["compute"]
+        return out
+    r = grade(STEM, "step_time", with_answer(sol16, step_time=step_time))
+    assert r.score == 0 and "gpulab.planning.bubble_fraction, a course helper this lab does not offer" in r.message
+
+
+def test_a_renamed_helper_earns_nothing():
+    """Course code under the learner's module name is still course code: where it lives decides."""
+    from gpulab.planning import ring_allreduce_time
+
+    spoofed = types.FunctionType(ring_allreduce_time.__code__, {}, "checkpoint_interval")
+    spoofed.__module__ = "__main__"
+    r = grade(STEM, "checkpoint_interval", {"checkpoint_interval": spoofed})
+    assert r.score == 0 and "gpulab:" in r.message and "does not offer" in r.message, r.message
+
+
+def test_the_solution_calls_only_the_helpers_the_lab_offers(sol16):
+    from grader.kit.helpers import unoffered
+
+    assert {ex.id: unoffered(ex, sol16) for ex in EX.values() if unoffered(ex, sol16)} == {}

@@ -9,10 +9,11 @@ them with the lab's list (the helpers its setup cell imports) before anything el
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from functools import partial
 
 from grader.exercise import Exercise
-from grader.runs.reuse import reporting_helpers
+from grader.runs.reuse import helpers_used, reporting_helpers
 
 
 def _judge_helpers(judge, offered: frozenset, entries: tuple, case, obs):
@@ -29,6 +30,16 @@ def _judge_helpers(judge, offered: frozenset, entries: tuple, case, obs):
 
 def offering(ex: Exercise, offered) -> Exercise:
     """``ex`` with its run reporting the helpers the answer reaches, and its judge refusing those not
-    ``offered`` (``"gpulab.module.Name"`` each)."""
+    ``offered`` (``"gpulab.module.Name"`` each, every one an existing helper)."""
+    for name in offered:
+        module, _, attr = name.rpartition(".")
+        if not hasattr(importlib.import_module(module), attr):
+            raise ValueError(f"{ex.id}: the offered helper {name} does not exist")
     return dataclasses.replace(ex, run=partial(reporting_helpers, ex.run, ex.entries),
                                judge=partial(_judge_helpers, ex.judge, frozenset(offered), ex.entries))
+
+
+def unoffered(ex: Exercise, ns: dict) -> list[str]:
+    """The helpers ``ns``'s answer to ``ex`` reaches that its lab does not offer (a solution's: none)."""
+    offered = ex.judge.args[1]
+    return [name for name in helpers_used(*(ns[n] for n in ex.entries if n in ns)) if name not in offered]

@@ -9,31 +9,37 @@ defaults, a class's methods and bases, followed through the learner's own functi
 from __future__ import annotations
 
 import functools
+import os
 import types
 from pathlib import Path
 
 import gpulab
-from grader.exercise import borrowed
 
-_GPULAB = str(Path(gpulab.__file__).resolve().parent)
+_GPULAB = str(Path(gpulab.__file__).resolve().parent) + os.sep
 _DEPTH = 6  # how far to follow the learner's own functions and classes
 
 
-def _code_files(obj) -> list[str]:
-    """The source files of a function's or a class's own code."""
-    members = [obj] if isinstance(obj, types.FunctionType) else \
-        [m for m in vars(obj).values() if isinstance(m, types.FunctionType)] if isinstance(obj, type) else []
-    return [m.__code__.co_filename for m in members]
+def _in_gpulab(fn) -> bool:
+    """Whether a function's code comes from a file of ``gpulab/``."""
+    code = getattr(fn, "__code__", None)
+    return code is not None and _course_file(code.co_filename)
+
+
+@functools.lru_cache(maxsize=1024)
+def _course_file(filename: str) -> bool:
+    return str(Path(filename).resolve()).startswith(_GPULAB)
 
 
 def _helper(obj) -> str | None:
-    """``module.Name`` when ``obj`` is a function or class of ``gpulab`` (by its module or where its code lives)."""
-    if not isinstance(obj, (type, types.FunctionType)):
-        return None
-    found = borrowed(obj)
-    if found is None and any(str(Path(f).resolve()).startswith(_GPULAB) for f in _code_files(obj)):
-        found = f"gpulab:{getattr(obj, '__qualname__', obj)}"  # a gpulab object under another module name
-    return found
+    """``module.Name`` when ``obj`` is a function or class of ``gpulab`` or derives from one; a class or function
+    whose code lives in ``gpulab/`` under another module name is ``gpulab:Name`` (a renamed helper)."""
+    for c in obj.__mro__ if isinstance(obj, type) else (obj,) if isinstance(obj, types.FunctionType) else ():
+        name = f"{c.__module__}.{c.__qualname__}"
+        if name.startswith("gpulab."):
+            return name
+        if any(_in_gpulab(m) for m in (vars(c).values() if isinstance(c, type) else (c,))):
+            return f"gpulab:{c.__qualname__}"
+    return None
 
 
 def _names(code: types.CodeType) -> set[str]:
