@@ -438,7 +438,10 @@ def _plan_training_cases(gen, public):
     gpt3 = PUBLISHED["GPT-3 175B (Megatron-LM)"]
     return [case("a published run", "GPT-3 175B", *gpt3[:4], gpt3[4]),
             case("a mid-size model", spec.name, spec, 4096, 64 * randint(gen, 4, 16), H100.with_gpus(
-                choice(gen, (64, 128, 256))))]
+                choice(gen, (64, 128, 256)))),
+            # 3 x 2^k GPUs and a batch of 2^k sequences: only a pipeline of 3, 6 or 12 stages takes the factor 3
+            case("a cluster of 3 x 2^k GPUs", "Llama-2-7B", MODELS["Llama-2-7B"], choice(gen, (2048, 4096)),
+                 256 * choice(gen, (1, 2, 4)), H100.with_gpus(choice(gen, (48, 96, 192))))]
 
 
 def _plan_against_reference(name: str, plan, case, args, problems, step, planner) -> tuple | str:
@@ -854,7 +857,10 @@ def _plan_serving_cases(gen, public):
                 case("a long context", MODELS["Llama-2-13B"], Workload(2.0, (1024, 4096), (8, 32), 4.0, 2.0, 2.0))]
     return [case("175B at another rate", GPT3_175B, dataclasses.replace(SERVE_175B, rate=float(randint(gen, 60, 140)))),
             case("a 70B model in fp16", MODELS["Llama-2-70B"], Workload(float(randint(gen, 20, 40)), (128, 1024),
-                                                                        (8, 32), 1.0, 2.0, 2.0))]
+                                                                        (8, 32), 1.0, 2.0, 2.0)),
+            # 13B at 8k tokens on one GPU: 8 sequences fit in 80 GB, only 4 in the 90% a plan may use
+            case("a long context near the memory limit", MODELS["Llama-2-13B"],
+                 Workload(float(randint(gen, 1, 2)), (1024, 8192), (8, 32), 4.0, 2.0, 2.0))]
 
 
 def _plan_serving_judge(case, obs):
@@ -873,7 +879,10 @@ def _plan_serving_judge(case, obs):
         message = (f"plan_serving: TP={tp} with max_batch={max_batch} needs {mem['total'] / 1e9:.1f} GB per GPU "
                    f"(weights {mem['weights'] / 1e9:.1f} GB + KV {mem['kv'] / 1e9:.1f} GB for {max_batch} sequences "
                    f"of {work.max_context} tokens), over {HEADROOM:.0%} of {cluster.gpu_bytes / 1e9:.0f} GB.")
-        if _fits(spec, work, cluster, tp, max_batch, bug="no kv"):
+        if mem["total"] <= cluster.gpu_bytes:
+            message += (f" It fits the whole GPU, not the {HEADROOM:.0%} a plan may use: the rest is the "
+                        "allocator's, NCCL's and the activations' workspace.")
+        elif _fits(spec, work, cluster, tp, max_batch, bug="no kv"):
             message += " Yours forgets the KV cache: size the batch so the cache of every running sequence fits."
         return message
     best = ref_plan_serving(spec, work, cluster)
