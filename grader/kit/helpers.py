@@ -17,7 +17,7 @@ from grader.runs.reuse import helpers_used, reporting_helpers
 
 
 def _judge_helpers(judge, offered: frozenset, entries: tuple, case, obs):
-    used = obs.pop("helpers", []) if isinstance(obs, dict) else []
+    used = obs.get("helpers", []) if isinstance(obs, dict) else []
     foreign = [name for name in used if name not in offered]
     if foreign:
         return (f"{', '.join(f'`{e}`' for e in entries)} reaches {foreign[0]}, a course helper this lab does not "
@@ -25,7 +25,7 @@ def _judge_helpers(judge, offered: frozenset, entries: tuple, case, obs):
                 f"this lab's answers may call: {', '.join(sorted(offered))}.")
     if isinstance(obs, dict) and "failed" in obs:
         return f"{', '.join(f'`{e}`' for e in entries)} raised {obs['failed']}"
-    return judge(case, obs)
+    return judge(case, {k: v for k, v in obs.items() if k != "helpers"} if isinstance(obs, dict) else obs)
 
 
 def offering(ex: Exercise, offered) -> Exercise:

@@ -80,8 +80,7 @@ def _reached(obj) -> list:
         return out + list(obj.__defaults__ or ()) + list((obj.__kwdefaults__ or {}).values())
     if isinstance(obj, type):
         return [b for b in obj.__mro__[1:] if b is not object] + list(vars(obj).values())
-    if type(obj).__module__ not in ("builtins", "torch") and hasattr(obj, "__dict__") and \
-            not isinstance(obj, types.ModuleType):
+    if isinstance(getattr(obj, "__dict__", None), dict) and not isinstance(obj, types.ModuleType):
         return [type(obj), *vars(obj).values()]  # an instance: its class and what it holds
     return []
 
