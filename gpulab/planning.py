@@ -14,9 +14,8 @@
   a process group's ring crosses, from the rank order TP fastest, then DP, then PP, as Megatron-LM orders
   them), :func:`kv_bytes_per_token` (lab 14's cache).
 - Serving on paper: :func:`replica_step_time` (one step of a TP-sharded replica on the roofline, plus its
-  per-layer all-reduces), :class:`FCFSBatcher` (lab 14's continuous-batching policy: oldest first, stop at
-  the first request that does not fit) and :func:`simulate_replicas` (a seeded trace split round-robin
-  over replicas, each served by :func:`gpulab.serving.simulate`).
+  per-layer all-reduces) and :func:`simulate_replicas` (a seeded trace split round-robin over replicas, each
+  served by :func:`gpulab.serving.simulate`, batching the oldest requests; lab 14's scheduler is yours).
 - Prefill and decode apart: :func:`fcfs_pool` (a first-come-first-served queue over identical servers, the
   disaggregated prefill replicas) and :data:`SERVE_UTILISATION`, the busy share a replica is sized for.
 
@@ -191,30 +190,23 @@ def replica_step_time(spec: ModelSpec, tp: int, cluster: Cluster, work: Workload
     return roof + 2 * spec.n_layers * ring_allreduce_time(tokens * spec.d_model * 2, tp, alpha, bw)
 
 
-class FCFSBatcher:
-    """Lab 14's continuous-batching policy for :func:`gpulab.serving.simulate`: each step takes the live
-    requests oldest first while the batch has room (``max_batch``) and their KV blocks fit (``num_blocks``
-    of ``block_size`` tokens), stopping at the first that does not fit."""
+class _OldestFirst:
+    """The batcher of :func:`simulate_replicas`: each step the ``max_batch`` oldest live requests. Its replicas
+    hold KV blocks for ``max_batch`` sequences of the maximum context, so memory never stops a batch there and
+    first come, first served reduces to this (a memory budget that binds is lab 14's exercise)."""
 
-    def __init__(self, num_blocks: int, block_size: int, max_batch: int):
-        self.num_blocks, self.block_size, self.max_batch = num_blocks, block_size, max_batch
-        self.live, self.done = [], {}  # requests oldest first; rid -> tokens generated
+    def __init__(self, max_batch: int):
+        self.max_batch, self.live, self.left = max_batch, [], {}  # requests oldest first; rid -> tokens to go
 
     def add(self, request) -> None:
         self.live.append(request)
-        self.done[request.rid] = 0
+        self.left[request.rid] = request.max_new_tokens
 
     def step(self) -> list:
-        batch, blocks = [], 0
-        for r in self.live:
-            need = -(-(r.prompt_len + self.done[r.rid]) // self.block_size)
-            if len(batch) == self.max_batch or blocks + need > self.num_blocks:
-                break
-            batch.append(r)
-            blocks += need
+        batch = self.live[:self.max_batch]
         for r in batch:
-            self.done[r.rid] += 1
-        self.live = [r for r in self.live if self.done[r.rid] < r.max_new_tokens]
+            self.left[r.rid] -= 1
+        self.live = [r for r in self.live if self.left[r.rid] > 0]
         return [r.rid for r in batch]
 
 
@@ -233,7 +225,7 @@ def _simulate(spec, cluster, work, tp, replicas, max_batch, n_requests, seed, bl
     trace = make_trace(seed, n_requests, work.rate, work.prompt_len, work.new_tokens)
     blocks = max_batch * math.ceil(work.max_context / block_size)
     step = lambda prefill, decode: replica_step_time(spec, tp, cluster, work, prefill, decode)  # noqa: E731
-    runs = [simulate(FCFSBatcher(blocks, block_size, max_batch), trace[r::replicas], step, blocks, block_size,
+    runs = [simulate(_OldestFirst(max_batch), trace[r::replicas], step, blocks, block_size,
                      max_batch) for r in range(replicas)]
     merged = runs[0]
     for run in runs[1:]:

@@ -6,14 +6,11 @@
   global and per-layer gradient norms, learning rate, fp16 loss scale and batch ids, one row per step.
 - :func:`make_profile`: one step of a slow multi-GPU deployment as a per-rank time breakdown (kernels, NCCL,
   CPU gaps, host-device copies), for a chosen bottleneck (``BOTTLENECKS``).
-- :func:`flat_shards`: a flat tensor cut into ``world`` equal ZeRO shards, the tail zero-padded.
 - :data:`MLOPS_ITEMS`: the checklist a production pipeline is scored against (lesson 16's exercise).
 
 Everything is drawn from a seed (``torch.Generator``), so a trace is the same on every machine.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -111,15 +108,6 @@ def make_profile(seed: int, bottleneck: str, ranks: int = 8) -> dict:
         copy *= 9
     return {"kernel_ms": kernel, "nccl_ms": nccl, "cpu_gap_ms": cpu, "memcpy_ms": copy,
             "step_ms": kernel + nccl + cpu + copy, "slow_rank": slow}
-
-
-def flat_shards(flat: torch.Tensor, world: int) -> list[torch.Tensor]:
-    """``flat`` (n,) cut into ``world`` shards of ``ceil(n / world)`` elements each, the last zero-padded:
-    how ZeRO and FSDP store a flat parameter (or its Adam moments) across ``world`` ranks."""
-    size = math.ceil(flat.numel() / world)
-    padded = torch.zeros(size * world, dtype=flat.dtype)
-    padded[:flat.numel()] = flat
-    return list(padded.view(world, size).clone().unbind(0))  # (world, size) -> world shards of (size,)
 
 
 # The MLOps checklist: id -> what it means. A scenario's right selection is graded (lesson 16).

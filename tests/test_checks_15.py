@@ -21,11 +21,23 @@ import triton.language as tl
 
 from grader.checks import exercises, load_lab
 from grader.exercise import evaluate
+from grader.kit.neutral import failed_rules, in_written_order, rules_differ
 from tests import graderkit as kit
-from tests.conftest import ROOT, failed_rules, grade, public, solution_namespace, with_answer
+from tests import mutants
+from tests.conftest import HIDDEN_SEED, ROOT, grade, solution_namespace, with_answer
 
 STEM, EX = "15_gpu_algorithms", exercises("15_gpu_algorithms")
 CHECKS = load_lab(STEM)
+
+
+def rules_failed(result) -> list:
+    """The rules of the cases ``result`` (a grade: public cases, and hidden ones from HIDDEN_SEED) did not pass."""
+    return failed_rules(EX[result.id], result, HIDDEN_SEED)
+
+
+def public(stem: str, eid: str, ns: dict, n: int | None = None):
+    """``eid`` on its first ``n`` public cases, in the order the generator writes them: a message, quickly."""
+    return evaluate(EX[eid], ns, "cpu", in_written_order(EX[eid])[:n])
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +210,7 @@ def test_a_kernel_breaking_ties_upward_is_named(sol15):
 
 def test_an_unmasked_load_is_caught_on_a_ragged_width(sol15):
     r = grade(STEM, "topk_kernel", with_answer(sol15, topk_rows=_topk_rows(2)))
-    assert r.status == "failed" and "a width that is not a power of two" in failed_rules(r), r.message
+    assert r.status == "failed" and "a width that is not a power of two" in rules_failed(r), r.message
     assert "outside" in r.message or "out of bounds" in r.message or "past" in r.message, r.message
 
 
@@ -256,7 +268,7 @@ def test_a_kernel_padding_with_zeros_and_one_assuming_contiguous_rows_are_named(
                                K=k, BLOCK_N=triton.next_power_of_2(n), BUG=0)
         return values, indices
     r = grade(STEM, "topk_kernel", with_answer(sol15, topk_rows=padding))
-    assert failed_rules(r) == ["negative values"] and "padded with zeros" in _messages(r), _messages(r)
+    assert rules_failed(r) == ["negative values"] and "padded with zeros" in _messages(r), _messages(r)
     r = public(STEM, "topk_kernel", with_answer(sol15, topk_rows=contiguous))
     assert [c.status for c in r.cases][-1] == "failed" and "pass x.stride(0)" in r.cases[-1].message, _messages(r)
 
@@ -308,7 +320,7 @@ def test_an_assignment_breaking_ties_upward_fails_on_exact_ties(sol15):
         return labels, d2.gather(1, labels[:, None])[:, 0].clamp_min(0)
     r = grade(STEM, "kmeans_assign", with_answer(sol15, kmeans_assign=kmeans_assign))
     assert r.status == "failed" and "ties going to the higher centroid" in r.message, r.message
-    assert "exact ties" in failed_rules(r)
+    assert "exact ties" in rules_failed(r)
 
 
 def _kmeans(bug, sol):
@@ -430,7 +442,7 @@ def test_bins_with_the_edge_below_are_named(sol15):
         return (x[:, :, None] > edges[None]).sum(-1)
     r = grade(STEM, "gbdt_histograms", with_answer(sol15, bin_features=bin_features))
     assert r.status == "failed" and "the edge itself in the lower bin" in r.message, r.message
-    assert "values on the edges" in failed_rules(r)
+    assert "values on the edges" in rules_failed(r)
 
 
 @pytest.mark.parametrize("bug, says", [
@@ -465,7 +477,7 @@ def test_a_wrong_split_is_named(sol15, mistake, says, rule):
         return tuple(CHECKS._best(CHECKS.ref_gains(G, H, lam, gamma, **mistake)))
     r = grade(STEM, "best_split", with_answer(sol15, best_split=best_split))
     assert r.status == "failed" and says in r.message, r.message
-    assert rule in failed_rules(r)
+    assert rule in rules_failed(r)
 
 
 # --- the prefetching loop -----------------------------------------------------------------------------------
@@ -554,4 +566,82 @@ def test_a_pipeline_that_skips_a_batch_is_caught(sol15):
 @pytest.mark.parametrize("eid", list(EX))
 def test_no_credit_for_doing_nothing_and_the_same_rules_on_every_seed(eid):
     kit.assert_do_nothing_scores_zero(EX[eid])
-    kit.assert_same_rules_every_seed(EX[eid])
+    assert rules_differ(EX[eid]) is None
+
+
+# --- plausible wrong answers, the solution's text changed: each fails on every seed, and says why ------------
+
+MUTANTS = [  # (exercise, the solution's text, the mistake, what the message says)
+    ("heap_topk", ("item = (v, -(offset + j))", "[(v, -neg) for v, neg in sorted(heap, reverse=True)]"),
+     ("item = (v, offset + j)", "[(v, i) for v, i in sorted(heap, key=lambda e: (-e[0], e[1]))]"),
+     "equal values: the lower index first"),
+    ("heap_topk", "item = (v, -(offset + j))", "item = (v, -j)", "Add the chunk's offset"),
+    ("heap_topk", ("if len(heap) < k:", "[(v, -neg) for v, neg in sorted(heap, reverse=True)]"),
+     ("if True:", "[(v, -neg) for v, neg in sorted(heap, reverse=True)][:k]"), "not a heap of k"),
+    ("streaming_topk", "pos = torch.topk(keys, k, dim=1).indices", "pos = torch.topk(values, k, dim=1).indices",
+     "indices"),
+    ("streaming_topk", "bits = (values + 0.0).view(torch.int32)", "bits = values.view(torch.int32)", "indices"),
+    ("streaming_topk", "idx = torch.arange(offset, offset + c,", "idx = torch.arange(0, c,", "add the chunk's offset"),
+    ("kmeans_assign", "labels = d2.argmin(1)", "labels = d2.shape[1] - 1 - d2.flip(1).argmin(1)",
+     "ties going to the higher centroid"),
+    ("kmeans_assign", "d2 = (x * x).sum(1, keepdim=True) - 2 * x @ c.T + (c * c).sum(1)",
+     "d2 = ((x[:, None] - c[None]) ** 2).sum(-1)", "one matmul"),
+    ("kmeans_assign", ".clamp_min(0)    #", ".clamp_min(0).sqrt()    #", "dist2"),
+    ("kmeans_lloyd", "torch.where(counts[:, None] > 0, sums / counts.clamp_min(1)[:, None], c)",
+     "sums / counts[:, None]", "An empty cluster keeps its centroid"),
+    ("kmeans_lloyd", "sums / counts.clamp_min(1)[:, None], c)",
+     "sums / counts.clamp_min(1)[:, None], torch.zeros_like(c))", "centroids"),
+    ("kmeans_lloyd", "return c, kmeans_assign(x, c)[0]", "return c, labels", "assign once more"),
+    ("kmeans_lloyd", "for _ in range(iters):", "for _ in range(max(iters - 1, 0)):", "centroids"),
+    ("kmeans_lloyd", "c = x[perm[:k].to(x.device)].clone()", "c = x[:k].clone()", "centroids"),
+    ("kmeans_roofline", " + 8 * n + (", " + (", "Yours counts no labels"),
+    ("kmeans_roofline", " + 8 * n + (", " + 4 * n + (", "8 n for the int64 labels"),
+    ("kmeans_roofline", "2 * 4 * n * k", "4 * n * k", "not read back"),
+    ("kmeans_roofline", "flops = 2 * n * k * d", "flops = n * k * d", "a multiply and an add are 2 FLOPs"),
+    ("kmeans_roofline", "max(t_compute, t_memory)", "t_compute + t_memory", "the sum of the two times"),
+    ("kmeans_roofline", "(n * d + k * d) * dtype_bytes", "(n * d) * dtype_bytes", "x and c once"),
+    ("kmeans_roofline", "2 * 4 * n * k", "2 * dtype_bytes * n * k", "float32 distances"),
+    ("recall_at_k", "/ (truth.shape[0] * k)", "/ (truth.shape[0] * k) * 100", "a percentage"),
+    ("recall_at_k", "found[:, None, :k]", "found[:, None, :]", "recall@k looks at the first k only"),
+    ("recall_at_k", "truth[:, :k, None]", "truth[:, :, None]", "every column of truth"),
+    ("recall_at_k", "(truth[:, :k, None] == found[:, None, :k]).any(-1)",
+     "(truth[:, :k, None] == found[:, None, :k]).sum(-1)", "counted twice"),
+    ("ivf_search", "[:, :nprobe]", "[:, :]", "every list probed"),
+    ("ivf_search", "dtype=torch.int64, device=x.device)", "dtype=torch.int32, device=x.device)", "int64 ids"),
+    ("ivf_search", "[:, :nprobe]", "[:, :max(1, nprobe - 1)]", "nearest centroids"),
+    ("ivf_search", "torch.full((queries.shape[0], k), -1,", "torch.full((queries.shape[0], k), 0,",
+     "-1 where fewer were found"),
+    ("ivf_search", "+ (centroids * centroids).sum(1)", "", "nearest centroids"),
+    ("gbdt_histograms", "x[:, :, None] >= edges[None]", "x[:, :, None] > edges[None]", "the bin above it"),
+    ("gbdt_histograms", "index_add_(0, flat, hess", "index_add_(0, flat, grad", "H:"),
+    ("gbdt_histograms", "index_add_(0, flat, hess[:, None].expand(n, f).reshape(-1))",
+     "index_add_(0, flat, torch.ones(n * f))", "H:"),
+    ("best_split", " - score(Gt, Ht)) / 2", ") / 2", "without the parent's score"),
+    ("best_split", ") / 2 - gamma", ") - gamma", "without the factor 1/2"),
+    ("best_split", "/ 2 - gamma", "/ 2", "without subtracting gamma"),
+    ("best_split", "best = int(gain.reshape(-1).argmax())",
+     "best = int(gain.numel() - 1 - gain.reshape(-1).flip(0).argmax())", "the last of equal gains"),
+    ("best_split", "score = lambda g, h: g * g / (h + lam)", "score = lambda g, h: g * g / h.clamp_min(1e-12)",
+     "without lambda"),
+]
+
+
+@pytest.mark.parametrize("eid, old, new, says", MUTANTS, ids=mutants.ids(MUTANTS))
+def test_a_plausible_mistake_fails_on_every_seed_and_says_why(sol15, eid, old, new, says):
+    mutants.assert_fails_on_every_seed(EX[eid], mutants.mutated(STEM, sol15, eid, old, new), says)
+
+
+def test_an_answer_calling_a_helper_the_lab_does_not_offer_earns_nothing(sol15):
+    from gpulab.bench import percentile  # a course helper lab 15 does not offer
+
+    def recall_at_k(found, truth, k):
+        percentile([1.0], 50)
+        return sol15["recall_at_k"](found, truth, k)
+    r = grade(STEM, "recall_at_k", with_answer(sol15, recall_at_k=recall_at_k))
+    assert r.score == 0 and "gpulab.bench.percentile, a course helper this lab does not offer" in r.message
+
+
+def test_the_solution_calls_only_the_helpers_the_lab_offers(sol15):
+    from grader.kit.helpers import unoffered
+
+    assert {ex.id: unoffered(ex, sol15) for ex in EX.values() if unoffered(ex, sol15)} == {}

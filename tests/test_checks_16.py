@@ -8,6 +8,7 @@ hiccup, a divergence diagnosis that blames the biggest layer, MLOps anti-pattern
 requests."""
 import dataclasses
 import math
+import sys
 import types
 
 import pytest
@@ -27,16 +28,23 @@ from gpulab.planning import (
     kv_bytes_per_token,
     ring_allreduce_time,
 )
-from gpulab.reliability import make_divergence_trace, make_step_times
+from gpulab.reliability import BOTTLENECKS, CAUSES, make_divergence_trace, make_step_times
 from gpulab.serving import make_trace
 from grader.checks import exercises, load_lab
-from grader.exercise import evaluate
+from grader.exercise import Case, evaluate
+from grader.kit.neutral import case_rules, failed_rules, in_written_order, rules_differ
 from grader.notebooks import answer_cells, exec_source, export_source, read_notebook
 from tests import graderkit as kit
-from tests.conftest import ROOT, grade, solution_namespace
+from tests import mutants
+from tests.conftest import HIDDEN_SEED, ROOT, grade, solution_namespace
 
 STEM = "16_capstone_design"
 CHECKS, EX = load_lab(STEM), exercises(STEM)
+
+
+def rules_failed(result) -> list:
+    """The rules of the cases ``result`` (public cases, and hidden ones from HIDDEN_SEED) did not pass."""
+    return failed_rules(EX[result.id], result, HIDDEN_SEED)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +64,7 @@ def with_answer(ns: dict, **replacements) -> dict:
 
 
 def _public(eid, ns, n=None):
-    return evaluate(EX[eid], ns, "cpu", EX[eid].cases()[:n])  # the first n public cases: quick, and named
+    return evaluate(EX[eid], ns, "cpu", in_written_order(EX[eid])[:n])  # the first n public cases: quick
 
 
 @pytest.mark.parametrize("eid", list(EX))
@@ -380,14 +388,15 @@ def test_a_canary_promoted_on_too_few_requests_fails(sol16):
         decision = sol16["rollout_decision"](baseline, canary, slo)
         return "promote" if decision == "wait" else decision
     r = _public("mlops", with_answer(sol16, rollout_decision=rollout_decision))
-    assert r.status == "failed" and "too few requests" in r.message and "Too few requests: wait" in r.message
+    assert r.status == "failed" and "Too few requests: wait" in r.message
+    assert "canary too few requests" in rules_failed(r)
 
 
 def test_a_canary_that_ignores_drift_fails(sol16):
     def rollout_decision(baseline, canary, slo):
         return sol16["rollout_decision"](baseline, dict(canary, psi=0.0), slo)
     r = _public("mlops", with_answer(sol16, rollout_decision=rollout_decision))
-    assert r.status == "failed" and "input drift" in r.message, r.message
+    assert r.status == "failed" and "canary input drift" in rules_failed(r), r.message
 
 
 # --- answers that compute nothing earn nothing; every rule in every hidden set --------------------------------
@@ -395,7 +404,7 @@ def test_a_canary_that_ignores_drift_fails(sol16):
 @pytest.mark.parametrize("eid", list(EX))
 def test_do_nothing_answers_earn_nothing_and_hidden_rules_are_stable(eid):
     kit.assert_do_nothing_scores_zero(EX[eid])
-    kit.assert_same_rules_every_seed(EX[eid])
+    assert rules_differ(EX[eid]) is None
 
 
 def test_hostile_plans_fail_cleanly_without_simulating_them(sol16):
@@ -418,7 +427,7 @@ def test_feasibility_that_skips_a_rule_fails(sol16, drop, rule):
             found.append("does not fit in the whole GPU")  # (the whole GPU, no headroom)
         return found
     r = _public("layout_problems", with_answer(sol16, layout_problems=layout_problems))
-    assert r.status == "failed" and rule in r.message, r.message
+    assert r.status == "failed" and any(f.startswith(rule) for f in rules_failed(r)), r.message
     if drop == "GB per GPU":
         assert "Your training_memory is right" in r.message and "ONE GPU" in r.message, r.message
 
@@ -646,3 +655,166 @@ def test_disaggregation_trades_the_decode_stall_for_a_kv_transfer(sol16):
     split = sol16["prefill_decode_split"](GPT3_175B, SERVE_175B, CLUSTERS["H100-80GB x 8192 (RoCE 400G)"], 8, 32)
     assert split["ttft_s"] > 5 * split["tpot_s"] > 5 * split["kv_transfer_s"] > 0  # prefill >> decode step > transfer
     assert split["p99_ttft_s"] > split["ttft_s"]  # queueing for a prefill replica adds to the longest prefill
+
+
+# --- answers that read the case instead of solving it ------------------------------------------------------
+
+def _case_in_caller():
+    """The case the grader's run function holds, found up the answer's call stack."""
+    frame = sys._getframe(2)
+    while frame is not None and not isinstance(frame.f_locals.get("case"), Case):
+        frame = frame.f_back
+    return frame.f_locals["case"]
+
+
+def test_a_diagnosis_read_from_the_case_name_earns_nothing(sol16):
+    seen = []
+
+    def spying(profile):  # the case is within reach of the answer: its name must say nothing
+        seen.append(_case_in_caller().name)
+        return sol16["diagnose_deployment"](profile)
+    assert grade(STEM, "diagnose_deployment", {"diagnose_deployment": spying}).status == "passed"
+    cases = len(EX["diagnose_deployment"].cases()) + len(EX["diagnose_deployment"].cases(HIDDEN_SEED, False))
+    assert len(seen) == cases and all(n.startswith(("case", "example")) for n in seen), seen
+
+    def diagnose_deployment(profile):
+        name = _case_in_caller().name
+        found = [b for b in BOTTLENECKS if b in name or b.replace("_", " ") in name]
+        return {"bottleneck": found[0], "rank": int(profile["kernel_ms"].argmax())}  # IndexError: nothing found
+    r = grade(STEM, "diagnose_deployment", {"diagnose_deployment": diagnose_deployment})
+    assert r.score == 0, r.message
+
+
+def test_a_rollout_read_from_the_case_name_earns_nothing(sol16):
+    words = {"healthy": "promote", "within noise": "promote", "too few": "wait", "over": "rollback",
+             "more errors": "rollback", "drift": "rollback"}
+
+    def rollout_decision(baseline, canary, slo):
+        name = _case_in_caller().name
+        return next(decision for word, decision in words.items() if word in name)  # StopIteration: nothing found
+    r = grade(STEM, "mlops", with_answer(sol16, rollout_decision=rollout_decision))
+    rules = {**case_rules(EX["mlops"], 0, True), **case_rules(EX["mlops"], HIDDEN_SEED)}
+    canaries = [c for c in r.cases if rules[c.name].startswith("canary")]
+    assert canaries and all(c.status != "passed" for c in canaries), [(c.name, c.status) for c in canaries]
+
+
+def test_hidden_case_names_name_no_answer():
+    """A classification's answer (a bottleneck, a cause, a decision) never appears in its cases' names."""
+    answers = {"diagnose_deployment": BOTTLENECKS, "diagnose_divergence": CAUSES,
+               "mlops": ("promote", "rollback", "wait", "healthy", "noise", "drift", "errors", "latency")}
+    for eid, words in answers.items():
+        for seed, public in ((0, True), (HIDDEN_SEED, False), (3, False)):
+            for case in EX[eid].cases(seed, public):
+                assert not any(w in case.name or w.replace("_", " ") in case.name for w in words), case.name
+
+
+# --- plausible wrong answers, one line of the solution changed: each fails on every seed, and says why ------
+
+MUTANTS = [  # (exercise, the solution's text, the mistake, what the message says)
+    ("training_memory", "12 * share / sharded(1)", "8 * share / sharded(1)", "12 bytes per parameter"),
+    ("training_memory", "layout.zero >= stage", "layout.zero > stage", "divided by dp from ZeRO-2 on"),
+    ("training_memory", "(34 * sbh / layout.tp if layout.recompute else 0.0)", "0.0", "recomputation peak"),
+    ("training_memory", "layout.pp * layers * kept", "layers * kept", "pp microbatches in flight"),
+    ("training_memory", "math.ceil(spec.n_layers / layout.pp)", "spec.n_layers // layout.pp", "ceil(L / pp)"),
+    ("training_memory", "math.ceil(spec.n_layers / layout.pp)", "spec.n_layers / layout.pp", "ceil(L / pp)"),
+    ("step_time", "(8 if layout.recompute else 6)", "6", "8 x with recomputation"),
+    ("step_time", "per_layer = 6 if layout.recompute else 4", "per_layer = 4", "6 with recomputation"),
+    ("step_time", "bubble = (compute + tp + pp)", "bubble = (compute)", "(compute + tp_comm + pp_comm)"),
+    ("step_time", "(layout.pp - 1) / m", "(layout.pp - 1) / (m + layout.pp - 1)", "(pp - 1) / m"),
+    ("step_time", "2 * m * (alpha + act / bw)", "m * (alpha + act / bw)", "one send forward and one backward"),
+    ("step_time", "2 * m * (alpha + act / bw)", "2 * m * (act / bw)", "2 m (alpha + bytes"),
+    ("step_time", "group_link(cluster, layout.tp, layout.dp)", "group_link(cluster, 1, layout.dp)", "dp ranks"),
+    ("step_time", "dp *= 1.5 if layout.zero == 3 else 1.0", "dp *= 1.0", "ZeRO-3"),
+    ("step_time", "tp = math.ceil(spec.n_layers / layout.pp) * m", "tp = spec.n_layers * m", "ceil(L / pp)"),
+    ("layout_problems", "HEADROOM * cluster.gpu_bytes", "cluster.gpu_bytes", "0.9 x gpu_bytes"),
+    ("layout_problems", "layout.tp > cluster.gpus_per_node", "False", "spans nodes"),
+    ("layout_problems", "spec.n_heads % layout.tp", "0", "heads do not split"),
+    ("layout_problems", "layout.pp > spec.n_layers", "False", "stages for 96 layers"),
+    ("layout_problems", "global_batch % (layout.dp * layout.micro_batch)", "global_batch % layout.dp",
+     "not a multiple of dp x micro_batch"),
+    ("layout_problems", "!= cluster.n_gpus", "> cluster.n_gpus", "not the 1024 GPUs"),
+    ("plan_training", "for pp in [d for d in range(1, rest + 1) if rest % d == 0]",
+     "for pp in [d for d in (1, 2, 4, 8, 16) if rest % d == 0]", "raised AttributeError"),
+    ("plan_serving", 'mem["total"] <= HEADROOM * cluster.gpu_bytes', 'mem["total"] <= cluster.gpu_bytes',
+     "not the 90% a plan may use"),
+    ("moe_training_memory", "expert_dp = layout.dp // layout.ep  # ranks", "expert_dp = layout.dp  # ranks",
+     "expected"),
+    ("moe_training_memory", "share = spec.expert_params / (layout.tp * layout.pp * layout.ep)",
+     "share = spec.expert_params / (layout.tp * layout.pp)", "expected"),
+    ("moe_step_time", "per_layer = 6 if layout.recompute else 4  ", "per_layer = 4  ", "6 with recomputation"),
+    ("moe_step_time", "* spec.top_k * spec.d_model", "* spec.d_model", "top_k"),
+    ("moe_step_time", 'out["bubble"] = pipelined *', 'out["bubble"] = (pipelined - out["a2a_comm"]) *',
+     "the all-to-alls"),
+    ("moe_step_time", "expert_dp = layout.dp // layout.ep\n", "expert_dp = layout.dp\n", "dp_comm"),
+    ("moe_layout_problems", "if layout.dp % layout.ep:", "if False:", "does not divide DP"),
+    ("moe_layout_problems", "if spec.num_experts % layout.ep:", "if False:", "experts do not split"),
+    ("moe_layout_problems", "total > HEADROOM * cluster.gpu_bytes", "total > cluster.gpu_bytes", "> 90% of 80 GB"),
+    ("serving_memory", "math.ceil(spec.n_kv_heads / tp)", "spec.n_kv_heads / tp", "ceil(n_kv_heads / tp)"),
+    ("serving_memory", "math.ceil(spec.n_kv_heads / tp)", "math.ceil(spec.n_heads / tp)", "query heads"),
+    ("prefill_decode_split", "math.ceil((prefill_load + decode_load) / SERVE_UTILISATION)",
+     "math.ceil(prefill_load / SERVE_UTILISATION) + math.ceil(decode_load / SERVE_UTILISATION)",
+     "mixed replicas share both loads"),
+    ("prefill_decode_split", "tpot + prefill(longest)", "prefill(longest)", "tpot_s + ttft_s"),
+    ("prefill_decode_split", "percentile(ttfts, 99)", "percentile(ttfts, 50)", "p99_ttft_s"),
+    ("prefill_decode_split", "return cluster.inter_alpha + prompt", "return prompt", "inter_alpha"),
+    ("prefill_decode_split", "/ cluster.inter_bytes_per_s", "/ cluster.intra_bytes_per_s", "inter_bytes_per_s"),
+    ("four_gpu_options", "cycle = 4 * (t1 / 4 + hop)", "cycle = t1", "four_gpu_options['pp']"),
+    ("resnet_batch", "if latency <= slo and b / run >= rate:", "if latency <= slo:", "no throughput check"),
+    ("resnet_batch", "latency <= slo", "latency < slo", "a target met exactly"),
+    ("resnet_batch", "range(1, 257)", "range(1, 65)", "expected 256"),
+    ("diagnose_deployment", "1.5 * float(kernel.median())", "1.5 * float(kernel.mean())", "the median rank's"),
+    ("diagnose_deployment", "1.5 * float(kernel.median())", "2.0 * float(kernel.median())", "stage_imbalance"),
+    ("diagnose_deployment", 'step = float(profile["step_ms"].mean())', 'step = float(profile["step_ms"].max())',
+     "mean shares of the step"),
+    ("reshard_zero", "dtype=flat.dtype", "dtype=torch.float32", "keep torch.bfloat16"),
+    ("find_stragglers", "torch.nanmedian(times, dim=0).values", "torch.nanmean(times, dim=0)",
+     "use each rank's median"),
+    ("find_stragglers", "if r not in hung and float", "if float", "is hung: report it once"),
+    ("find_stragglers", "torch.isnan(times[-3:, r]).all()", "torch.isnan(times[-3:, r]).any()", "not a hang"),
+    ("diagnose_divergence", "norms[last] / torch.median(norms[:max(last, 1)], dim=0).values", "norms[last]",
+     "big layers are not suspects"),
+    ("diagnose_divergence", "1.5 * float(torch.median(loss[t - 20:t]))", "1.5 * float(torch.mean(loss[t - 20:t]))",
+     "StopIteration"),
+    ("diagnose_divergence", "1.5 * float(torch.median(loss[t - 20:t]))", "1.5 * float(torch.nanmedian(loss[:t]))",
+     "StopIteration"),
+    ("diagnose_divergence", "if first_nan >= 0 and scale[first_nan] * 8 <= scale[max(0, first_nan - 10)]:",
+     "if first_nan >= 0 and first_nan == spike:", "loss scale down 8x"),
+    ("mlops", "limit = p + 3 *", "limit = p + 2 *", "the error limit p + 3 sqrt"),
+    ("mlops", 'canary["psi"] >= 0.25', 'canary["psi"] >= 0.1', "PSI 0."),
+    ("mlops", 'canary["psi"] >= 0.25', 'canary["psi"] > 0.25', "PSI 0.25"),
+    ("mlops", '/ canary["requests"])', '/ baseline["requests"])', "the error limit"),
+]
+
+
+@pytest.mark.parametrize("eid, old, new, says", MUTANTS, ids=mutants.ids(MUTANTS))
+def test_a_plausible_mistake_fails_on_every_seed_and_says_why(sol16, eid, old, new, says):
+    mutants.assert_fails_on_every_seed(EX[eid], mutants.mutated(STEM, sol16, eid, old, new), says)
+
+
+# --- the course helpers an answer may call: those lab 16's setup imports, no others ---------------------------
+
+def test_an_answer_calling_a_helper_the_lab_does_not_offer_earns_nothing(sol16):
+    from gpulab.planning import bubble_fraction  # lab 13's exercise, modelled for the lesson
+
+    def step_time(spec, seq_len, global_batch, layout, cluster):
+        out = dict(sol16["step_time"](spec, seq_len, global_batch, layout, cluster))
+        out["bubble"] = bubble_fraction(layout.pp, global_batch // (layout.dp * layout.micro_batch)) * out["compute"]
+        return out
+    r = grade(STEM, "step_time", with_answer(sol16, step_time=step_time))
+    assert r.score == 0 and "gpulab.planning.bubble_fraction, a course helper this lab does not offer" in r.message
+
+
+def test_a_renamed_helper_earns_nothing():
+    """Course code under the learner's module name is still course code: where it lives decides."""
+    from gpulab.planning import ring_allreduce_time
+
+    spoofed = types.FunctionType(ring_allreduce_time.__code__, {}, "checkpoint_interval")
+    spoofed.__module__ = "__main__"
+    r = grade(STEM, "checkpoint_interval", {"checkpoint_interval": spoofed})
+    assert r.score == 0 and "gpulab:" in r.message and "does not offer" in r.message, r.message
+
+
+def test_the_solution_calls_only_the_helpers_the_lab_offers(sol16):
+    from grader.kit.helpers import unoffered
+
+    assert {ex.id: unoffered(ex, sol16) for ex in EX.values() if unoffered(ex, sol16)} == {}

@@ -3,7 +3,7 @@ rotated keys cached, no position recomputed), KV-cache bytes and the batch that 
 paged block manager, a continuous-batching scheduler (first come, first served under the block budget at every
 step), speculative decoding (chi-square tests against the target's distribution) and a Triton decode-attention
 kernel over shuffled block tables and stale values. Wrong answers are named by the mistake they match. Hidden
-cases: one per rule (a case's name starts with its rule, before ':'), the same rules on every seed.
+cases: one per rule, the same rules on every seed, named by their inputs alone and shuffled (grader.kit.neutral).
 """
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from gpulab.tiny_lm import LMConfig, make_lm
 from grader.exercise import Benchmark, Case, Exercise
 from grader.kit.cases import choice, randint, randn, uniform
 from grader.kit.close import close
+from grader.kit.helpers import offering
 from grader.kit.kernels import judge_kernel
+from grader.kit.neutral import neutral
 from grader.kit.variants import diagnose, tensor_match
 from grader.runs import run_side
 
@@ -140,7 +142,8 @@ def _lm_judge(case, obs):
 
 
 KV_DECODE = Exercise(
-    "kv_cache_decode", 4, ("forward_cached",), _lm_cases, RUN._lm_run, _lm_judge, title="Decoding with a KV cache",
+    "kv_cache_decode", 4, ("forward_cached",), neutral(_lm_cases), RUN._lm_run, _lm_judge,
+    title="Decoding with a KV cache",
     hint="past = cache length; positions = arange(past, past + T); per block: q, k, v = project_qkv(x, positions), k "
          "and v = cat(cached, new) on dim 2, repeat k and v n_heads // n_kv_heads times for attention (not in the "
          "cache), mask with ones(T, past + T).tril(past), then project_out, residual, feed_forward, residual.")
@@ -177,7 +180,10 @@ def _bytes_cases(gen, public):
             case("multi-query attention", spec("MQA"), randint(gen, 1, 64), seq(), 2),
             case("an int8 cache", spec("GQA"), randint(gen, 1, 64), seq(), 1, 80, 1),
             case("a published model", real, randint(gen, 1, 32), seq(), 2, choice(gen, [40, 80, 141])),
-            case("weights that do not fit", MODELS["Llama-2-70B"], 1, seq(), 2, choice(gen, [24, 40, 80]))]
+            case("weights that do not fit", MODELS["Llama-2-70B"], 1, seq(), 2, choice(gen, [24, 40, 80])),
+            # the cache and the weights in different dtypes: each count takes its own bytes per value
+            case("an int8 cache beside 16-bit weights", spec("GQA"), randint(gen, 1, 64), seq(), 1, 80, 2),
+            case("8-bit weights beside a 16-bit cache", spec("GQA"), randint(gen, 1, 64), seq(), 2, 80, 1)]
 
 
 def _bytes_judge(case, obs):
@@ -208,14 +214,19 @@ def _bytes_judge(case, obs):
     message = f"max_batch = {obs['max_batch']!r}, expected {want}: {why}."
     if got is not None and got < 0:
         return message + _YOURS_IS.format("a negative count: return 0 when the weights leave no room")
+    in_dtype = lambda nbytes, weights: max(0, int((x["gpu_bytes"] - weights) // nbytes))  # noqa: E731
     return diagnose(message, got, [
         ("the KV cache given the whole GPU: subtract the weights first", int(x["gpu_bytes"] // per_seq)),
+        ("the cache counted in the weights' bytes per value: the cache takes kv_dtype_bytes, the weights "
+         "weight_bytes", in_dtype(ref_kv_cache_bytes(spec, 1, s, x["weight_bytes"]), weights)),
+        ("the weights counted in the cache's bytes per value: n_params x weight_bytes",
+         in_dtype(per_seq, spec.n_params * nb)),
         ("a count rounded up: a sequence that does not fit entirely does not fit", math.ceil(exact))],
         lambda g, w: g == w, _YOURS_IS)
 
 
 KV_BYTES = Exercise(
-    "kv_cache_bytes", 2, ("kv_cache_bytes", "max_batch"), _bytes_cases, RUN._bytes_run, _bytes_judge,
+    "kv_cache_bytes", 2, ("kv_cache_bytes", "max_batch"), neutral(_bytes_cases), RUN._bytes_run, _bytes_judge,
     title="KV-cache bytes, and the batch that fits beside the weights",
     hint="Per token: 2 (K and V) x n_layers x n_kv_heads x head_dim x dtype_bytes. max_batch: (gpu_bytes - n_params x "
          "weight_bytes) // (bytes of one sequence of seq_len tokens), and 0 if the weights leave no room.")
@@ -274,7 +285,12 @@ def _step_judge(case, obs):
     expected = {  # per number: what it should be, the mistakes it may match, and how such a match reads
         "flops": (f"{want['flops']:.6g}: 2 x n_params x batch x new_tokens ({matmul:.4g}) plus attention "
                   f"({want['flops'] - matmul:.4g}; token i of the step attends context + i + 1 keys).", [
-                      ("only the matmuls: add attention's 4 x layers x n_heads x head_dim per attended key", matmul)],
+                      ("only the matmuls: add attention's 4 x layers x n_heads x head_dim per attended key", matmul),
+                      ("attention over the n_kv_heads key/value heads: every query head computes its own scores "
+                       "(n_heads)", matmul + (want["flops"] - matmul) * spec.n_kv_heads / spec.n_heads),
+                      ("every new token attending all the step's tokens: token i attends context + i + 1 keys (the "
+                       "causal half, T (T + 1) / 2)", matmul + (want["flops"] - matmul) * (x["context"] + t) * t
+                       / (t * x["context"] + t * (t + 1) / 2))],
                   _YOURS_COUNTS),
         "bytes": (f"{want['bytes']:.6g}: the weights once ({weights:.4g}) plus the KV cache of context + new_tokens "
                   "positions for the batch.", [
@@ -298,7 +314,7 @@ def _step_judge(case, obs):
             f"(intensity {want['intensity']:.1f} FLOP/B vs the ridge {peaks.ridge_point:.1f} FLOP/B).")
 
 
-ROOFLINE = Exercise("decode_roofline", 2, ("step_roofline",), _step_cases, RUN._step_run, _step_judge,
+ROOFLINE = Exercise("decode_roofline", 2, ("step_roofline",), neutral(_step_cases), RUN._step_run, _step_judge,
                     title="Prefill and decode on the roofline", hint=(
                         "flops = 2 n_params B T + 4 L n_heads head_dim B (T context + T(T+1)/2); bytes = n_params "
                         "dtype_bytes + kv_cache_bytes(spec, B, context + T, dtype_bytes); seconds = max(flops / "
@@ -343,6 +359,7 @@ def _paged_ops(gen, rule: str, num_blocks: int, bs: int) -> list:
             append(3, randint(gen, 1, bs))
         free(0)
         append(4, randint(gen, 1, 2 * bs))
+        append(0, randint(gen, 1, bs))        # a freed id comes back: a new sequence, from position 0
     elif rule == "a new sequence that does not fit":
         append(5, (free_blocks() + 1) * bs)   # one block too many: MemoryError, no table for sequence 5
         append(5, free_blocks() * bs)         # exactly the free blocks: fits
@@ -357,8 +374,8 @@ def _paged_cases(gen, public):
         if not public:
             bs = choice(gen, [1, 2, 4, 8, 16])
             nb = randint(gen, 8, 16) if bs > 1 else randint(gen, 40, 64)
-        name = f"{rule} (num_blocks={nb}, block_size={bs})" if public else f"{rule}: num_blocks={nb}, block_size={bs}"
-        cases.append(Case(name, dict(num_blocks=nb, block_size=bs, ops=_paged_ops(gen, rule, nb, bs))))
+        cases.append(Case(f"{rule}: num_blocks={nb}, block_size={bs}",
+                          dict(num_blocks=nb, block_size=bs, ops=_paged_ops(gen, rule, nb, bs))))
     return cases
 
 
@@ -425,7 +442,7 @@ def _paged_judge(case, obs):
 
 
 PAGED_KV = Exercise(
-    "paged_kv", 3, ("BlockManager",), _paged_cases, RUN._paged_run, _paged_judge,
+    "paged_kv", 3, ("BlockManager",), neutral(_paged_cases), RUN._paged_run, _paged_judge,
     title="A paged KV cache: blocks and block tables",
     hint="Keep a list of free block ids, and per sequence its block table and length. append: need = ceil((length + "
          "n) / block_size) - len(table); raise MemoryError before changing anything if need > free; slot of token p = "
@@ -470,16 +487,12 @@ def _sched_cases(gen, public):
                     [(2 + i, randint(gen, 1, bs), randint(gen, 1, 3)) for i in range(4)]
             num_blocks = 6
         requests = [dict(rid=i, arrival=a, prompt_len=p, max_new_tokens=m) for i, (a, p, m) in enumerate(specs)]
-        name = (f"{rule}{', ' if public else ': '}{len(requests)} requests, num_blocks={num_blocks}, block_size={bs}, "
-                f"max_batch={max_batch}")
+        name = f"{rule}: {len(requests)} requests, num_blocks={num_blocks}, block_size={bs}, max_batch={max_batch}"
         cases.append(Case(name, dict(num_blocks=num_blocks, block_size=bs, max_batch=max_batch, requests=requests)))
     return cases
 
 
 def _sched_judge(case, obs):
-    if obs.get("borrowed"):
-        return (f"Scheduler is {obs['borrowed']}, a course helper: write your own scheduler (the exercise is "
-                "the policy itself).")
     x, batches = case.inputs, obs["batches"]
     nb, bs, mb = x["num_blocks"], x["block_size"], x["max_batch"]
     reqs = sorted((Request(**r) for r in x["requests"]), key=lambda r: (r.arrival, r.rid))
@@ -543,7 +556,7 @@ def _sched_judge(case, obs):
 
 
 SCHEDULER = Exercise(
-    "continuous_batching", 4, ("Scheduler",), _sched_cases, RUN._sched_run, _sched_judge,
+    "continuous_batching", 4, ("Scheduler",), neutral(_sched_cases), RUN._sched_run, _sched_judge,
     title="Continuous batching: admit, decode, retire, preempt under a memory budget", hint=(
         "Keep the live requests in arrival order with their generated counts. step(): walk them oldest first, taking "
         "each while len(batch) < max_batch and its ceil((prompt + generated) / block_size) blocks fit; stop at the "
@@ -646,7 +659,8 @@ def _spec_judge(case, obs):
     return None
 
 
-SPECULATIVE = Exercise("speculative_decoding", 4, ("speculative_verify",), _spec_cases, RUN._spec_run, _spec_judge,
+SPECULATIVE = Exercise("speculative_decoding", 4, ("speculative_verify",), neutral(_spec_cases), RUN._spec_run,
+                       _spec_judge,
                        title="Speculative decoding: rejection sampling that keeps the target's distribution", hint=(
                            "For i in 0..k-1: accept draft x = draft_tokens[i] if u < p[i, x] / q[i, x] (u uniform "
                            "from gen); on the first rejection return the accepted ones plus a sample of max(p[i] - "
@@ -726,14 +740,23 @@ def _kernel_judge(case, obs):
         compare(outputs["out"], want, dtype=dtype, name="out"), outputs["out"], variants, tensor_match(dtype)))
 
 
-PAGED_ATTENTION = Exercise("paged_decode_attention", 4, ("paged_decode_attention",), _kernel_cases, RUN._kernel_run,
+PAGED_ATTENTION = Exercise("paged_decode_attention", 4, ("paged_decode_attention",), neutral(_kernel_cases),
+                           RUN._kernel_run,
                            _kernel_judge, title="Triton: decode attention over a paged KV cache",
                            hint="One program per (sequence, head). Loop j over cdiv(seq_len, BLOCK_SIZE): block = "
                                 "load(block_tables[seq, j]); keys at k_cache[block, slot, head // GROUP, :] for the "
                                 "BLOCK_SIZE slots, masked where j * BLOCK_SIZE + slot >= seq_len; scores = sum(k * q) "
                                 "* scale (masked to -inf); online softmax (m, l, acc) as in lab 05.")
 
-EXERCISES = [KV_DECODE, KV_BYTES, ROOFLINE, PAGED_KV, SCHEDULER, SPECULATIVE, PAGED_ATTENTION]
+# The helpers lab 14's setup imports: its answers may call these, and no other gpulab function or class (lab 16's
+# planner models this lab's cache sizes and scheduler).
+OFFERED = ("gpulab.setup", "gpulab.feedback.check", "gpulab.bench.benchmark", "gpulab.compare.validate",
+           "gpulab.peaks.Peaks", "gpulab.peaks.measured_peaks", "gpulab.serving.ModelSpec", "gpulab.serving.Request",
+           "gpulab.serving.make_trace", "gpulab.serving.simulate", "gpulab.serving.summarize",
+           "gpulab.tiny_lm.LMConfig", "gpulab.tiny_lm.TinyLM", "gpulab.tiny_lm.make_lm")
+
+EXERCISES = [offering(ex, OFFERED)
+             for ex in (KV_DECODE, KV_BYTES, ROOFLINE, PAGED_KV, SCHEDULER, SPECULATIVE, PAGED_ATTENTION)]
 
 
 # --- benchmarks (python -m grader bench) ----------------------------------------------------------

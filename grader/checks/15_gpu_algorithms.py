@@ -7,7 +7,7 @@ seeded start) and its roofline cost, recall@k (true neighbours past the k-th ign
 k-means, gradient-boosted trees' histograms and best split, and a prefetching loop's transfer contract (read from a
 recording of its calls, gpulab.prefetch: each batch pinned once, before or in the loop; no pinned buffer rewritten
 while a copy may read it; the wait on the copy stream). Wrong answers are named by the mistake they match. Hidden
-cases: one per rule (a case's name starts with its rule, before ':'), the same rules on every seed.
+cases: one per rule, the same rules on every seed, named by their inputs alone and shuffled (grader.kit.neutral).
 """
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from gpulab.peaks import Peaks
 from grader.exercise import Benchmark, Case, Exercise
 from grader.kit.cases import choice, randint, randn, uniform
 from grader.kit.close import close
+from grader.kit.helpers import offering
 from grader.kit.kernels import judge_kernel, torch_ops_verdict
+from grader.kit.neutral import neutral
 from grader.kit.variants import diagnose
 from grader.runs import run_side
 
@@ -110,7 +112,7 @@ def _heap_judge(case, obs):
                     got, variants, lambda a, b: a == b, _YOURS_IS.replace("is", "has"))
 
 
-HEAP_TOPK = Exercise("heap_topk", 2, ("heap_topk",), _heap_cases, RUN._heap_run, _heap_judge,
+HEAP_TOPK = Exercise("heap_topk", 2, ("heap_topk",), neutral(_heap_cases), RUN._heap_run, _heap_judge,
                      title="Streaming top-K on the CPU: a heap of k entries",
                      hint="Keep a min-heap of k entries (value, -index): its root is the one to evict next (the "
                           "smallest value; among equal values the higher index). Offset each chunk's indices by the "
@@ -183,8 +185,8 @@ def _stream_judge(case, obs):
     return verdict
 
 
-STREAMING_TOPK = Exercise("streaming_topk", 3, ("streaming_topk",), _stream_cases, RUN._stream_run, _stream_judge,
-                          title="Streaming top-K in batches: torch.topk merges, exact on ties",
+STREAMING_TOPK = Exercise("streaming_topk", 3, ("streaming_topk",), neutral(_stream_cases), RUN._stream_run,
+                          _stream_judge, title="Streaming top-K in batches: torch.topk merges, exact on ties",
                           hint="Keep running (R, k) values and global column indices; for each chunk, concatenate "
                                "them with the chunk (indices offset + arange(C)) and keep the top k. torch.topk may "
                                "return any of equal values: make the keys unique (the float's bits as an ordered int, "
@@ -250,7 +252,7 @@ def _kernel_judge(case, obs):
                                 "(values, indices) (the check passes buffers pre-filled with poison).")
 
 
-TOPK_KERNEL = Exercise("topk_kernel", 4, ("topk_rows",), _kernel_cases, RUN._kernel_run, _kernel_judge,
+TOPK_KERNEL = Exercise("topk_kernel", 4, ("topk_rows",), neutral(_kernel_cases), RUN._kernel_run, _kernel_judge,
                        title="Triton: per-row top-K for a small K",
                        hint="One program per row: load the row (masked, other=-inf); K times: m = max(x); i = "
                             "min(where(x == m, cols, BLOCK_N)) (the lowest column holding it); store m and i; x = "
@@ -337,7 +339,7 @@ def _assign_judge(case, obs):
         "\n  Your dist2 matches {} instead.")
 
 
-KMEANS_ASSIGN = Exercise("kmeans_assign", 3, ("kmeans_assign",), _assign_cases, RUN._assign_run, _assign_judge,
+KMEANS_ASSIGN = Exercise("kmeans_assign", 3, ("kmeans_assign",), neutral(_assign_cases), RUN._assign_run, _assign_judge,
                          title="k-means: the assignment as one matmul",
                          hint="d2 = (x * x).sum(1, keepdim=True) - 2 * x @ c.T + (c * c).sum(1) (N, K); labels = "
                               "d2.argmin(1) (the first minimum: the lower centroid); dist2 = d2 at the labels, "
@@ -416,7 +418,7 @@ def _lloyd_judge(case, obs):
     return verdict
 
 
-KMEANS = Exercise("kmeans_lloyd", 2, ("kmeans",), _lloyd_cases, RUN._lloyd_run, _lloyd_judge,
+KMEANS = Exercise("kmeans_lloyd", 2, ("kmeans",), neutral(_lloyd_cases), RUN._lloyd_run, _lloyd_judge,
                   title="k-means: Lloyd's iterations from a seeded start",
                   hint="c = x[randperm(N, generator=Generator().manual_seed(seed))[:k]]; each iteration: labels = "
                        "kmeans_assign(x, c)[0]; sums = zeros(K, D).index_add_(0, labels, x); counts = bincount(labels, "
@@ -492,7 +494,7 @@ def _cost_judge(case, obs):
     return None
 
 
-KMEANS_COST = Exercise("kmeans_roofline", 2, ("kmeans_step_cost",), _cost_cases, RUN._cost_run, _cost_judge,
+KMEANS_COST = Exercise("kmeans_roofline", 2, ("kmeans_step_cost",), neutral(_cost_cases), RUN._cost_run, _cost_judge,
                        title="k-means on the roofline: FLOPs, bytes, intensity",
                        hint="flops = 2 n k d; bytes = (n d + k d) dtype_bytes + 8 n (+ 2 x 4 n k unfused: the "
                             "float32 distances written, then read by the argmin); seconds = max(flops / (TFLOP/s "
@@ -563,7 +565,7 @@ def _recall_judge(case, obs):
                         ("a percentage: return the fraction, between 0 and 1", 100 * want)], close, _YOURS_IS)
 
 
-RECALL = Exercise("recall_at_k", 2, ("recall_at_k",), _recall_cases, RUN._recall_run, _recall_judge,
+RECALL = Exercise("recall_at_k", 2, ("recall_at_k",), neutral(_recall_cases), RUN._recall_run, _recall_judge,
                   title="recall@k, counted right",
                   hint="hits = (truth[:, :k, None] == found[:, None, :k]).any(-1): (Q, k), each true neighbour found "
                        "or not (once, however often it is returned; -1 never matches); recall = hits.sum() / (Q k).")
@@ -645,7 +647,7 @@ def _ivf_judge(case, obs):
                     lambda a, b: torch.equal(a, b), "\n  Your ids match {} instead.")
 
 
-IVF = Exercise("ivf_search", 3, ("build_ivf", "ivf_search"), _ivf_cases, RUN._ivf_run, _ivf_judge,
+IVF = Exercise("ivf_search", 3, ("build_ivf", "ivf_search"), neutral(_ivf_cases), RUN._ivf_run, _ivf_judge,
                title="Vector search: an IVF index from the k-means",
                hint="build_ivf: labels = kmeans_assign(x, centroids)[0]; list j = nonzero(labels == j). ivf_search: "
                     "per query, the nprobe nearest centroids (a stable sort of the distances), the union of their "
@@ -714,7 +716,7 @@ def _hist_judge(case, obs):
     return None
 
 
-HISTOGRAMS = Exercise("gbdt_histograms", 3, ("bin_features", "grad_histograms"), _hist_cases, RUN._hist_run,
+HISTOGRAMS = Exercise("gbdt_histograms", 3, ("bin_features", "grad_histograms"), neutral(_hist_cases), RUN._hist_run,
                       _hist_judge,
                       title="Gradient-boosted trees: binning and gradient histograms",
                       hint="bin_features: (x[:, :, None] >= edges[None]).sum(-1), the number of edges <= x. "
@@ -790,7 +792,7 @@ def _split_judge(case, obs):
                          "to b included)", variant(after=False))], same, _YOURS_IS.replace("is", "uses"))
 
 
-BEST_SPLIT = Exercise("best_split", 3, ("best_split",), _split_cases, RUN._split_run, _split_judge,
+BEST_SPLIT = Exercise("best_split", 3, ("best_split",), neutral(_split_cases), RUN._split_run, _split_judge,
                       title="Gradient-boosted trees: the best split from the histograms",
                       hint="GL, HL = G.cumsum(1)[:, :-1], H.cumsum(1)[:, :-1]; GR = G.sum(1) - GL, HR = H.sum(1) - HL; "
                            "gain = (GL^2/(HL+lam) + GR^2/(HR+lam) - G^2/(H+lam)) / 2 - gamma; the first argmax of the "
@@ -872,14 +874,19 @@ def _pipe_judge(case, obs):
     return None
 
 
-PREFETCH = Exercise("prefetch_loop", 3, ("prefetch_loop",), _pipe_cases, RUN._pipe_run, _pipe_judge,
+PREFETCH = Exercise("prefetch_loop", 3, ("prefetch_loop",), neutral(_pipe_cases), RUN._pipe_run, _pipe_judge,
                     title="A data pipeline that overlaps copies with compute",
                     hint="fetch(i) = io.to_device(io.pin(batches[i]), non_blocking=True, stream=io.copy_stream). Fetch "
                          "batch 0; then for each i: io.wait(io.copy_stream); x = the fetched batch; fetch batch i + 1 "
                          "(if any); results.append(step(x)). No io.synchronize() in the loop.")
 
-EXERCISES = [HEAP_TOPK, STREAMING_TOPK, TOPK_KERNEL, KMEANS_ASSIGN, KMEANS, KMEANS_COST, RECALL, IVF, HISTOGRAMS,
-             BEST_SPLIT, PREFETCH]
+# The helpers lab 15's setup imports: its answers may call these, and no other gpulab function or class.
+OFFERED = ("gpulab.setup", "gpulab.feedback.check", "gpulab.bench.benchmark", "gpulab.datasheet.h100_peaks",
+           "gpulab.peaks.Peaks", "gpulab.peaks.measured_peaks", "gpulab.prefetch.CudaTransfers",
+           "gpulab.prefetch.RecordingTransfers", "gpulab.vectors.make_blobs")
+
+EXERCISES = [offering(ex, OFFERED) for ex in (HEAP_TOPK, STREAMING_TOPK, TOPK_KERNEL, KMEANS_ASSIGN, KMEANS,
+                                             KMEANS_COST, RECALL, IVF, HISTOGRAMS, BEST_SPLIT, PREFETCH)]
 
 
 # --- benchmarks (python -m grader bench) ------------------------------------------------------------------------

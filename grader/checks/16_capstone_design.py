@@ -4,8 +4,8 @@ GPT-3 175B and Llama 3 405B layouts, and its mixture-of-experts extension (EP in
 the all-to-alls, EP's rules, EP in the search); serving capacity (weights and KV cache per GPU, a 175B deployment at
 100 requests/s judged by a queueing simulation, 7B on 4 GPUs, ResNet-152 batching, a slow deployment's per-rank
 profile); reliability (Young/Daly, a ZeRO re-shard, stragglers and hangs, a diverging run) and an MLOps checklist
-with a canary decision. Wrong answers are named by the mistake they match. Hidden cases: one per rule (a case's name
-starts with its rule, before ':'), the same rules on every seed.
+with a canary decision. Wrong answers are named by the mistake they match. Hidden cases: one per rule, the same rules
+on every seed, named by their inputs alone and shuffled (grader.kit.neutral).
 """
 from __future__ import annotations
 
@@ -41,7 +41,6 @@ from gpulab.reliability import (
     BOTTLENECKS,
     CAUSES,
     MLOPS_ITEMS,
-    flat_shards,
     make_divergence_trace,
     make_profile,
     make_step_times,
@@ -50,6 +49,8 @@ from gpulab.serving import MODELS, ModelSpec, make_trace
 from grader.exercise import Case, Exercise
 from grader.kit.cases import choice, randint, uniform
 from grader.kit.close import close
+from grader.kit.helpers import offering
+from grader.kit.neutral import neutral
 from grader.kit.variants import diagnose
 from grader.runs import run_side
 
@@ -171,6 +172,10 @@ def _training_memory_cases(gen, public):
         spec = choice(gen, (GPT3_175B, LLAMA3_405B, MODELS["Llama-2-70B"], MODELS["Llama-2-7B"]))
         cl = choice(gen, (A100, H100)).with_gpus(lay.dp * lay.tp * lay.pp)
         cases.append(_layout_case(f"ZeRO stage {zero}", spec, choice(gen, (2048, 4096, 8192)), 1024, cl, lay))
+    # 126 layers over 4, 8 or 16 stages: the first stage holds ceil(L / pp), not L // pp nor L / pp
+    lay = dataclasses.replace(_random_layout(gen), pp=choice(gen, (4, 8, 16)))
+    cases.append(_layout_case("layers that do not split evenly", LLAMA3_405B, choice(gen, (2048, 4096)), 1024,
+                              H100.with_gpus(lay.dp * lay.tp * lay.pp), lay))
     return cases
 
 
@@ -333,6 +338,8 @@ def _layout_problems_cases(gen, public):
         _layout_case("a feasible layout", gpt3_spec, seq, batch, a100.with_gpus(dp * 64),
                      dataclasses.replace(gpt3_layout, dp=dp)),
         _layout_case("TP across nodes", gpt3_spec, seq, batch, a100.with_gpus(dp * 128), Layout(dp, 16, 8, 1, 1, True)),
+        _layout_case("fewer GPUs than the cluster", gpt3_spec, seq, batch,
+                     a100.with_gpus(dp * 64 * choice(gen, (2, 4))), dataclasses.replace(gpt3_layout, dp=dp)),
         _layout_case("no room for Adam", gpt3_spec, seq, batch, a100.with_gpus(dp * 32), Layout(dp, 8, 4, 1, 0, False)),
         _layout_case("activations of pp microbatches", gpt3_spec, seq, batch, a100.with_gpus(dp * 64),
                      Layout(dp, 8, 8, choice(gen, (8, 16)), 1, False)),
@@ -431,7 +438,10 @@ def _plan_training_cases(gen, public):
     gpt3 = PUBLISHED["GPT-3 175B (Megatron-LM)"]
     return [case("a published run", "GPT-3 175B", *gpt3[:4], gpt3[4]),
             case("a mid-size model", spec.name, spec, 4096, 64 * randint(gen, 4, 16), H100.with_gpus(
-                choice(gen, (64, 128, 256))))]
+                choice(gen, (64, 128, 256)))),
+            # 3 x 2^k GPUs and a batch of 2^k sequences: only a pipeline of 3, 6 or 12 stages takes the factor 3
+            case("a cluster of 3 x 2^k GPUs", "Llama-2-7B", MODELS["Llama-2-7B"], choice(gen, (2048, 4096)),
+                 256 * choice(gen, (1, 2, 4)), H100.with_gpus(choice(gen, (48, 96, 192))))]
 
 
 def _plan_against_reference(name: str, plan, case, args, problems, step, planner) -> tuple | str:
@@ -543,8 +553,10 @@ def _moe_training_memory_cases(gen, public):
     if public:
         return _moe_cases_public()
     cases = []
-    for zero in (1, 3):
-        lay = dataclasses.replace(_moe_random_layout(gen), zero=zero)
+    for zero in (1, 3):  # EP > 1: the experts' ZeRO shards over dp // ep ranks, their weights over ep
+        lay = _moe_random_layout(gen)
+        ep = choice(gen, (2, 4, 8))
+        lay = dataclasses.replace(lay, zero=zero, ep=ep, dp=ep * choice(gen, (2, 4)))
         cases.append(_layout_case(f"ZeRO stage {zero}", MIXTRAL_8X7B, choice(gen, (2048, 4096)), 256,
                                   _moe_cluster(lay.dp * lay.tp * lay.pp), lay))
     return cases
@@ -619,8 +631,10 @@ _MOE_TIME_HINTS = {
 def _moe_step_time_cases(gen, public):
     if public:
         return _moe_cases_public()
-    lay = _moe_random_layout(gen)
-    cross = Layout(16, 2, choice(gen, (1, 2)), 1, randint(gen, 0, 3), choice(gen, (False, True)), 8)
+    lay = _moe_random_layout(gen)  # then EP > 1 without recomputation (4 all-to-alls a layer), and with it (6)
+    ep = choice(gen, (2, 4))
+    lay = dataclasses.replace(lay, ep=ep, dp=ep * choice(gen, (1, 2, 4)), recompute=False)
+    cross = Layout(16, 2, choice(gen, (1, 2)), 1, randint(gen, 0, 3), True, 8)
     return [_layout_case(rule, MIXTRAL_8X7B, choice(gen, (2048, 4096)), lay.dp * lay.micro_batch * randint(gen, 8, 32),
                          _moe_cluster(lay.dp * lay.tp * lay.pp), lay)
             for rule, lay in (("EP inside a node or across", lay), ("EP across nodes", cross))]
@@ -664,6 +678,10 @@ def _moe_layout_problems_cases(gen, public):
              Layout(dp, 8, 1, 1, 1, True, 2 if public else choice(gen, (2, 4)))),
             ("more EP ranks than experts", MIXTRAL_8X7B, seq, batch, cl, Layout(32, 4, 1, 1, 1, True, 16)),
             ("experts that do not fit", MIXTRAL_8X7B, seq, batch, _moe_cluster(64), Layout(64, 1, 1, 1, 0, False, 1))]
+    if not public:  # 74 to 79 GB per GPU: over 90% of 80 GB, under 100% (a test against the whole GPU accepts them)
+        rows.append(("experts over the 90% headroom", MIXTRAL_8X7B, seq, batch, _moe_cluster(16), choice(gen, (
+            Layout(8, 1, 2, 1, 0, False, 8), Layout(8, 1, 2, 1, 1, False, 4), Layout(8, 2, 1, 1, 2, False, 2),
+            Layout(8, 1, 4, 2, 1, False, 2)))))
     control = (_MOE_FEASIBLE, cl)
     first, *rest = [_layout_case(*row) for row in rows]
     return [_with_control(first, Layout(64, 1, 1, 1, 0, False, 1), _moe_cluster(64))] + \
@@ -839,7 +857,10 @@ def _plan_serving_cases(gen, public):
                 case("a long context", MODELS["Llama-2-13B"], Workload(2.0, (1024, 4096), (8, 32), 4.0, 2.0, 2.0))]
     return [case("175B at another rate", GPT3_175B, dataclasses.replace(SERVE_175B, rate=float(randint(gen, 60, 140)))),
             case("a 70B model in fp16", MODELS["Llama-2-70B"], Workload(float(randint(gen, 20, 40)), (128, 1024),
-                                                                        (8, 32), 1.0, 2.0, 2.0))]
+                                                                        (8, 32), 1.0, 2.0, 2.0)),
+            # 13B at 8k tokens on one GPU: 8 sequences fit in 80 GB, only 4 in the 90% a plan may use
+            case("a long context near the memory limit", MODELS["Llama-2-13B"],
+                 Workload(float(randint(gen, 1, 2)), (1024, 8192), (8, 32), 4.0, 2.0, 2.0))]
 
 
 def _plan_serving_judge(case, obs):
@@ -858,7 +879,10 @@ def _plan_serving_judge(case, obs):
         message = (f"plan_serving: TP={tp} with max_batch={max_batch} needs {mem['total'] / 1e9:.1f} GB per GPU "
                    f"(weights {mem['weights'] / 1e9:.1f} GB + KV {mem['kv'] / 1e9:.1f} GB for {max_batch} sequences "
                    f"of {work.max_context} tokens), over {HEADROOM:.0%} of {cluster.gpu_bytes / 1e9:.0f} GB.")
-        if _fits(spec, work, cluster, tp, max_batch, bug="no kv"):
+        if mem["total"] <= cluster.gpu_bytes:
+            message += (f" It fits the whole GPU, not the {HEADROOM:.0%} a plan may use: the rest is the "
+                        "allocator's, NCCL's and the activations' workspace.")
+        elif _fits(spec, work, cluster, tp, max_batch, bug="no kv"):
             message += " Yours forgets the KV cache: size the batch so the cache of every running sequence fits."
         return message
     best = ref_plan_serving(spec, work, cluster)
@@ -1039,7 +1063,8 @@ def ref_resnet_batch(t_fixed, t_per_item, rate, slo, *, bug: str = "") -> dict:
     for b in range(1, 257):
         run = t_fixed + b * t_per_item
         latency = run + (0 if bug == "no wait" else (b - 1) / rate)
-        if latency <= slo and b / run >= rate:
+        meets = latency < slo if bug == "strict" else latency <= slo
+        if meets and (b / run >= rate or bug == "no throughput"):
             best = {"batch": b, "latency_s": latency, "items_per_s": b / run}
             if bug == "smallest":
                 return best
@@ -1056,7 +1081,36 @@ def _resnet_batch_cases(gen, public):
                                                                         2000.0, 0.01)]
     return [case("a feasible target", uniform(gen, 0.5e-3, 3e-3), uniform(gen, 0.03e-3, 0.2e-3),
                  float(randint(gen, 500, 4000)), uniform(gen, 0.01, 0.05)),
-            case("a target no batch meets", 3e-3, 1e-3, 3000.0, uniform(gen, 0.001, 0.005))]
+            case("a target no batch meets", 3e-3, 1e-3, 3000.0, uniform(gen, 0.001, 0.005)),
+            case("a target met exactly", *_exact_target(gen)), case("throughput short of the rate", *_short(gen)),
+            case("a batch over 64", *_large_batch(gen))]
+
+
+def _exact_target(gen) -> tuple:
+    """A target equal to one batch's worst latency: that batch meets it (latency <= slo)."""
+    t_fixed, t_per, rate = uniform(gen, 0.5e-3, 3e-3), uniform(gen, 0.03e-3, 0.2e-3), float(randint(gen, 500, 4000))
+    b = max(randint(gen, 2, 40), math.ceil(rate * t_fixed / max(1e-9, 1 - rate * t_per)))  # keeps up with the rate
+    run = t_fixed + b * t_per
+    return t_fixed, t_per, rate, run + (b - 1) / rate
+
+
+def _short(gen) -> tuple:
+    """Batch 1 meets the target, but no batch both meets it and keeps up with the rate: the answer is none."""
+    while True:
+        t_fixed, t_per, rate = uniform(gen, 1e-3, 3e-3), uniform(gen, 0.05e-3, 0.15e-3), float(randint(gen, 3000, 6000))
+        b_min = math.ceil(rate * t_fixed / (1 - rate * t_per)) if rate * t_per < 0.9 else 10**9
+        if 3 <= b_min <= 200:
+            first, last = t_fixed + t_per, (b_min - 2) / rate + t_fixed + (b_min - 1) * t_per
+            return t_fixed, t_per, rate, uniform(gen, first, last)
+
+
+def _large_batch(gen) -> tuple:
+    """A fast model at a high rate under a loose target: the best batch is over 64."""
+    while True:
+        args = (uniform(gen, 0.5e-3, 2e-3), uniform(gen, 0.01e-3, 0.03e-3), float(randint(gen, 10000, 30000)),
+                uniform(gen, 0.008, 0.03))
+        if ref_resnet_batch(*args)["batch"] > 64:
+            return args
 
 
 def _resnet_batch_judge(case, obs):
@@ -1072,7 +1126,11 @@ def _resnet_batch_judge(case, obs):
             ("no wait for the batch to fill: the first image waits (b - 1) / rate for the others",
              ref_resnet_batch(*args, bug="no wait")["batch"]),
             ("the smallest batch that works: the largest one that meets the target serves most per GPU",
-             ref_resnet_batch(*args, bug="smallest")["batch"])], lambda g, w: g == w, "\n  Yours is {}.")
+             ref_resnet_batch(*args, bug="smallest")["batch"]),
+            ("no throughput check: a batch whose b / (t_fixed + b t_per_item) is under the rate falls behind, and "
+             "its queue grows without bound", ref_resnet_batch(*args, bug="no throughput")["batch"]),
+            ("a target met exactly counted as missed: a latency equal to the target meets it (<=)",
+             ref_resnet_batch(*args, bug="strict")["batch"])], lambda g, w: g == w, "\n  Yours is {}.")
     for key in ("latency_s", "items_per_s"):
         if not close(got[key], want[key], 1e-6):
             return (f"resnet_batch: {key} = {got[key]:.6g}, expected {want[key]:.6g} for batch {want['batch']}: "
@@ -1087,22 +1145,54 @@ SHARES = {"nccl_ms": ("communication", 0.4), "cpu_gap_ms": ("host_overhead", 0.3
           "memcpy_ms": ("host_device_copies", 0.2)}  # in the order to check them, after imbalance
 
 
-def ref_diagnose_deployment(profile: dict) -> dict:
+def ref_diagnose_deployment(profile: dict, *, bug: str = "") -> dict:
     """Imbalance first (a rank whose kernels take over 1.5x the median rank's: the others wait for it in NCCL),
-    then the mean shares of the step: NCCL over 0.4, CPU gaps over 0.3, copies over 0.2; else compute."""
+    then the mean shares of the step: NCCL over 0.4, CPU gaps over 0.3, copies over 0.2; else compute.
+    ``bug``: "mean" (over 1.5x the mean rank's), "twice" (over 2x the median), "slowest step" (shares of the
+    slowest rank's step)."""
     kernel = profile["kernel_ms"]
-    if float(kernel.max()) > 1.5 * float(kernel.median()):
+    typical = float(kernel.mean()) if bug == "mean" else float(kernel.median())
+    if float(kernel.max()) > (2.0 if bug == "twice" else 1.5) * typical:
         return {"bottleneck": "stage_imbalance", "rank": int(kernel.argmax())}
-    step = float(profile["step_ms"].mean())
+    step = float(profile["step_ms"].max() if bug == "slowest step" else profile["step_ms"].mean())
     for key, (name, limit) in SHARES.items():
         if float(profile[key].mean()) > limit * step:
             return {"bottleneck": name, "rank": -1}
     return {"bottleneck": "compute", "rank": -1}
 
 
+def _near_a_threshold(gen, ranks: int, rule: str) -> dict:
+    """A profile that a rule only just decides, so that a nearby rule decides it otherwise: "a mild imbalance"
+    (one rank's kernels 1.51 to 1.6x the median: the mean as the yardstick, or 2x, miss it), "communication just
+    over 40%" (of the mean step: the slowest rank's step as the yardstick misses it)."""
+    for _ in range(200):
+        prof = {k: v for k, v in make_profile(randint(gen, 0, 2**31), "compute", ranks).items() if k != "slow_rank"}
+        kernel, nccl = prof["kernel_ms"], prof["nccl_ms"]
+        if rule == "a mild imbalance":
+            slow = randint(gen, 0, ranks - 1)
+            kernel[slow] = float(kernel.median()) * uniform(gen, 1.51, 1.6)
+            nccl += kernel[slow] - kernel  # the others wait for it in their next collective
+            bugs = ("mean", "twice")
+        else:
+            rest = float((kernel + prof["cpu_gap_ms"] + prof["memcpy_ms"]).mean())
+            share = uniform(gen, 0.402, 0.41)
+            nccl *= share * rest / ((1 - share) * float(nccl.mean()))  # NCCL's mean share of the mean step
+            bugs = ("slowest step",)
+        prof["step_ms"] = kernel + nccl + prof["cpu_gap_ms"] + prof["memcpy_ms"]
+        want = ref_diagnose_deployment(prof)
+        if all(ref_diagnose_deployment(prof, bug=bug) != want for bug in bugs):
+            return prof
+    raise RuntimeError(f"no profile for {rule!r}")
+
+
 def _diagnose_deployment_cases(gen, public):
-    return [Case(f"{b}: {8 if public else 16} ranks", dict(profile={k: v for k, v in make_profile(
-        randint(gen, 0, 2**31), b, 8 if public else 16).items() if k != "slow_rank"})) for b in BOTTLENECKS]
+    ranks = 8 if public else 16
+    cases = [Case(f"{b}: {ranks} ranks", dict(profile={k: v for k, v in make_profile(
+        randint(gen, 0, 2**31), b, ranks).items() if k != "slow_rank"})) for b in BOTTLENECKS]
+    if not public:
+        cases += [Case(f"{rule}: {ranks} ranks", dict(profile=_near_a_threshold(gen, ranks, rule)))
+                  for rule in ("a mild imbalance", "communication just over 40%")]
+    return cases
 
 
 def _diagnose_deployment_judge(case, obs):
@@ -1155,17 +1245,27 @@ def _checkpoint_interval_judge(case, obs):
 
 # --- 10. elastic restart: re-shard a ZeRO checkpoint ---------------------------------------------------------
 
+def flat_shards(flat: torch.Tensor, world: int) -> list[torch.Tensor]:
+    """``flat`` (n,) cut into ``world`` shards of ``ceil(n / world)`` elements each, the last zero-padded: how ZeRO
+    and FSDP store a flat parameter across ``world`` ranks (the old shards of a case, and the reference)."""
+    size = math.ceil(flat.numel() / world)
+    padded = torch.zeros(size * world, dtype=flat.dtype)
+    padded[:flat.numel()] = flat
+    return list(padded.view(world, size).clone().unbind(0))  # (world, size) -> world shards of (size,)
+
+
 def _reshard_zero_cases(gen, public):
-    def case(rule, numel, old, new):
-        flat = torch.randn(numel, generator=gen, dtype=torch.float64).float()
-        return Case(f"{rule}: {numel} elements, {old} -> {new} ranks",
+    def case(rule, numel, old, new, dtype=torch.float32):
+        flat = torch.randn(numel, generator=gen, dtype=torch.float64).to(dtype)
+        return Case(f"{rule}: {numel} {str(dtype)[6:]} elements, {old} -> {new} ranks",
                     dict(flat=flat, shards=flat_shards(flat, old), numel=numel, new_world=new))
     if public:
         return [case("shrink", 1000, 8, 6), case("grow", 10, 3, 4), case("no padding", 24, 4, 8),
                 case("old padding longer than a new shard", 10, 8, 3)]
     return [case("shrink", randint(gen, 100, 5000), 8, choice(gen, (3, 5, 6, 7))),
             case("grow", randint(gen, 10, 500), choice(gen, (2, 3, 5)), choice(gen, (8, 16))),
-            case("fewer elements than ranks", randint(gen, 1, 6), 2, 8)]
+            case("fewer elements than ranks", randint(gen, 1, 6), 2, 8),
+            case("bfloat16 shards", randint(gen, 10, 500), choice(gen, (2, 4)), choice(gen, (3, 6)), torch.bfloat16)]
 
 
 def _reshard_zero_judge(case, obs):
@@ -1232,7 +1332,16 @@ def _find_stragglers_cases(gen, public):
             case("a dropped report", ranks, [], [1], 3, randint(gen, 2, ranks - 1)),
             # 3/8 of the ranks 1.3x slow: over 1.2x the median rank, under 1.2x the mean (a mean is pulled up)
             case("a slow group", ranks, sorted(torch.randperm(ranks, generator=gen)[:3 * ranks // 8].tolist()), [], 3,
-                 slowdown=1.3)]
+                 slowdown=1.3),
+            _hiccups_on_one_rank(gen, ranks),
+            case("a slow rank that hangs", ranks, [slow := randint(gen, 0, ranks - 1)], [slow], 3)]  # hung, only
+
+
+def _hiccups_on_one_rank(gen, ranks: int) -> Case:
+    """One rank 3x slow on 8 of 40 steps: its mean is 1.4x the others', its median is not (no straggler)."""
+    times = make_step_times(randint(gen, 0, 2**31), 40, ranks, hiccups=0)
+    times[torch.randperm(40, generator=gen)[:8], randint(gen, 0, ranks - 1)] *= 3.0
+    return Case(f"repeated hiccups on one rank: {ranks} ranks, 40 steps", dict(times=times))
 
 
 def _find_stragglers_judge(case, obs):
@@ -1250,7 +1359,10 @@ def _find_stragglers_judge(case, obs):
                      and float(means[r]) > STRAGGLER_FACTOR * float(torch.nanmedian(means))]
         message = (f"find_stragglers: stragglers = {got['stragglers']}, expected {want['stragglers']} for "
                    f"{case.name}: a straggler's median step time is over {STRAGGLER_FACTOR} x the median rank's.")
-        if set(got["stragglers"]) < set(want["stragglers"]):
+        if set(got["stragglers"]) & set(want["hung"]):
+            message += (f" Rank {sorted(set(got['stragglers']) & set(want['hung']))[0]} is hung: report it once, as "
+                        "hung (a hang needs a restart, a straggler a look at its node), not as a straggler too.")
+        elif set(got["stragglers"]) < set(want["stragglers"]):
             message += (" Yours misses some: compare with the median of the ranks' medians, not their mean (a group "
                         "of slow ranks pulls a mean up).")
         elif got["stragglers"] == mean_rule or set(got["stragglers"]) > set(want["stragglers"]):
@@ -1295,7 +1407,40 @@ def _diagnose_divergence_cases(gen, public):
         seed = randint(gen, 0, 2**31)
         trace = {k: v for k, v in make_divergence_trace(seed, cause).items() if not k.startswith("_")}
         return Case(f"{cause}: a seeded trace of 200 steps", dict(trace=trace))
-    return [case(cause) for cause in CAUSES]
+    cases = [case(cause) for cause in CAUSES]
+    if not public:
+        cases += [Case(f"{rule}: a seeded trace of 200 steps", dict(trace=_bad_batch_variant(gen, rule)))
+                  for rule in ("a small loss spike", "a NaN from one bad batch")]
+    return cases
+
+
+def _spike_at(loss: torch.Tensor, yardstick) -> int:
+    """The first step from WINDOW on whose loss is NaN or over SPIKE x ``yardstick(t)``."""
+    return next((t for t in range(WINDOW, len(loss)) if math.isnan(loss[t]) or loss[t] > SPIKE * yardstick(t)), -1)
+
+
+def _bad_batch_variant(gen, rule: str) -> dict:
+    """A bad-batch trace whose spike only the right rules find: "a small loss spike" (1.51-1.55x the rolling
+    median, two near-spikes just before it: the window's mean, or the median of the whole run so far, misses it),
+    "a NaN from one bad batch" (the loss is NaN for one step, the loss scale steady: no fp16 overflow). In both the
+    spiked layer is not the largest one (raw norms blame another)."""
+    for _ in range(500):
+        full = make_divergence_trace(randint(gen, 0, 2**31), "bad_batch")
+        (t0, _), trace = full["_truth"], {k: v for k, v in full.items() if not k.startswith("_")}
+        loss, norms = trace["loss"], trace["layer_grad_norm"]
+        if int(norms[t0].argmax()) == int((norms[t0] / norms[:t0].median(0).values).argmax()):
+            continue  # the spiked layer is also the largest one
+        if rule == "a NaN from one bad batch":
+            loss[t0] = float("nan")
+            return trace
+        for k in (3, 8):
+            loss[t0 - k] = float(torch.median(loss[t0 - k - WINDOW:t0 - k])) * 1.45
+        loss[t0] = float(torch.median(loss[t0 - WINDOW:t0])) * uniform(gen, 1.51, 1.55)
+        mean = _spike_at(loss, lambda t: float(loss[t - WINDOW:t].mean()))
+        whole = _spike_at(loss, lambda t: float(torch.median(loss[:t])))
+        if ref_diagnose_divergence(trace)["first_spike"] == t0 and t0 not in (mean, whole):
+            return trace
+    raise RuntimeError(f"no trace for {rule!r}")
 
 
 _DIVERGE_HINTS = {
@@ -1381,6 +1526,9 @@ def _mlops_cases(gen, public):
               errors_at("errors within noise", 1.5), errors_at("errors over 3 standard errors", 4.5),
               canary("latency over the target", p99_ms=uniform(gen, 520, 900)),
               canary("more errors", errors=randint(gen, 60, 120)), canary("input drift", psi=uniform(gen, 0.3, 0.6))]
+    if not public:  # the limits themselves: 3 standard errors (not 2), PSI 0.25 (not 0.1), reached is breached
+        cases += [errors_at("errors between 2 and 3 standard errors", 2.5),
+                  canary("a mild drift", psi=uniform(gen, 0.12, 0.24)), canary("drift at the limit", psi=0.25)]
     return cases
 
 
@@ -1529,6 +1677,16 @@ _POINTS = dict(training_memory=3, step_time=3, layout_problems=2, plan_training=
                reshard_zero=2, find_stragglers=2, diagnose_divergence=3, mlops=3)
 _ENTRIES = {"mlops": ("mlops_checklist", "rollout_decision")}  # names other than the exercise id
 
-EXERCISES = [Exercise(eid, points, _ENTRIES.get(eid, (eid,)), globals()[f"_{eid}_cases"], getattr(RUN, f"_{eid}_run"),
-                      globals()[f"_{eid}_judge"], **_TEXT[eid]) for eid, points in _POINTS.items()]
+# The helpers lab 16's setup imports: its answers may call these, and no other gpulab function or class.
+OFFERED = ("gpulab.setup", "gpulab.feedback.check", "gpulab.bench.percentile", "gpulab.planning.Cluster",
+           "gpulab.planning.Layout", "gpulab.planning.MoESpec", "gpulab.planning.Workload",
+           "gpulab.planning.all_to_all_time", "gpulab.planning.fcfs_pool", "gpulab.planning.group_link",
+           "gpulab.planning.kv_bytes_per_token", "gpulab.planning.replica_step_time",
+           "gpulab.planning.ring_allreduce_time", "gpulab.planning.simulate_replicas",
+           "gpulab.reliability.make_divergence_trace", "gpulab.reliability.make_profile",
+           "gpulab.reliability.make_step_times", "gpulab.serving.ModelSpec", "gpulab.serving.make_trace")
+
+EXERCISES = [offering(Exercise(eid, points, _ENTRIES.get(eid, (eid,)), neutral(globals()[f"_{eid}_cases"]),
+                               getattr(RUN, f"_{eid}_run"), globals()[f"_{eid}_judge"], **_TEXT[eid]), OFFERED)
+             for eid, points in _POINTS.items()]
 BENCHMARKS: list = []
