@@ -25,6 +25,7 @@ from gpulab.paths import ROOT
 from gpulab.warp import FULL_MASK, Warp
 from grader.exercise import Case, Exercise
 from grader.kit.cases import choice, randint, uniform
+from grader.kit.neutral import neutral
 from grader.runs import run_side
 
 LAB = "17_cuda_simt"
@@ -663,7 +664,8 @@ def _replace(dev, **changes):
     return dataclasses.replace(dev, **changes)
 
 
-OCCUPANCY = Exercise("occupancy", 3, ("occupancy",), _occupancy_cases, RUN._occupancy_run, _occupancy_judge,
+# The rules name the limiting resource, the answer: the learner sees "case 3: sm_80 and sm_90" (grader.kit.neutral).
+OCCUPANCY = Exercise("occupancy", 3, ("occupancy",), neutral(_occupancy_cases), RUN._occupancy_run, _occupancy_judge,
                      title="An occupancy calculator",
                      hint="Per limit, how many blocks fit: threads, block slots, registers (per warp, rounded up to "
                           "256), shared memory (rounded up to 128, plus 1 KiB per block). The smallest wins.")
