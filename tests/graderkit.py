@@ -115,6 +115,20 @@ def assert_do_nothing_scores_zero(ex, kernels: bool = False, seeds: tuple = (1, 
         assert r.score == 0, (stub, r.message)
 
 
+def assert_untouched_lab_scores_zero(stem: str, first_case_only: bool = False) -> None:
+    """The lab as learners get it (``labs/STEM.ipynb``, stubs everywhere) earns nothing: every exercise is
+    "not attempted" (a stub raises before any rank or kernel starts). ``first_case_only`` for slow labs."""
+    from grader.checks import exercises
+    from grader.exercise import evaluate
+    from grader.notebooks import answer_cells, exec_source, export_source, read_notebook
+
+    nb = read_notebook(ROOT / "labs" / f"{stem}.ipynb")
+    ns = exec_source(export_source(nb, answer_cells(nb)), f"<labs/{stem}.ipynb>")
+    for eid, ex in exercises(stem).items():
+        result = evaluate(ex, ns, "cpu", ex.cases()[:1] if first_case_only else None)
+        assert result.status == "not_attempted" and result.score == 0, (eid, result.message)
+
+
 def hidden_rules(ex, seed: int, rule=None) -> list:
     """The rule tags of a hidden set: each case is named ``"<rule>: <details>"``, or ``rule(case)``."""
     rule = rule or (lambda c: c.name.split(":")[0])

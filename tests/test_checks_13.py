@@ -673,17 +673,7 @@ def test_counting_devices_instead_of_virtual_stages_misses_the_interleaved_messa
 # --- answers that compute nothing earn nothing; every rule in every hidden set ------------------------
 
 def test_the_untouched_lab_scores_zero():
-    import nbformat
-
-    from grader.notebooks import answer_cells, exec_source, export_source
-    from grader.release import release_notebook, render
-    from tests.conftest import ROOT
-
-    lab = nbformat.reads(render(release_notebook(ROOT / "solutions" / f"{STEM}.ipynb")), 4)
-    ns = exec_source(export_source(lab, answer_cells(lab)), f"<labs/{STEM}.ipynb>")
-    for eid, ex in exercises(STEM).items():  # the pipeline's stub raises in the probe: no rank starts
-        r = evaluate(ex, ns, "cpu")
-        assert r.score == 0 and r.status == "not_attempted", (eid, r.message)
+    kit.assert_untouched_lab_scores_zero(STEM)  # the pipeline's stub raises in the probe: no rank starts
 
 
 

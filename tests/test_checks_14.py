@@ -446,14 +446,7 @@ def test_pytorch_doing_the_attention_earns_nothing(sol14):
 # --- answers that compute nothing earn nothing; every rule in every hidden set -------------------------
 
 def test_the_untouched_lab_scores_zero():
-    from grader.notebooks import answer_cells, exec_source, export_source, read_notebook
-    from tests.conftest import ROOT
-
-    nb = read_notebook(ROOT / "labs" / f"{STEM}.ipynb")
-    ns = exec_source(export_source(nb, answer_cells(nb)), f"<labs/{STEM}.ipynb>")
-    for eid, ex in EX.items():
-        result = evaluate(ex, ns, "cpu")
-        assert result.status == "not_attempted" and result.score == 0, (eid, result.message)
+    kit.assert_untouched_lab_scores_zero(STEM)
 
 
 @pytest.mark.parametrize("eid", list(EX))

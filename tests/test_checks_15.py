@@ -24,7 +24,7 @@ from grader.exercise import evaluate
 from grader.kit.neutral import failed_rules, in_written_order, rules_differ
 from tests import graderkit as kit
 from tests import mutants
-from tests.conftest import HIDDEN_SEED, ROOT, grade, solution_namespace, with_answer
+from tests.conftest import HIDDEN_SEED, grade, solution_namespace, with_answer
 
 STEM, EX = "15_gpu_algorithms", exercises("15_gpu_algorithms")
 CHECKS = load_lab(STEM)
@@ -61,13 +61,7 @@ def test_the_solution_earns_every_point(sol15, eid):
 
 
 def test_the_untouched_lab_scores_zero():
-    from grader.notebooks import answer_cells, exec_source, export_source, read_notebook
-
-    nb = read_notebook(ROOT / "labs" / f"{STEM}.ipynb")
-    ns = exec_source(export_source(nb, answer_cells(nb)), f"<labs/{STEM}.ipynb>")
-    for eid, ex in EX.items():
-        result = evaluate(ex, ns, "cpu")
-        assert result.status == "not_attempted" and result.score == 0, (eid, result.message)
+    kit.assert_untouched_lab_scores_zero(STEM)
 
 
 def test_the_reference_top_k_orders_ties_by_index():

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from grader.checks import exercises, load_lab
-from grader.exercise import evaluate
 from tests import graderkit as kit
 from tests.conftest import ROOT, grade, public, solution_namespace, with_answer
 
@@ -54,13 +53,7 @@ def test_the_solution_earns_every_point(sol17, eid):
 
 
 def test_the_untouched_lab_scores_zero():
-    from grader.notebooks import answer_cells, exec_source, export_source, read_notebook
-
-    nb = read_notebook(ROOT / "labs" / f"{STEM}.ipynb")
-    ns = exec_source(export_source(nb, answer_cells(nb)), f"<labs/{STEM}.ipynb>")
-    for eid, ex in EX.items():
-        result = evaluate(ex, ns, "cpu", ex.cases()[:1])
-        assert result.status == "not_attempted" and result.score == 0, (eid, result.message)
+    kit.assert_untouched_lab_scores_zero(STEM, first_case_only=True)
 
 
 @pytest.mark.parametrize("eid", list(EX))
