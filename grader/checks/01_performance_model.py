@@ -11,6 +11,7 @@ import torch
 from grader.exercise import Case, Exercise
 from grader.kit.cases import randint, uniform
 from grader.kit.close import close
+from grader.kit.helpers import offering
 from grader.runs import run_side
 
 LAB = "01_performance_model"
@@ -255,4 +256,7 @@ SCALING = Exercise("scaling", 2, tuple(SCALING_NAMES.values()), _scaling_cases, 
                    title="Amdahl and scaling efficiency",
                    hint="Amdahl: the serial fraction (1 - p) does not shrink with n. Strong scaling divides by n.")
 
-EXERCISES = [COSTS, ROOFLINE, BENCHMARK, SCALING]
+# The course helpers this lab's answers may call (its locked cells import them; every lab also offers
+# gpulab.device and gpulab.compare): an answer that is, derives from or calls another earns nothing.
+OFFERED = ("gpulab.bench.benchmark", "gpulab.bench.gbps", "gpulab.peaks.measured_peaks", "gpulab.plots.roofline")
+EXERCISES = [offering(ex, OFFERED) for ex in (COSTS, ROOFLINE, BENCHMARK, SCALING)]

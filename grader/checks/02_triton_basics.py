@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from grader.exercise import Benchmark, Case, Exercise
 from grader.kit.cases import randint, randn
+from grader.kit.helpers import offering
 from grader.kit.kernels import judge_out
 from grader.kit.variants import diagnose, tensor_match
 from grader.runs import run_side
@@ -155,7 +156,11 @@ FUSION_BYTES = Exercise("fusion_bytes", 1, ("bias_gelu_bytes",), _bytes_cases, R
                         title="Bytes moved: fused vs unfused",
                         hint="Unfused, the intermediate x + bias is written to memory and read back.")
 
-EXERCISES = [VECTOR_ADD, BIAS_GELU, COPY_2D, FUSION_BYTES]
+# The course helpers this lab's answers may call (its locked cells import them; every lab also offers
+# gpulab.device and gpulab.compare): an answer that is, derives from or calls another earns nothing.
+OFFERED = ("gpulab.bench.benchmark", "gpulab.bench.gbps", "gpulab.bench.pct_of_peak", "gpulab.peaks.measured_peaks",
+           "gpulab.plots.grouped_bars")
+EXERCISES = [offering(ex, OFFERED) for ex in (VECTOR_ADD, BIAS_GELU, COPY_2D, FUSION_BYTES)]
 
 
 # --- benchmarks (python -m grader bench) -----------------------------------------------------------

@@ -37,6 +37,7 @@ from gpulab.compare import compare
 from grader.exercise import Benchmark, Case, Exercise, changed_inputs
 from grader.kit import kernels
 from grader.kit.cases import choice, randint, randn
+from grader.kit.helpers import offering
 from grader.kit.variants import matching_variant, tensor_match
 from grader.runs import run_side
 
@@ -599,7 +600,12 @@ RMSNORM_BACKWARD = Exercise("rmsnorm_backward", 2, ("rmsnorm_backward",), _rms_b
                                  "Kernel 2, one program per block of columns: loop over the rows, "
                                  "accumulating dy * x * rstd[row]; sum over rows at the end.")
 
-EXERCISES = [SOFTMAX_ROWS, SOFTMAX_ONLINE_STATE, RMSNORM_FORWARD, LAYERNORM_FORWARD, RMSNORM_BACKWARD]
+# The course helpers this lab's answers may call (its locked cells import them; every lab also offers
+# gpulab.device and gpulab.compare): an answer that is, derives from or calls another earns nothing.
+OFFERED = ("gpulab.bench.benchmark", "gpulab.bench.gbps", "gpulab.bench.pct_of_peak", "gpulab.bench.tflops",
+           "gpulab.peaks.measured_peaks", "gpulab.plots.roofline")
+EXERCISES = [offering(ex, OFFERED) for ex in (SOFTMAX_ROWS, SOFTMAX_ONLINE_STATE, RMSNORM_FORWARD, LAYERNORM_FORWARD,
+                                          RMSNORM_BACKWARD)]
 
 
 # --- benchmarks (python -m grader bench) -----------------------------------------------------------

@@ -27,6 +27,7 @@ from grader.exercise import Benchmark, Case, Exercise
 from grader.kit import kernels
 from grader.kit.cases import choice, randint
 from grader.kit.close import close
+from grader.kit.helpers import offering
 from grader.kit.variants import diagnose, tensor_match
 from grader.runs import run_side
 
@@ -508,7 +509,12 @@ MATMUL_EPILOGUE = Exercise("matmul_epilogue", 3, ("matmul_bias_act",), _epilogue
                            hint="After the K loop, add the bias (loaded once per column block, in fp32) to acc, "
                                 "apply the activation on acc, then store: one kernel, no PyTorch arithmetic.")
 
-EXERCISES = [TILE_INTENSITY, GROUPED_ORDER, MATMUL_TILED, MATMUL_AUTOTUNE, MATMUL_EPILOGUE]
+# The course helpers this lab's answers may call (its locked cells import them; every lab also offers
+# gpulab.device and gpulab.compare): an answer that is, derives from or calls another earns nothing.
+OFFERED = ("gpulab.bench.benchmark", "gpulab.bench.pct_of_peak", "gpulab.bench.tflops",
+           "gpulab.launches.record_launches", "gpulab.peaks.measured_peaks", "gpulab.plots.grouped_bars")
+EXERCISES = [offering(ex, OFFERED) for ex in (TILE_INTENSITY, GROUPED_ORDER, MATMUL_TILED, MATMUL_AUTOTUNE,
+                                          MATMUL_EPILOGUE)]
 
 
 # --- benchmarks (python -m grader bench) -----------------------------------------------------------

@@ -38,6 +38,7 @@ import torch
 from gpulab.compare import compare
 from grader.exercise import Benchmark, Case, Exercise, changed_inputs
 from grader.kit.cases import choice, randint, randn, uniform
+from grader.kit.helpers import offering
 from grader.kit.kernels import (
     bounds_verdict,
     final_verdict,
@@ -756,7 +757,10 @@ BACKWARD = Exercise("flash_backward", 2, ("flash_attention_autograd", "FlashAtte
                     "causal=False, scale=None): (B, S, D) inputs go to the kernels as one_head() views, and their lse "
                     "is saved as (B, Sq).")
 
-EXERCISES = [REFERENCE, MEMORY, PYTORCH, FORWARD, CAUSAL, BACKWARD]
+# The course helpers this lab's answers may call (its locked cells import them; every lab also offers
+# gpulab.device and gpulab.compare): an answer that is, derives from or calls another earns nothing.
+OFFERED = ("gpulab.bench.benchmark", "gpulab.bench.tflops")
+EXERCISES = [offering(ex, OFFERED) for ex in (REFERENCE, MEMORY, PYTORCH, FORWARD, CAUSAL, BACKWARD)]
 
 
 # --- benchmarks (python -m grader bench) ----------------------------------------------------------

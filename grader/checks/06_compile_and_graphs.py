@@ -28,6 +28,7 @@ from gpulab.syncs import new_stats, train_step_with_syncs
 from grader.exercise import Case, Exercise
 from grader.kit.cases import choice, randint, randn, uniform
 from grader.kit.close import close
+from grader.kit.helpers import offering
 from grader.kit.variants import diagnose, tensor_match
 from grader.runs import run_side
 
@@ -649,6 +650,12 @@ COMPILE_WIN = Exercise(
     hint="compiled = compile_fn(fn); sync(); t = clock(); compiled(x); sync(); compile_s = clock() - t; then warm "
          "both up, and time each call between sync()s on the same x; medians in ms; speedup = eager / compiled.")
 
-EXERCISES = [GRAPH_BREAKS, COUNT_COMPILES, COMPILE_ONCE, SYNC_FREE_STEP, GRAPH_RUNNER, TRACE_SUMMARY,
-             COMPILE_WIN]
+# The course helpers this lab's answers may call (its locked cells import them; every lab also offers
+# gpulab.device and gpulab.compare): an answer that is, derives from or calls another earns nothing.
+OFFERED = ("gpulab.bench.benchmark", "gpulab.compiler.BreakyNet", "gpulab.compiler.CountingBackend",
+           "gpulab.compiler.graph_ops", "gpulab.graphs.graph_api", "gpulab.measurements.show_measurements",
+           "gpulab.syncs.SyncDetector", "gpulab.syncs.make_classifier", "gpulab.syncs.new_stats",
+           "gpulab.syncs.train_step_with_syncs")
+EXERCISES = [offering(ex, OFFERED) for ex in (GRAPH_BREAKS, COUNT_COMPILES, COMPILE_ONCE, SYNC_FREE_STEP,
+                                          GRAPH_RUNNER, TRACE_SUMMARY, COMPILE_WIN)]
 BENCHMARKS: list = []

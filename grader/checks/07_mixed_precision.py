@@ -18,6 +18,7 @@ from gpulab.precision import FORMATS, overflows, replay_scaler
 from grader.exercise import Case, Exercise
 from grader.kit.cases import choice, randint, uniform
 from grader.kit.close import close
+from grader.kit.helpers import offering
 from grader.kit.variants import diagnose
 from grader.runs import run_side
 
@@ -596,5 +597,9 @@ KAHAN = Exercise("kahan_sum", 2, ("kahan_sum",), _kahan_cases, RUN._kahan_run, _
                  hint="s = c = zeros(R, dtype); for each column xj: y = xj - c; t = s + y; c = (t - s) - y; s = t. "
                       "No casts, no torch.sum.")
 
-EXERCISES = [FORMAT_LIMITS, CAST_REPORT, LOSS_SCALER, AMP_STEP, KAHAN]
+# The course helpers this lab's answers may call (its locked cells import them; every lab also offers
+# gpulab.device and gpulab.compare): an answer that is, derives from or calls another earns nothing.
+OFFERED = ("gpulab.measurements.show_measurements", "gpulab.precision.matmul_tflops",
+           "gpulab.precision.replay_scaler", "gpulab.toy.ToyMLP", "gpulab.toy.toy_batch")
+EXERCISES = [offering(ex, OFFERED) for ex in (FORMAT_LIMITS, CAST_REPORT, LOSS_SCALER, AMP_STEP, KAHAN)]
 BENCHMARKS: list = []

@@ -18,6 +18,7 @@ from gpulab.compare import _fmt_index, compare
 from grader.exercise import Benchmark, Case, Exercise, changed_inputs
 from grader.kit import kernels
 from grader.kit.cases import choice, randint, randn, uniform
+from grader.kit.helpers import offering
 from grader.runs import run_side
 
 LAB = "08_quantization"
@@ -778,7 +779,13 @@ WEIGHT_MATMUL = Exercise("int8_weight_matmul", 4, ("int8_weight_matmul",), _wmm_
                               "both), acc = tl.dot(x, w.to(x.dtype), acc) in float32; after the loop multiply by the "
                               "scales of the tile's columns and store with a mask.")
 
-EXERCISES = [QPARAMS, ROUNDTRIP, CALIBRATE, PTQ, FAKE_QUANT, QAT, FP8_QUANT, WEIGHT_MATMUL]
+# The course helpers this lab's answers may call (its locked cells import them; every lab also offers
+# gpulab.device and gpulab.compare): an answer that is, derives from or calls another earns nothing.
+OFFERED = ("gpulab.bench.benchmark", "gpulab.bench.gbps", "gpulab.bench.pct_of_peak", "gpulab.peaks.measured_peaks",
+           "gpulab.spirals.MLP", "gpulab.spirals.accuracy", "gpulab.spirals.decision_grid",
+           "gpulab.spirals.make_spirals", "gpulab.spirals.map_linears", "gpulab.spirals.train")
+EXERCISES = [offering(ex, OFFERED) for ex in (QPARAMS, ROUNDTRIP, CALIBRATE, PTQ, FAKE_QUANT, QAT, FP8_QUANT,
+                                          WEIGHT_MATMUL)]
 
 
 # --- benchmarks (python -m grader bench) -----------------------------------------------------------

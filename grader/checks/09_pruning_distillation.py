@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from gpulab.compare import compare
 from grader.exercise import Case, Exercise
 from grader.kit.cases import choice, randint, randn, uniform
+from grader.kit.helpers import offering
 from grader.kit.variants import diagnose, matching_variant, tensor_match
 from grader.runs import run_side
 
@@ -561,5 +562,11 @@ DISTILL = Exercise("distillation_loss", 3, ("distillation_loss",), _distill_case
                         "reduction='batchmean', log_target=True) * T**2; mix with alpha.")
 
 
-EXERCISES = [MAGNITUDE, STRUCTURED, NM_MASK, MASKED_STEP, DISTILL]
+# The course helpers this lab's answers may call (its locked cells import them; every lab also offers
+# gpulab.device and gpulab.compare): an answer that is, derives from or calls another earns nothing.
+OFFERED = ("gpulab.bench.benchmark", "gpulab.pruning.distill_task", "gpulab.pruning.semi_structured_ms",
+           "gpulab.pruning.semi_structured_support", "gpulab.pruning.student_accuracy",
+           "gpulab.pruning.zeros_vs_sparse_ms", "gpulab.spirals.MLP", "gpulab.spirals.accuracy",
+           "gpulab.spirals.make_spirals", "gpulab.spirals.train")
+EXERCISES = [offering(ex, OFFERED) for ex in (MAGNITUDE, STRUCTURED, NM_MASK, MASKED_STEP, DISTILL)]
 BENCHMARKS: list = []

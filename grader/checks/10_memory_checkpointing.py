@@ -18,6 +18,7 @@ from gpulab.models import make_block
 from grader.exercise import Benchmark, Case, Exercise, Neutral
 from grader.kit.cases import choice, randint, uniform
 from grader.kit.close import close
+from grader.kit.helpers import offering
 from grader.runs import run_side
 
 LAB = "10_memory_checkpointing"
@@ -623,7 +624,11 @@ OFFLOAD_MODEL = Exercise("offload_model", 2, ("offload_bytes", "offload_step_tim
                          hint="Transfer time = bytes / (GB/s * 1e9). Overlapped with compute, the step takes the "
                               "longer of the two, and the transfer is hidden when it is not longer than the compute.")
 
-EXERCISES = [SAVED_BYTES, ACTIVATION_FORMULA, CHECKPOINT, SELECTIVE, RECOMPUTE_PLAN, ZERO_MEMORY, OFFLOAD_MODEL]
+# The course helpers this lab's answers may call (its locked cells import them; every lab also offers
+# gpulab.device and gpulab.compare): an answer that is, derives from or calls another earns nothing.
+OFFERED = ("gpulab.bench.benchmark", "gpulab.models.TransformerBlock", "gpulab.models.make_block")
+EXERCISES = [offering(ex, OFFERED) for ex in (SAVED_BYTES, ACTIVATION_FORMULA, CHECKPOINT, SELECTIVE, RECOMPUTE_PLAN,
+                                          ZERO_MEMORY, OFFLOAD_MODEL)]
 
 
 # --- benchmarks (python -m grader bench) ---------------------------------------------------------------

@@ -21,6 +21,7 @@ from gpulab.compare import compare
 from grader.exercise import Case, Exercise, Neutral
 from grader.kit.cases import choice, randint, uniform
 from grader.kit.close import ACCUMULATED, close
+from grader.kit.helpers import offering
 from grader.runs import run_side
 
 LAB = "11_data_parallel"
@@ -935,8 +936,12 @@ FSDP_EXERCISE = Exercise(
          "a graph, reduce-scatters the flat gradient and divides by p.")
 
 
-EXERCISES = [COLLECTIVE_COST, RING_ALL_REDUCE, DDP_FROM_SCRATCH, DDP_OVERLAP, BUCKET_ASSIGNMENT, BUCKETED_DDP,
-             SHARDED_OPTIMIZER, FSDP_EXERCISE]
+# The course helpers this lab's answers may call (its locked cells import them; every lab also offers
+# gpulab.device and gpulab.compare): an answer that is, derives from or calls another earns nothing.
+OFFERED = ("gpulab.commlog.CommLog", "gpulab.commlog.record_collectives", "gpulab.dist.launch",
+           "gpulab.measurements.show_measurements", "gpulab.toy.ToyMLP", "gpulab.toy.shard", "gpulab.toy.toy_batch")
+EXERCISES = [offering(ex, OFFERED) for ex in (COLLECTIVE_COST, RING_ALL_REDUCE, DDP_FROM_SCRATCH, DDP_OVERLAP,
+                                          BUCKET_ASSIGNMENT, BUCKETED_DDP, SHARDED_OPTIMIZER, FSDP_EXERCISE)]
 
 # No BENCHMARKS: `grader bench` times one function in one process, and collectives need several
 # ranks; on CPU (gloo) their timings say nothing about NCCL. The lesson measures volumes instead.

@@ -27,6 +27,7 @@ from gpulab.compare import compare
 from grader.exercise import Benchmark, Case, Exercise
 from grader.kit.cases import choice, randint, randn
 from grader.kit.close import close
+from grader.kit.helpers import offering
 from grader.runs import run_side
 
 LAB = "12_tensor_parallel"
@@ -1071,8 +1072,13 @@ EXPERT_PARALLEL = Exercise(
          "(p, E/p, C, h), run local expert i on [:, i], AllToAll back, index_add weight * result into y.")
 
 
-EXERCISES = [TP_REGIONS, COLUMN_PARALLEL, ROW_PARALLEL, TP_MLP, TP_ATTENTION, TP_COMM_VOLUME,
-             VOCAB_PARALLEL_CE, SEQUENCE_PARALLEL, MOE_ROUTING, EXPERT_PARALLEL]
+# The course helpers this lab's answers may call (its locked cells import them; every lab also offers
+# gpulab.device and gpulab.compare): an answer that is, derives from or calls another earns nothing.
+OFFERED = ("gpulab.commlog.record_collectives", "gpulab.dist.launch", "gpulab.tensor_parallel_ref.MLP",
+           "gpulab.tensor_parallel_ref.SelfAttention", "gpulab.tensor_parallel_ref.draw_megatron")
+EXERCISES = [offering(ex, OFFERED) for ex in (TP_REGIONS, COLUMN_PARALLEL, ROW_PARALLEL, TP_MLP, TP_ATTENTION,
+                                          TP_COMM_VOLUME, VOCAB_PARALLEL_CE, SEQUENCE_PARALLEL, MOE_ROUTING,
+                                          EXPERT_PARALLEL)]
 
 
 # --- benchmarks (python -m grader bench): one rank, so only the wrappers' overhead shows --------

@@ -31,6 +31,7 @@ from gpulab.schedules import Step, as_text, device_of
 from grader.exercise import Case, Exercise, Neutral
 from grader.kit.cases import randint
 from grader.kit.close import close
+from grader.kit.helpers import offering
 from grader.runs import run_side
 
 LAB = "13_pipeline_parallel"
@@ -1020,7 +1021,12 @@ SENDS = Exercise("p2p_sends", 2, ("p2p_sends",), _sends_cases, RUN._sends_run, _
                       "s > 0; count it when device_of of the two stages differ.")
 
 
-EXERCISES = [GPIPE, VALIDATE, ONE_F_ONE_B, BUBBLE, PEAKS, PIPELINE, INTERLEAVED, SENDS]
+# The course helpers this lab's answers may call (its locked cells import them; every lab also offers
+# gpulab.device and gpulab.compare): an answer that is, derives from or calls another earns nothing.
+OFFERED = ("gpulab.dist.launch", "gpulab.schedules.Step", "gpulab.schedules.as_text", "gpulab.schedules.device_of",
+           "gpulab.schedules.gantt")
+EXERCISES = [offering(ex, OFFERED) for ex in (GPIPE, VALIDATE, ONE_F_ONE_B, BUBBLE, PEAKS, PIPELINE, INTERLEAVED,
+                                          SENDS)]
 
 
 # Nothing to time here on one machine: pipeline timings need several GPUs (see the lesson).

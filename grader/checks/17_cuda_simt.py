@@ -25,6 +25,7 @@ from gpulab.paths import ROOT
 from gpulab.warp import FULL_MASK, Warp
 from grader.exercise import Case, Exercise
 from grader.kit.cases import choice, randint, uniform
+from grader.kit.helpers import offering
 from grader.kit.neutral import neutral
 from grader.runs import run_side
 
@@ -773,6 +774,10 @@ RAII_BUFFER = Exercise("raii_buffer", 2, ("device_buffer_source",), _raii_buffer
                        hint="Constructor allocates, destructor releases; copies deleted; noexcept moves take the "
                             "pointer with std::exchange(other.ptr_, nullptr); move assignment releases the old one.")
 
-EXERCISES = [INDEXING, BLOCK_REDUCE, WARP_SHUFFLE, WARP_SOFTMAX, BANK_CONFLICTS, HISTOGRAM, OCCUPANCY, FIX_OCCUPANCY,
-             RAII_BUFFER]
+# The course helpers this lab's answers may call (its locked cells import them; every lab also offers
+# gpulab.device and gpulab.compare): an answer that is, derives from or calls another earns nothing.
+OFFERED = ("gpulab.cuda_cpp.compile_report", "gpulab.cuda_cpp.load_inline", "gpulab.cuda_cpp.resource_table",
+           "gpulab.warp.Warp")
+EXERCISES = [offering(ex, OFFERED) for ex in (INDEXING, BLOCK_REDUCE, WARP_SHUFFLE, WARP_SOFTMAX, BANK_CONFLICTS,
+                                          HISTOGRAM, OCCUPANCY, FIX_OCCUPANCY, RAII_BUFFER)]
 BENCHMARKS: list = []

@@ -28,9 +28,25 @@ def _judge_helpers(judge, offered: frozenset, entries: tuple, case, obs):
     return judge(case, {k: v for k, v in obs.items() if k != "helpers"} if isinstance(obs, dict) else obs)
 
 
+# Offered in every lab: choosing the device and comparing tensors compute no exercise's answer.
+EVERY_LAB_MODULES = ("gpulab.device", "gpulab.compare")
+
+
+def every_lab() -> frozenset:
+    """``gpulab.setup``, ``gpulab.feedback.check`` and the public functions and classes of
+    :data:`EVERY_LAB_MODULES`, as ``"gpulab.module.Name"``."""
+    names = {"gpulab.setup", "gpulab.feedback.check"}
+    for module_name in EVERY_LAB_MODULES:
+        module = importlib.import_module(module_name)
+        names |= {f"{module_name}.{name}" for name, obj in vars(module).items()
+                  if not name.startswith("_") and callable(obj) and getattr(obj, "__module__", "") == module_name}
+    return frozenset(names)
+
+
 def offering(ex: Exercise, offered) -> Exercise:
     """``ex`` with its run reporting the helpers the answer reaches, and its judge refusing those not
-    ``offered`` (``"gpulab.module.Name"`` each, every one an existing helper)."""
+    ``offered`` (``"gpulab.module.Name"`` each, every one an existing helper) or offered in every lab."""
+    offered = frozenset(offered) | every_lab()
     for name in offered:
         module, _, attr = name.rpartition(".")
         if not hasattr(importlib.import_module(module), attr):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import types
 from pathlib import Path
 
@@ -40,6 +41,38 @@ def _helper(obj) -> str | None:
         if any(_in_gpulab(m) for m in (vars(c).values() if isinstance(c, type) else (c,))):
             return f"gpulab:{c.__qualname__}"
     return None
+
+
+_LIBRARIES = ("torch", "triton", "numpy", "numba")
+_WRAPPERS = (list, tuple, dict, set, frozenset, functools.partial, staticmethod, classmethod, property,
+             types.MethodType)  # what may hold a learner's object: always followed
+
+
+@functools.lru_cache(maxsize=None)
+def _library_dirs() -> tuple:
+    dirs = []
+    for name in _LIBRARIES:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            dirs.append(str(Path(module.__file__).resolve().parent) + os.sep)
+    return tuple(dirs)
+
+
+def _library(obj) -> bool:
+    """``obj`` belongs to a library the course builds on, and is not followed: a function whose code lives in
+    the library's files, a class found where its ``__module__`` says (a learner's class claiming to be torch's
+    is not; numba's simulator class, one method of which gpulab patches, is), or an instance of either."""
+    if isinstance(obj, _WRAPPERS):
+        return False
+    if isinstance(obj, types.FunctionType):
+        return obj.__code__.co_filename.startswith(_library_dirs()) and not _in_gpulab(obj)
+    target = obj if isinstance(obj, type) else type(obj)
+    module = getattr(target, "__module__", None) or ""
+    if module == "builtins":
+        return not isinstance(obj, type)  # numbers, strings, builtin functions: nothing of the learner's inside
+    if module.split(".")[0] not in _LIBRARIES:
+        return False
+    return getattr(sys.modules.get(module), getattr(target, "__name__", ""), None) is target
 
 
 def _names(code: types.CodeType) -> set[str]:
@@ -93,12 +126,11 @@ def helpers_used(*answers) -> list[str]:
         if id(obj) in seen or depth > _DEPTH:
             continue
         seen.add(id(obj))
+        if _library(obj):
+            continue
         name = _helper(obj)
         if name:
             found.add(name)
-            continue
-        module = getattr(obj, "__module__", None) or ""
-        if module.split(".")[0] in ("torch", "triton", "numpy", "builtins"):
             continue
         todo += [(x, depth + 1) for x in _reached(obj)]
     return sorted(found)
