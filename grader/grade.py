@@ -49,7 +49,9 @@ from grader.worker import CHANNEL_FD, HEADER
 
 DEFAULT_TIMEOUT = 60.0   # seconds per exercise (its answer cell plus all its cases)
 DEFAULT_DEADLINE = 1200.0  # seconds per submission, all workers and the notebook run together
-STARTUP_ALLOWANCE = 30.0  # importing torch and triton, and the locked setup cells
+# Importing torch and triton, and the locked setup cells: the course's own code, never the learner's, so the
+# allowance is generous (a busy two-core machine took over 30 s; the per-submission deadline still bounds it).
+STARTUP_ALLOWANCE = 120.0
 LOG_CAP = 32 * 1024       # bytes of a worker's own stdout/stderr kept for grader.log
 LOG_DRAIN = 16 << 20      # bytes of a worker's stdout/stderr read at all; then the judge closes the pipe
 CHATTER_CAP = 16 << 20    # bytes of frames per worker besides accepted observations (an honest one: < 1 MiB)
