@@ -51,7 +51,7 @@ def offering(ex: Exercise, offered) -> Exercise:
         module, _, attr = name.rpartition(".")
         if not hasattr(importlib.import_module(module), attr):
             raise ValueError(f"{ex.id}: the offered helper {name} does not exist")
-    return dataclasses.replace(ex, run=partial(reporting_helpers, ex.run, ex.entries),
+    return dataclasses.replace(ex, run=partial(reporting_helpers, ex.run, ex.entries, offered),
                                judge=partial(_judge_helpers, ex.judge, frozenset(offered), ex.entries))
 
 

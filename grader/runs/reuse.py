@@ -136,17 +136,18 @@ def helpers_used(*answers) -> list[str]:
     return sorted(found)
 
 
-def reporting_helpers(run, entries: tuple, ns: dict, case, device: str) -> dict:
+def reporting_helpers(run, entries: tuple, offered: frozenset, ns: dict, case, device: str) -> dict:
     """``run``'s observations and ``"helpers"``: the course helpers the answer's ``entries`` reach (the judge
-    decides whether the lab offers them). An answer that reaches one and fails reports the failure as
-    ``"failed"``, so that the judge can name the helper first."""
+    decides whether the lab offers them; ``offered``, the lab's public list, only routes errors here). An answer
+    that reaches a helper not offered and fails reports the failure as ``"failed"``, so that the judge names the
+    helper first; any other error is the learner's, reported as usual."""
     used = helpers_used(*(ns[name] for name in entries if name in ns))
     try:
         obs = run(ns, case, device)
     except NotImplementedError:
         raise
     except Exception as exc:
-        if not used:
+        if set(used) <= offered:
             raise
         return {"helpers": used, "failed": f"{type(exc).__name__}: {exc}"}
     return {**obs, "helpers": used} if isinstance(obs, dict) else obs
