@@ -566,9 +566,3 @@ MUTANTS = [  # (exercise, the solution's text, the mistake, what the message say
 @pytest.mark.parametrize("eid, old, new, says", MUTANTS, ids=mutants.ids(MUTANTS))
 def test_a_plausible_mistake_fails_on_every_seed_and_says_why(sol14, eid, old, new, says):
     mutants.assert_fails_on_every_seed(EX[eid], mutants.mutated(STEM, sol14, eid, old, new), says)
-
-
-def test_the_solution_calls_only_the_helpers_the_lab_offers(sol14):
-    from grader.kit.helpers import unoffered
-
-    assert {ex.id: unoffered(ex, sol14) for ex in EX.values() if unoffered(ex, sol14)} == {}
