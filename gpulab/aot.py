@@ -64,6 +64,29 @@ H100 = Device(name="NVIDIA H100 (sm_90, stand-in driver: nothing runs)", arch=90
               smem_per_sm=228 * 1024, smem_per_block=227 * 1024, smem_reserved_per_block=1024,
               smem_alloc_unit=128, threads_per_sm=2048, threads_per_block=1024, blocks_per_sm=32)
 
+# The other generations learners reach, each with a representative part's SM count (CUDA C Programming
+# Guide, "Technical Specifications per Compute Capability"; SM counts from each part's datasheet). From 8.0 on
+# the driver keeps 1 KiB of shared memory per CTA; a 7.5 part (T4) tops out at 64 KiB per CTA.
+T4 = Device(name="NVIDIA T4 (sm_75, stand-in driver: nothing runs)", arch=75, sms=40,
+            regs_per_sm=65536, regs_per_block=65536, max_regs_per_thread=255, reg_alloc_unit=256,
+            smem_per_sm=64 * 1024, smem_per_block=64 * 1024, smem_reserved_per_block=0,
+            smem_alloc_unit=256, threads_per_sm=1024, threads_per_block=1024, blocks_per_sm=16)
+A100 = Device(name="NVIDIA A100 (sm_80, stand-in driver: nothing runs)", arch=80, sms=108,
+              regs_per_sm=65536, regs_per_block=65536, max_regs_per_thread=255, reg_alloc_unit=256,
+              smem_per_sm=164 * 1024, smem_per_block=163 * 1024, smem_reserved_per_block=1024,
+              smem_alloc_unit=128, threads_per_sm=2048, threads_per_block=1024, blocks_per_sm=32)
+A10G = Device(name="NVIDIA A10G (sm_86, stand-in driver: nothing runs)", arch=86, sms=80,
+              regs_per_sm=65536, regs_per_block=65536, max_regs_per_thread=255, reg_alloc_unit=256,
+              smem_per_sm=100 * 1024, smem_per_block=99 * 1024, smem_reserved_per_block=1024,
+              smem_alloc_unit=128, threads_per_sm=1536, threads_per_block=1024, blocks_per_sm=16)
+L4 = Device(name="NVIDIA L4 (sm_89, stand-in driver: nothing runs)", arch=89, sms=58,
+            regs_per_sm=65536, regs_per_block=65536, max_regs_per_thread=255, reg_alloc_unit=256,
+            smem_per_sm=100 * 1024, smem_per_block=99 * 1024, smem_reserved_per_block=1024,
+            smem_alloc_unit=128, threads_per_sm=1536, threads_per_block=1024, blocks_per_sm=24)
+
+# Every compile target the course supports, by its ``sm_XX`` name, oldest first.
+TARGETS = {f"sm_{d.arch}": d for d in (T4, A100, A10G, L4, H100)}
+
 
 # --- occupancy ------------------------------------------------------------------------------------
 
