@@ -85,7 +85,11 @@ class Estimate:
         """The worked solution: the formula, the inputs substituted, the result, and why."""
         shown = {g.name: g.shown() for g in self.givens}
         substituted = re.sub(r"\b[a-z_][a-z0-9_]*\b", lambda m: shown.get(m.group(0), m.group(0)), self.formula)
-        sources = "; ".join(f"{g.name} = {g.shown()} ({g.source})" for g in self.givens if g.source)
+        by_source: dict[str, list[str]] = {}
+        for g in self.givens:
+            if g.source:
+                by_source.setdefault(g.source, []).append(f"{g.name} = {g.shown()}")
+        sources = "; ".join(f"{', '.join(names)} ({source})" for source, names in by_source.items())
         lines = [f"{self.formula}", f"= {substituted}", f"= {human(self.value, self.unit)}"]
         if self.why:
             lines.append(self.why)
@@ -164,12 +168,12 @@ def _g(name, value, unit="", source=""):
 
 
 LLAMA2_7B = "Llama-2-7B config"
-LLAMA2_70B = "Llama-2-70B config (grouped-query attention)"
+LLAMA2_70B = "Llama-2-70B config, grouped-query attention"
 LLAMA3 = "Llama 3 paper: 419 unexpected interruptions in 54 days on 16,384 GPUs"
 H100_BF16 = _g("peak", ds.H100_FP16_FLOPS, "TFLOP/s", f"{DATASHEET}, dense bf16")
 H100_HBM = _g("hbm", ds.H100_HBM_BYTES_PER_S, "TB/s", DATASHEET)
 NVLINK = _g("link", ds.H100_NVLINK_BYTES_PER_S, "GB/s", f"{DATASHEET}, NVLink per direction")
-IB = _g("link_bits", IB_NDR_BITS_PER_S, "Gb/s", EXTRA_FIGURES["IB_NDR_BITS_PER_S"])
+IB = _g("ib", IB_NDR_BITS_PER_S / 8, "Gb/s", EXTRA_FIGURES["IB_NDR_BITS_PER_S"])  # bytes/s, shown in bits
 
 ESTIMATES = (
     Estimate("E-KV-TOKEN", "KV cache per token",
@@ -200,8 +204,8 @@ ESTIMATES = (
              (_g("params", 7e9), _g("weight_bytes", 2, "B"), H100_HBM),
              "params * weight_bytes / hbm", "ms", 0.25, "Every step reads every weight once: memory-bound."),
     Estimate("E-DECODE-TP", "decode floor with TP",
-             "A 175B model in fp8 ({weight_bytes} per parameter) at TP={tp} on H100s ({hbm} each). Weight-read floor "
-             "per decode step (ignore the all-reduces)?",
+             "A {params}-parameter model in fp8 ({weight_bytes} per parameter) at TP={tp} on H100s ({hbm} each). "
+             "Weight-read floor per decode step (ignore the all-reduces)?",
              (_g("params", 175e9), _g("weight_bytes", 1, "B"), _g("tp", 8), H100_HBM),
              "params * weight_bytes / (tp * hbm)", "ms", 0.25, "Each GPU reads its 1/tp of the weights in parallel."),
     Estimate("E-SKU-RATIO", "A100 to H100, memory-bound",
@@ -218,9 +222,9 @@ ESTIMATES = (
              "A ring all-reduce is a reduce-scatter plus an all-gather: each GPU sends 2(p-1)/p of the data."),
     Estimate("E-AR-IB", "all-reduce on InfiniBand",
              "The same {size} ring all-reduce over {p} nodes, the ring's slowest link one InfiniBand port "
-             "({link_bits}). Time (bandwidth term only)?",
+             "({ib}). Time (bandwidth term only)?",
              (_g("size", 1e9, "GB"), _g("p", 16), IB),
-             "2 * (p - 1) / p * size / (link_bits / 8)", "ms", 0.25, "Gb/s is bits: divide by 8 for bytes."),
+             "2 * (p - 1) / p * size / ib", "ms", 0.25, "Gb/s is bits: 8 of them to a byte."),
     Estimate("E-ZERO-DDP", "model state, DDP",
              "A {params}-parameter model trained with Adam in mixed precision ({state_bytes} per parameter: fp16 "
              "weights and gradients, fp32 master weights, momentum, variance) with plain DDP. Model state per GPU?",
@@ -248,9 +252,9 @@ ESTIMATES = (
              "Three collectives of (p-1)/p each: 1.5x DDP's all-reduce (a reduce-scatter plus an all-gather)."),
     Estimate("E-FSDP-GATHER", "FSDP unit all-gather",
              "One FSDP unit is one of {layers} layers of a {params}-parameter model in bf16 ({weight_bytes}). "
-             "All-gather it over {gpus} GPUs, each with one {link_bits} InfiniBand port. Time?",
+             "All-gather it over {gpus} GPUs, each with one {ib} InfiniBand port. Time?",
              (_g("params", 13e9), _g("layers", 40), _g("weight_bytes", 2, "B"), _g("gpus", 64), IB),
-             "(gpus - 1) / gpus * params / layers * weight_bytes / (link_bits / 8)", "ms", 0.25,
+             "(gpus - 1) / gpus * params / layers * weight_bytes / ib", "ms", 0.25,
              "Compare with E-UNIT-COMPUTE: the prefetch hides only if this is shorter than the unit's compute."),
     Estimate("E-UNIT-COMPUTE", "one unit's forward compute",
              "The same unit ({params} / {layers} layers) runs forward on {tokens} tokens per GPU at the H100's "
@@ -272,10 +276,12 @@ ESTIMATES = (
              "Copy {size} from pinned host memory to an H100 over PCIe Gen5 x16 ({pcie} one way). Time?",
              (_g("size", 4e9, "GB"), _g("pcie", PCIE5_X16_BYTES_PER_S, "GB/s", EXTRA_FIGURES["PCIE5_X16_BYTES_PER_S"])),
              "size / pcie", "ms", 0.25, "Pageable memory is slower still: it is staged through a pinned buffer."),
-    Estimate("E-JOB-MTBF", "job MTBF",
-             "A run saw {failures} interruptions in {days} on {gpus} GPUs. Mean time between failures of the job?",
+    Estimate("E-GPU-MTBF", "one GPU's MTBF",
+             "A run saw {failures} interruptions in {days} on {gpus} GPUs. What mean time between failures of one "
+             "GPU does that imply?",
              (_g("failures", 419, "", LLAMA3), _g("days", 54 * 86400, "days", LLAMA3), _g("gpus", 16384, "", LLAMA3)),
-             "days / failures", "h", 0.25, "A job of N GPUs fails N times as often as one GPU."),
+             "days * gpus / failures", "h", 0.25,
+             "A job of N GPUs fails N times as often as one GPU: one GPU's MTBF is the job's times N."),
     Estimate("E-YOUNG-DALY", "checkpoint interval",
              "That run ({failures} interruptions in {days}) takes {cost} to save a checkpoint. Young/Daly interval?",
              (_g("failures", 419, "", LLAMA3), _g("days", 54 * 86400, "days", LLAMA3), _g("cost", 60, "s")),
@@ -301,8 +307,9 @@ ESTIMATES = (
              (_g("heads", 32), _g("seq", 8192), _g("elem_bytes", 2, "B")),
              "4 * heads * seq * seq * elem_bytes", "GB", 0.25, "Four passes over an S x S matrix per head."),
     Estimate("E-FLASH-MIN", "FlashAttention traffic",
-             "FlashAttention, same layer (head dimension {head_dim}), K and V tiles served from on-chip memory: its "
-             "minimum HBM traffic (read Q, K, V once, write O once)?",
+             "FlashAttention on the same layer ({heads} heads, sequence {seq}, head dimension {head_dim}, fp16 "
+             "{elem_bytes}), K and V tiles served from on-chip memory: its minimum HBM traffic (read Q, K, V once, "
+             "write O once)?",
              (_g("heads", 32), _g("seq", 8192), _g("head_dim", 128), _g("elem_bytes", 2, "B")),
              "4 * heads * seq * head_dim * elem_bytes", "MB", 0.25,
              "Never materialises S x S: naive / flash traffic is about 1 + seq / head_dim."),
