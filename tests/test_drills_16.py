@@ -176,7 +176,7 @@ def test_follow_ups_appear_only_after_the_first_answer_and_push_on_its_numbers(s
         d.followups()
     with pytest.raises(RuntimeError, match="submit your first answer"):
         d.samples()
-    d.save("TP=8, 6 replicas, p99 494 ms in the simulation")
+    d.save("TP=8, 6 replicas, decode 6.5 ms per step, p99 494 ms in the simulation")
     d.reveal()
     followups = d.followups()
     assert "494 ms" in followups[0] and "[[" not in " ".join(followups)
@@ -192,6 +192,17 @@ def test_a_follow_up_without_a_number_to_quote_uses_its_words():
     # a plain-number placeholder quotes only the same word: "8 GPUs" is not a replica count
     assert drills.personalise("[[replicas|your N]]", "8 GPUs, 3 replicas") == "3 replicas"
     assert drills.personalise("[[replicas|your N]]", "8 GPUs") == "your N"
+    # with a word, the number written nearest to it: the p99, not the first time in the answer
+    answer = "decode step 6.5 ms, TTFT 200 ms; the simulated p99 494 ms"
+    assert drills.personalise("Your p99 is [[s@p99|your p99]].", answer) == "Your p99 is 494 ms."
+    assert drills.personalise("Your p99 is [[s@p99|your p99]].", "decode step 6.5 ms") == "Your p99 is your p99."
+
+
+def test_every_drill_has_a_follow_up_on_the_learners_own_number():
+    for q in QUESTIONS:
+        assert any("[[" in f for f in q.followups), q.qid
+        with_numbers = drills.personalise(" ".join(q.followups), "")
+        assert "[[" not in with_numbers and "]]" not in with_numbers, q.qid
 
 
 def test_the_widget_reveals_follow_ups_rubric_and_samples_after_submit_and_restores_them(store):

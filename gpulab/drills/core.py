@@ -15,7 +15,7 @@ goal, how it works, the benefit, the trade-off, a pitfall.
 - Cites a measured number from a lab for at least two techniques
 > You said unstructured pruning to 90% sparsity. On a dense GPU matmul, how much faster is the pruned model, and
   what would you change so the hardware actually skips the zeros?
-> Your fused kernel saves [[B|the bytes you quoted]]: at what tensor size does that stop mattering against one
+> Your fused kernel saves [[B@fus|the bytes you quoted]]: at what tensor size does that stop mattering against one
   kernel launch (a few microseconds)?
 > Which of your techniques change the model's accuracy, and how would you show the change is acceptable?
 + Quantization: int8 weight-only halves the bytes a memory-bound decode step reads (lab 08: int8 vs fp16 GEMV
@@ -39,7 +39,8 @@ You must serve a 7B LLM at half the memory. How do you quantize it, and how do y
 > You said int8 weights halve the memory. At 4k context and batch 32, is the KV cache now bigger than the weights?
   (Llama-2-7B: 512 KiB of fp16 KV per token.)
 > Perplexity moved by 0.1. Why is that not enough evidence, and what would you measure instead?
-> Your int8 kernel dequantizes the weights to fp16 before the matmul. What happens to the speed-up?
+> You expect [[x|a speed-up]] from int8 weights. Your kernel dequantizes them to fp16 in memory before the
+  matmul: what happens to it?
 + Weight-only int8 (per-channel scales): 14 GB -> 7 GB; decode reads half the bytes, so up to 2x per token
   (lab 08's GEMV: int8 in-kernel vs fp16). Int4 with per-group scales (group 128) for 4x, with more error.
 + Calibrate on a few hundred real prompts; handle activation outliers (SmoothQuant) if going W8A8.
@@ -60,7 +61,7 @@ and what limits it?
 - Hybrid 3D: TP x PP x DP (plus sequence/expert parallelism), with a worked layout
 - Cites measurements: lab 13's measured bubble against (p-1)/(m+p-1), lab 16's planner layout for GPT-3 175B
 > 32 heads at TP=8 is fine: 4 per GPU. What if the model has 8 KV heads (GQA) and you want TP=16?
-> Your bubble is [[%|the fraction you quoted]] with p=8. How many microbatches keep it under 10%, and what does
+> Your bubble is [[%@bubble|the fraction you quoted]] with p=8. How many microbatches keep it under 10%, and what does
   that cost in activation memory under 1F1B vs GPipe?
 > Why not TP=16 across two nodes? Put numbers on one layer's all-reduces over NVLink vs InfiniBand.
 + TP splits each matmul (column- then row-parallel): 2 all-reduces of the activations per layer forward, 2 more
@@ -84,7 +85,7 @@ next?
 - Parallelism: DP/TP/PP/EP chosen from memory and the links (a planner, not guesswork)
 - Communication: overlap all-reduce with backward, gradient bucketing, NCCL tuning, topology
 - Memory: checkpointing and ZeRO to fit larger microbatches; the data loader keeps up
-> You said [[%|25%]] MFU: how did you compute it? Which FLOP count per token, and which peak did you divide by?
+> You said [[%@MFU|25%]] MFU: how did you compute it? Which FLOP count per token, and which peak did you divide by?
 > Your profile shows 30% of the step in NCCL with nothing overlapping it. What exactly do you change first?
 > Activation checkpointing costs a forward. Your MFU goes down but the run is faster: how can both be true?
 + MFU = 6 x params x tokens/s / peak (dense bf16): 13B at 4000 tokens/s per H100 is 31.5% (formula); say which
@@ -103,8 +104,8 @@ Optimize LLM inference end to end, once for an online (latency) service and once
 - KV cache with paging, continuous batching, chunked prefill or prefill/decode disaggregation
 - Quantization (weights, KV), speculative decoding, CUDA graphs for decode steps
 - Batch jobs: the largest batch memory allows, sorted lengths, offline scheduling
-> Your decode step takes [[s|the time you quoted]] at batch 1. What is the weight-read floor for a 7B fp16 model on
-  an H100, and how far above it are you?
+> Your decode step takes [[s@decode|the time you quoted]] at batch 1. What is the weight-read floor for a 7B fp16
+  model on an H100, and how far above it are you?
 > Speculative decoding with a draft model: when does it make the p99 worse?
 > Continuous batching raised throughput but TTFT p99 doubled. Why, and what do you change?
 + Online: p99 TTFT and time per output token; decode is memory-bound, floor = weight bytes / bandwidth (7B fp16 on
@@ -144,7 +145,7 @@ Is this kernel memory-bound or compute-bound, and what would you change? Explain
 - Throughput vs latency; strong vs weak scaling and Amdahl's law
 - Mixed precision and accumulation; determinism; reproducible benchmarks
 - GPU-friendly algorithms (batched k-means, top-k, vector search); fewer host-device transfers
-> You said memory-bound. It reaches [[%|some share]] of peak bandwidth: peak as in the datasheet, or as measured
+> You said memory-bound. It reaches [[%@peak|some share]] of peak bandwidth: peak as in the datasheet, or as measured
   by a copy on this GPU? Why does it matter?
 > A 4096^3 fp16 matmul: what intensity, and where is the H100's ridge? Now batch-1 decode, the same weight.
 > Your fix doubles the FLOPs but halves the bytes. When is that a win?
@@ -185,7 +186,8 @@ Given a kernel with poor occupancy, walk through your profiling and optimization
 - Shared memory: smaller tiles or fewer stages; block size: smaller blocks so several fit on an SM
 - Re-measure time and DRAM throughput: more occupancy can lose to more ILP in a compute-bound kernel
 - Cites lab 17's smooth_slow vs smooth_fast: registers, spills and blocks per SM from nvcc's report
-> You raised occupancy from [[%|the figure you quoted]]. The kernel got slower. Give two reasons that can happen.
+> You raised occupancy from [[%@occupancy|the figure you quoted]]. The kernel got slower. Give two reasons that
+  can happen.
 > 128 registers per thread with 256-thread blocks: how many blocks fit on an SM with 64K registers?
 > Nsight says "long scoreboard" stalls dominate. Is more occupancy the fix?
 + First, does it matter: achieved occupancy and stall reasons; a latency-bound kernel with few warps benefits,
@@ -207,7 +209,7 @@ Design distributed training of a 13B model on 64 GPUs: DDP, FSDP or ZeRO? Show t
 - Cites lab 16's memory per GPU by ZeRO stage (training_memory) and lab 11's measured all-reduce bytes
 > Does FSDP's all-gather of one unit (one of 40 layers of the 13B model) hide behind its compute at 400 Gb/s per
   GPU? Put numbers on both.
-> You quoted [[B|a memory figure]] per GPU. Does it include activations? How large are they at your microbatch?
+> You quoted [[B@GPU|a memory figure]] per GPU. Does it include activations? How large are they at your microbatch?
 > A node dies and you restart on 56 GPUs. What happens to your sharded checkpoint?
 + Model state 16 B/param = 208 GB per GPU under DDP: does not fit. ZeRO-1 54 GB, ZeRO-2 29 GB, ZeRO-3 3.3 GB per
   GPU on 64 (formulas; lab 16's training_memory).
@@ -227,8 +229,8 @@ A 2000-GPU run fails every few hours and diverged twice. What do you build and w
 - Divergence: first spike, per-layer gradient norms against their own history, loss scale, batch ids
 - Fixes: skip/replay a bad batch, lower LR or longer warm-up, clipping, bf16, QK-norm
 - Cites lab 16's checkpoint interval for 16384 GPUs and its diagnosis of the supplied divergence traces
-> You checkpoint every [[s|your interval]]. A save takes 60 s and the job fails every 3 hours: what does Young/Daly
-  give, and how much of the run do you lose to saves and rework?
+> You checkpoint every [[s@every|your interval]]. A save takes 60 s and the job fails every 3 hours: what does
+  Young/Daly give, and how much of the run do you lose to saves and rework?
 > One rank's step time is 1.3x the median. Straggler or noise? What do you check?
 > The loss spiked at step 41k. Which three numbers do you pull first?
 + Job MTBF = GPU MTBF / N (the Llama 3 run: 419 interruptions in 54 days, about 3.1 h); Young/Daly
@@ -249,7 +251,7 @@ Serve a 175B model at 100 requests/s with p99 latency under 500 ms on 8-GPU node
 - Continuous batching; replicas from a queueing model or simulation, with headroom for p99
 - What to monitor: TTFT, per-token latency, p99, queue length, KV occupancy
 - Cites lab 16's simulated plan (replicas x TP, its p99 from the simulation, not a mean) and KV GB per GPU
-> Your p99 is [[s|the figure you gave]] against 500 ms: what is the error bar on it, and what happens if one node
+> Your p99 is [[s@p99|the figure you gave]] against 500 ms: what is the error bar on it, and what happens if one node
   dies?
 > 96 heads at TP=8 is fine. What if the model had 8 KV heads (GQA) and you wanted TP=16 to cut latency?
 > Where does the KV cache for your concurrency live: how many GB per GPU are left after the weights?
@@ -269,7 +271,7 @@ Design a ResNet-152 image-classification service with a latency target.
 - INT8 with calibration (or FP8); check accuracy per class
 - CUDA graphs, several model instances or streams per GPU, GPU-side preprocessing
 - Throughput per GPU at the target, replicas for the load
-> Your max batch wait is [[s|the wait you chose]]. Against a 50 ms p99, how much is left for the model, and which
+> Your max batch wait is [[s@wait|the wait you chose]]. Against a 50 ms p99, how much is left for the model, and which
   batch size fits?
 > INT8 lost 0.3% top-1 overall. Why is that not the whole story?
 > JPEG decode on the CPU takes longer than the model. What now?
@@ -306,7 +308,7 @@ A multi-GPU deployment is much slower than expected. Debug it methodically.
 - Split the step: kernels vs NCCL vs CPU gaps vs host-device copies
 - Check the partition and the communication pattern (TP across nodes? overlap?)
 - Check memory (fragmentation, KV pressure, swapping) and batch size; fix one thing, re-measure
-> NCCL shows [[%|a share]] of the step on every rank. Is NCCL slow, or is one rank late? How do you tell?
+> NCCL shows [[%@NCCL|a share]] of the step on every rank. Is NCCL slow, or is one rank late? How do you tell?
 > "Much slower than expected": expected by what model? Give the number you expected and how you got it.
 > After your fix the median improved but p99 did not. What next?
 + Expected first: a model of the step (FLOPs / peak, bytes / bandwidth, collectives by alpha-beta) so "slow"
@@ -326,7 +328,7 @@ you roll out a new one?
 - A registry of immutable, versioned artifacts (weights, tokenizer, engine, config, data, code)
 - Shadow traffic, then a canary slice compared with the baseline on enough requests
 - Automatic rollback on an SLO or guardrail breach; rollback is a pointer change
-> Your canary gets [[%|a slice]] of traffic. How many requests before its p99 is comparable with the baseline's?
+> Your canary gets [[%@canary|a slice]] of traffic. How many requests before its p99 is comparable with the baseline's?
 > The new model's engine was rebuilt with a new TensorRT version. Is that a new model version?
 > What triggers an automatic rollback, and how long does it take?
 + Monitor p50/p99 TTFT and per-token latency, throughput, KV occupancy, errors, and quality proxies.

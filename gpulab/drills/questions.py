@@ -6,7 +6,8 @@ its kind given by its first two characters (a line starting with two spaces cont
 
 - ``- `` a rubric point (what a strong answer covers; ticked for the self-grade);
 - ``> `` a follow-up, revealed once the first answer is submitted. ``[[unit|words]]`` in it quotes the first
-  number of that kind in your answer (``[[s|your p99]]`` becomes ``494 ms`` if you wrote it), else the words;
+  number of that kind in your answer, else the words; ``[[s@p99|your p99]]`` the time written nearest to "p99"
+  (``494 ms`` if you wrote "p99 494 ms");
 - ``+ `` a point of the strong sample answer; ``~ `` the weak sample answer; ``! `` what the weak one lacks.
 """
 from __future__ import annotations
@@ -83,14 +84,22 @@ def parse_drills(text: str) -> list[Question]:
 
 
 def personalise(followup: str, answer: str) -> str:
-    """``followup`` with each ``[[unit|words]]`` replaced by the first number of that unit's kind in ``answer``
-    (as written there), or by the words when the answer has none: the follow-up pushes on your own number."""
+    """``followup`` with each ``[[unit|words]]`` replaced by the first number of that unit's kind in ``answer`` (as
+    written there), or by the words when the answer has none: the follow-up pushes on your own number.
+    ``[[unit@word|words]]`` takes the number of that kind written nearest to ``word`` (within 40 characters), so
+    ``[[s@p99|your p99]]`` quotes the p99 rather than the first time the answer mentions."""
     found = quantities_in(answer)
 
     def quote(match: re.Match) -> str:
-        unit, words = match.group(1), match.group(2)
-        if UNITS[unit][0] == "1":  # a plain number: only the same word counts (a "%" is not a replica count)
-            return next((written for written, q in found if q.unit == unit), words)
-        return next((written for written, q in found if q.dimension == UNITS[unit][0]), words)
+        unit, _, word = match.group(1).partition("@")
+        plain = UNITS[unit][0] == "1"  # a plain number: only the same word counts (a "%" is not a replica count)
+        fits = [(start, written) for start, written, q in found
+                if (q.unit == unit if plain else q.dimension == UNITS[unit][0])]
+        if word:
+            spots = [m.start() for m in re.finditer(re.escape(word), answer, re.IGNORECASE)]
+            fits = sorted((min(abs(start - spot) for spot in spots), start, written) for start, written in fits
+                          if spots and min(abs(start - spot) for spot in spots) <= 40)
+            fits = [(start, written) for _, start, written in fits]
+        return fits[0][1] if fits else match.group(2)
 
     return re.sub(r"\[\[([^|\]]+)\|([^\]]+)\]\]", quote, followup)

@@ -12,7 +12,7 @@ times. Then re-architect it for 8 GPUs, each holding a shard of the scores.
 - Multi-GPU: local top-K per shard, then merge K x 8 candidates (all-gather or a tree), never move the scores
 - Merge bytes: 8 x K x (value + index) bytes, against the shard's own scan time
 - Cites lab 15's top-K kernel, its merge-equals-whole check and its sharded top-K model
-> Your merge moves [[B|the candidates]] per query. At K=1000 and 8 GPUs, is the merge or the local scan the
+> Your merge moves [[B@merge|the candidates]] per query. At K=1000 and 8 GPUs, is the merge or the local scan the
   bottleneck for 10M scores per GPU?
 > Two scores tie at the K-th place, one on GPU 0, one on GPU 5. Which one wins, and is it the same answer as a
   single-GPU sort?
@@ -35,7 +35,7 @@ and what do you change?
 - Batching queries to fill the GPUs, with a wait cap from the latency target; p99, not the mean
 - Tail latency: the max of N shards' latencies grows with N; hedged requests or replication
 - Cites lab 15's IVF nprobe sweep and its multi-GPU search latency model (lab 15, multi-GPU search)
-> Your recall is [[%|the figure you quoted]]. If you halve nprobe, what happens to recall and to each shard's
+> Your recall is [[%@recall|the figure you quoted]]. If you halve nprobe, what happens to recall and to each shard's
   work?
 > With 8 shards, each with a p99 of 5 ms, why is the query's p99 worse than 5 ms?
 > The index would fit on one GPU if stored in fp16 instead of fp32. Shard or replicate?
@@ -58,7 +58,7 @@ which datasets, and what makes it fair?
 - Fair hardware: best CPU settings (all cores, its best library) vs the GPUs; report both machines and their price
 - Warm-up, repeats, medians with spread; scaling from 1 to N GPUs (strong and weak)
 - Cites lab 15's GBDT histogram and split exercises, and lab 01's benchmark discipline
-> Your GPU run is [[x|the speed-up you claim]] faster. At the same final accuracy? With the CPU library's best
+> Your GPU run is [[x|several times]] faster. At the same final accuracy? With the CPU library's best
   settings?
 > On a 10k-row dataset the CPU wins. Is your benchmark broken?
 > Adding the second GPU gave 1.3x. Where did the rest go?
@@ -80,7 +80,7 @@ Design CI that gates releases of a GPU-accelerated library on reproducible perfo
 - Statistical gate: fail only when the change exceeds the noise (e.g. several runs, a confidence interval)
 - Correctness checks before speed; results stored as data; a human override with a reason
 - Cites lab 01's benchmark (median, p95/p99) and lab 17's compile reports as reproducible artifacts
-> Your threshold is a [[%|5%]] regression. What is the run-to-run noise on your runners, and how did you measure
+> Your threshold is a [[%@regress|5%]] regression. What is the run-to-run noise on your runners, and how did you measure
   it?
 > The H100 runner was upgraded to a new driver and everything got 3% faster. What does the gate do?
 > A kernel is 10% faster on H100 but 4% slower on A100. Release or not?
@@ -102,8 +102,8 @@ produces numbers people can trust.
 - Multi-node: collectives measured alone (bus bandwidth vs message size) before the full workload
 - Results as versioned data, compared per device with spread; outliers investigated, not averaged away
 - Cites lab 01's measured peaks, lab 11's collective formulas and lab 16's planner for the multi-node jobs
-> A memory-bound kernel runs [[x|the speed-up you measured]] faster on H100 than A100. What ratio did you expect,
-  and what does a big miss tell you?
+> You measured [[x|a speed-up]] for a memory-bound kernel from A100 to H100. What ratio did you expect, and what
+  does a big miss tell you?
 > The 2-node all-reduce reaches half of the IB bandwidth. Is that the harness, the network, or expected?
 > How do you stop a noisy neighbour or thermal throttling from polluting a result?
 + One workload definition (data) run by the same code everywhere; environment, topology and clocks recorded.
@@ -124,7 +124,7 @@ budget.
 - Zero-copy paths: hardware decode into GPU memory, pinned buffers, no host round trips
 - Tail latency: p99 frame time, dropped frames, warm-up and CUDA graphs to remove launch jitter
 - Cites lab 15's overlapped pipeline model, lab 06's CUDA graphs and lab 08's int8 numbers
-> Your model takes [[s|the time you quoted]] per frame. What is left for decode, copies and encode inside 16.7 ms,
+> Your model takes [[s@model|the time you quoted]] per frame. What is left for decode, copies and encode inside 16.7 ms,
   and does pipelining change the latency or only the throughput?
 > One frame in 200 takes 40 ms. What do you look for?
 > A 4K fp16 RGB frame: how long does its PCIe copy take each way, and can you avoid it?
@@ -145,7 +145,7 @@ and how do you mitigate it?
 - Mitigate: dynamic loss scaling, bf16 instead of fp16, fp32 master weights and accumulation, fp32 softmax/norms
 - FP8: per-tensor scaling (delayed amax), keep sensitive layers in higher precision
 - Cites lab 07's GradScaler run (skipped steps, scale) and lab 03's accumulation error measurements
-> Your loss curve is [[%|some percent]] above the fp32 run at step 10k. Is that a difference or noise? How do you
+> Your loss curve is [[%@loss|some percent]] above the fp32 run at step 10k. Is that a difference or noise? How do you
   know?
 > The GradScaler's scale keeps halving every few hundred steps. What is happening?
 > bf16 trains fine but the eval metric is worse. Where do you look?
@@ -166,7 +166,7 @@ what do you change?
 - Keep intermediates on the GPU: no .cpu() / .item() inside the step (host syncs)
 - Batch small transfers into one; cache what does not change on the GPU
 - Cites lab 15's pinned vs pageable copy bandwidth and overlapped pipeline model, lab 06's host-sync count
-> Your step copies [[B|the bytes you quoted]] per step. At PCIe Gen5's 64 GB/s one way, how many milliseconds is
+> Your step copies [[B@cop|the bytes you quoted]] per step. At PCIe Gen5's 64 GB/s one way, how many milliseconds is
   that, and what share of the step?
 > After pinning memory the copy got faster but the step did not. Why?
 > The loss is logged with .item() every step. What does that cost?
@@ -206,7 +206,7 @@ what did you change, and what did you measure at the end?
 - The change, and why it addresses that bottleneck rather than another
 - The measured gain, with the device and the spread; what it cost (memory, accuracy, complexity)
 - What you would do next and what you learned
-> You said [[x|the gain you quoted]]. Over how many runs, on which device, and what was the spread?
+> You quoted [[x|a gain]]. Over how many runs, on which device, and what was the spread?
 > Which part of the gain would disappear at 10x the problem size?
 > What did you try that did not work?
 + Baseline: eager bias+GELU on the GPU, timed with warm-up and synchronisation (lab 02's table); the byte count

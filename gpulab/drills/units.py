@@ -76,9 +76,9 @@ def parse_quantity(text: str) -> Quantity:
                      f"GiB (2**30), Gb (bits), GB/s, ms, us, s, min, h, FLOP, TFLOP/s, FLOP/B, %, x")
 
 
-def quantities_in(text: str) -> list[tuple[str, Quantity]]:
-    """Every ``number unit`` written in free text, as ``(as written, Quantity)``, in order; numbers without a unit
-    are left out (a follow-up quotes your numbers with their units)."""
+def quantities_in(text: str) -> list[tuple[int, str, Quantity]]:
+    """Every ``number unit`` written in free text, as ``(where, as written, Quantity)``, in order; numbers without
+    a unit are left out (a follow-up quotes your numbers with their units)."""
     found = []
     for match in re.finditer(rf"(?<![\w.])({NUMBER})\s?([A-Za-zµμ%][A-Za-z/µμ]*|%)?", text):
         if not match.group(2):
@@ -90,6 +90,6 @@ def quantities_in(text: str) -> list[tuple[str, Quantity]]:
             except ValueError:
                 continue
             if quantity.unit:
-                found.append((f"{match.group(1)} {candidate}".replace(" %", "%"), quantity))
+                found.append((match.start(), f"{match.group(1)} {candidate}".replace(" %", "%"), quantity))
             break
     return found
