@@ -114,6 +114,12 @@ def test_a_percentage_given_as_a_fraction_fails_with_a_hint():
     assert check_answer(BY_ESTIMATE["E-MFU"], "0.315 x").ok  # a fraction written as one is converted
 
 
+def test_a_slip_by_8_or_1000_is_named():
+    e = BY_ESTIMATE["E-AR-IB"]
+    assert "bits for bytes" in check_answer(e, f"{e.answer / 8!r} ms").message
+    assert "unit's prefix" in check_answer(e, f"{e.answer!r} us").message
+
+
 def test_the_timer_is_shown_never_judged(tmp_path):
     store = drills.DrillStore(tmp_path / "a.json")
     clock = FakeClock()

@@ -69,7 +69,9 @@ class Estimate:
 
     def prompt(self) -> str:
         shown = {g.name: g.shown() for g in self.givens}
-        return f"{self.text.format(**shown)} Answer in {self.unit or 'a plain number'}; {self.tolerance_note()}"
+        asks = {"x": "Answer as a ratio (like 2.5x)", "": "Answer as a plain number"}
+        ask = asks.get(self.unit, f"Answer in {self.unit}")
+        return f"{self.text.format(**shown)} {ask}; {self.tolerance_note()}"
 
     def tolerance_note(self) -> str:
         note = f"within ±{self.tol:.0%}."
@@ -159,6 +161,10 @@ def check_answer(estimate: Estimate, text: str) -> Verdict:
     hint = ""
     if estimate.unit == "%" and not quantity.unit and abs(read * 100 / expected - 1) <= estimate.tol:
         hint = " (a fraction? write it as a percentage, with %)"
+    slips = ((8, "bits for bytes, or bytes for bits?"), (1000, "check the unit's prefix (k, M, G; ms, us)"))
+    for factor, slip in slips:
+        if any(abs(ratio * f - 1) <= estimate.tol for f in (factor, 1 / factor)):
+            hint = f" (a factor of {factor}: {slip})"
     return Verdict(False, read, f"not within ±{estimate.tol:.0%}: {where}, {ratio:.3g}x the expected "
                                 f"{human(estimate.value, estimate.unit)}{hint}")
 
@@ -192,12 +198,13 @@ ESTIMATES = (
     Estimate("E-KV-FIT", "sequences that fit",
              "Llama-2-70B in fp16 ({params} parameters, {weight_bytes} each) on {gpus} GPUs of {hbm_bytes}. How many "
              "{tokens}-token sequences fit in what the weights leave ({layers} layers, {kv_heads} KV heads of "
-             "{head_dim}, fp16 KV; ignore activations and fragmentation)?",
+             "{head_dim}, fp16 KV at {kv_bytes} per value; ignore activations and fragmentation)?",
              (_g("params", 70e9, "", LLAMA2_70B), _g("weight_bytes", 2, "B"), _g("gpus", 8),
               _g("hbm_bytes", ds.H100_HBM_BYTES, "GB", DATASHEET), _g("tokens", 4096),
-              _g("layers", 80, "", LLAMA2_70B), _g("kv_heads", 8, "", LLAMA2_70B), _g("head_dim", 128, "", LLAMA2_70B)),
-             "(gpus * hbm_bytes - params * weight_bytes) / (2 * layers * kv_heads * head_dim * 2 * tokens)",
-             "sequences", 0.25, "Free memory over one sequence's KV bytes (the 2 * ... * 2 is K and V, fp16)."),
+              _g("layers", 80, "", LLAMA2_70B), _g("kv_heads", 8, "", LLAMA2_70B), _g("head_dim", 128, "", LLAMA2_70B),
+              _g("kv_bytes", 2, "B")),
+             "(gpus * hbm_bytes - params * weight_bytes) / (2 * layers * kv_heads * head_dim * kv_bytes * tokens)",
+             "sequences", 0.25, "Free memory over one sequence's KV bytes (the leading 2: one K and one V)."),
     Estimate("E-DECODE-FLOOR", "decode step floor",
              "A 7B model in fp16 ({params} parameters x {weight_bytes}) decodes at batch 1 on one H100 "
              "({hbm}). Lowest possible time per output token?",
@@ -291,14 +298,14 @@ ESTIMATES = (
              (_g("m", 4096), _g("n", 4096), _g("k", 4096), _g("elem_bytes", 2, "B")),
              "2 * m * n * k / (elem_bytes * (m * k + k * n + m * n))", "FLOP/B"),
     Estimate("E-GEMV-AI", "decode GEMV intensity",
-             "Batch-1 decode: a {k} x {n} fp16 weight ({elem_bytes}) times one vector. FLOP per byte?",
+             "Batch-1 decode: an {k} x {n} fp16 weight ({elem_bytes}) times one vector. FLOP per byte?",
              (_g("k", 8192), _g("n", 8192), _g("elem_bytes", 2, "B")),
              "2 * k * n / (elem_bytes * (k * n + k + n))", "FLOP/B", 0.25, "About 1: far below any ridge point."),
     Estimate("E-RIDGE", "roofline ridge point",
              "H100: {peak} dense fp16, {hbm} HBM. Arithmetic intensity where the roofline turns compute-bound?",
              (H100_BF16, H100_HBM), "peak / hbm", "FLOP/B"),
     Estimate("E-GEMM-TIME", "GEMM at peak",
-             "The {m}^3 fp16 matmul ({m} x {m} x {m}) at the H100's dense peak ({peak}). Time?",
+             "A {m} x {m} by {m} x {m} fp16 matmul at the H100's dense peak ({peak}). Time?",
              (_g("m", 4096), H100_BF16), "2 * m * m * m / peak", "us", 0.25,
              "Compute-bound (E-GEMM-AI is far above E-RIDGE), so FLOPs over peak."),
     Estimate("E-FLASH-NAIVE", "attention scores traffic",
@@ -324,10 +331,11 @@ ESTIMATES = (
              (_g("batch", 8), _g("seq", 2048), _g("hidden", 8192), _g("elem_bytes", 2, "B")),
              "2 * batch * seq * hidden * elem_bytes", "MB", 0.25, "One after attention, one after the MLP."),
     Estimate("E-TP-TIME", "TP all-reduce time",
-             "Those 2 all-reduces (batch {batch} x {seq} x {hidden}, bf16) at TP={p} on NVLink ({link}). Time per "
-             "layer forward?",
-             (_g("batch", 8), _g("seq", 2048), _g("hidden", 8192), _g("p", 8), NVLINK),
-             "2 * 2 * (p - 1) / p * batch * seq * hidden * 2 / link", "ms"),
+             "Those 2 all-reduces (batch {batch} x {seq} x {hidden}, bf16 {elem_bytes}) at TP={p} on NVLink "
+             "({link}). Time per layer forward?",
+             (_g("batch", 8), _g("seq", 2048), _g("hidden", 8192), _g("elem_bytes", 2, "B"), _g("p", 8), NVLINK),
+             "2 * 2 * (p - 1) / p * batch * seq * hidden * elem_bytes / link", "ms", 0.25,
+             "Two all-reduces, each sending 2(p-1)/p of the payload per GPU."),
     Estimate("E-LITTLE", "concurrency (Little's law)",
              "{rate} requests per second, each generating {tokens} tokens at {per_token} per token. Requests in "
              "flight?",

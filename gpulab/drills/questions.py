@@ -1,5 +1,5 @@
-"""The drills themselves: :class:`Question`, the block format they are written in, and :data:`QUESTIONS` (drills
-notebook of lesson 16).
+"""The drills themselves: :class:`Question` and the block format they are written in, parsed into
+:data:`gpulab.drills.QUESTIONS` by :mod:`gpulab.drills.bank` (drills notebook of lesson 16).
 
 A drill is a block of text: ``## <qid> | <minutes> min | labs <lab numbers>``, the prompt, then one line per item,
 its kind given by its first two characters (a line starting with two spaces continues the item above):
