@@ -13,7 +13,7 @@ goal, how it works, the benefit, the trade-off, a pitfall.
 - Memory: activation checkpointing (memory for one more forward), ZeRO/FSDP sharding, offload, KV cache
 - Throughput/latency: mixed precision, CUDA graphs and torch.compile, batching, compute/comm overlap
 - Cites a measured number from a lab for at least two techniques
-> You said unstructured pruning to 90% sparsity. On a dense GPU matmul, how much faster is the pruned model, and
+> Say you prune unstructured to 90% sparsity. On a dense GPU matmul, how much faster is the pruned model, and
   what would you change so the hardware actually skips the zeros?
 > Your fused kernel saves [[B@fus|the bytes you quoted]]: at what tensor size does that stop mattering against one
   kernel launch (a few microseconds)?
@@ -36,7 +36,7 @@ You must serve a 7B LLM at half the memory. How do you quantize it, and how do y
 - PTQ first, QAT only if accuracy drops; evaluate on the task, not just perplexity
 - Decode is memory-bound: the speed-up follows the bytes, not the FLOPs
 - KV-cache quantization as a separate lever for long contexts
-> You said int8 weights halve the memory. At 4k context and batch 32, is the KV cache now bigger than the weights?
+> Int8 halves the weights' memory. At 4k context and batch 32, is the KV cache now bigger than the weights?
   (Llama-2-7B: 512 KiB of fp16 KV per token.)
 > Perplexity moved by 0.1. Why is that not enough evidence, and what would you measure instead?
 > You expect [[x|a speed-up]] from int8 weights. Your kernel dequantizes them to fp16 in memory before the
@@ -145,7 +145,7 @@ Is this kernel memory-bound or compute-bound, and what would you change? Explain
 - Throughput vs latency; strong vs weak scaling and Amdahl's law
 - Mixed precision and accumulation; determinism; reproducible benchmarks
 - GPU-friendly algorithms (batched k-means, top-k, vector search); fewer host-device transfers
-> You said memory-bound. It reaches [[%@peak|some share]] of peak bandwidth: peak as in the datasheet, or as measured
+> Say it is memory-bound and reaches [[%@peak|some share]] of peak bandwidth: peak as in the datasheet, or as measured
   by a copy on this GPU? Why does it matter?
 > A 4096^3 fp16 matmul: what intensity, and where is the H100's ridge? Now batch-1 decode, the same weight.
 > Your fix doubles the FLOPs but halves the bytes. When is that a win?
@@ -289,8 +289,8 @@ A 7B LLM on 4 GPUs at low latency: TP, PP or replicas?
 - PP does not reduce a token's latency; it adds throughput only with microbatches in flight
 - Choose by the latency target: TP for the lowest per-token latency, replicas otherwise
 - Cites lab 16's four_gpu_options latencies and tokens/s for the three choices
-> You said TP=4 gives [[s|a per-token time]]. The weight-read floor at TP=1 is about 4.2 ms (fp16, H100): what
-  stops TP=4 from reaching a quarter of it?
+> Your TP=4 plan's time per token is [[s|what you estimated]]. The weight-read floor at TP=1 is about 4.2 ms
+  (fp16, H100): what stops TP=4 from reaching a quarter of it?
 > The GPUs are on PCIe, not NVLink. Does your answer change?
 > Traffic doubles next month. Which choice scales, and why?
 + Fits one GPU (14 GB): 4 replicas give 4x the throughput at one GPU's latency (about 4.2 ms floor per token).

@@ -205,9 +205,9 @@ def estimation_widget(store: DrillStore | None = None, clock: Callable[[], float
     store = store or DrillStore()
     state = {"index": 0, "run": None, "checked": False}
     header, verdict, solution = w.HTML(), w.HTML(), w.HTML()
-    answer = w.Text(placeholder="e.g. 208 GB, 2.1e11, 1.5k, 3 ms", continuous_update=False)
-    check, prev, nxt = w.Button(description="Check", button_style="primary"), w.Button(description="Previous"), \
-        w.Button(description="Next")
+    answer = w.Text(placeholder="e.g. 208 GB, 2.1e11, 1.5k, 3 ms")
+    check = w.Button(description="Check", button_style="primary")
+    prev, nxt = w.Button(description="Previous"), w.Button(description="Next")
     timed, timer = w.Checkbox(value=False, description=f"{QUICK_S} s timer", indent=False), w.HTML()
 
     def run_clock(run):
@@ -257,7 +257,6 @@ def estimation_widget(store: DrillStore | None = None, clock: Callable[[], float
     box = _box_class(record)([header, w.HBox([answer, check, timed, timer]), verdict, solution, w.HBox([prev, nxt])])
     box.parts = dict(header=header, answer=answer, check=check, verdict=verdict, solution=solution, prev=prev,
                      next=nxt, timed=timed, timer=timer)
-    box.state = state
     return box
 
 
