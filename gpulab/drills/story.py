@@ -1,7 +1,8 @@
 """The project-story drill's outline, built from your own lab measurements (drills notebook of lesson 16).
 
-Each lesson ends with a "Your measurements" table (:func:`gpulab.measurements.show_measurements`); saving the lesson
-in your workspace keeps that table in the notebook's outputs. :func:`project_story` reads those saved tables and
+Each lesson (and some labs) ends with a "Your measurements" table
+(:func:`gpulab.measurements.show_measurements`); saving the notebook in your workspace keeps that table in its
+outputs. :func:`project_story` reads those saved tables and
 fills a story from one lab: the baseline, the profile that located the bottleneck, the change, the measured gain.
 A lab measured on a GPU is preferred; with nothing saved yet, it says which lab to run first.
 """
@@ -110,9 +111,11 @@ def project_story(workspace: Path | None = None) -> Story:
     workspace = Path(workspace) if workspace is not None else workspace_dir()
     found = []
     for recipe in RECIPES:
-        table = saved_table(workspace / "notebooks" / f"{recipe.lab}.ipynb")
-        if table and table.find(recipe.profile) and table.find(recipe.gain):
-            found.append((recipe, table))
+        for folder in ("notebooks", "labs"):  # the lesson's table, else the graded lab's
+            table = saved_table(workspace / folder / f"{recipe.lab}.ipynb")
+            if table and table.find(recipe.profile) and table.find(recipe.gain):
+                found.append((recipe, table))
+                break
     if not found:
         first = RECIPES[0].lab
         return Story(None, False, (
