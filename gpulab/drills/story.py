@@ -1,10 +1,9 @@
 """The project-story drill's outline, built from your own lab measurements (drills notebook of lesson 16).
 
-Each lesson (and some labs) ends with a "Your measurements" table
-(:func:`gpulab.measurements.show_measurements`); saving the notebook in your workspace keeps that table in its
-outputs. :func:`project_story` reads those saved tables and
-fills a story from one lab: the baseline, the profile that located the bottleneck, the change, the measured gain.
-A lab measured on a GPU is preferred; with nothing saved yet, it says which lab to run first.
+Each lesson (and some labs) ends with a "Your measurements" table (:func:`gpulab.measurements.show_measurements`);
+saving the notebook in your workspace keeps that table in its outputs. :func:`project_story` reads those saved
+tables and fills a story from one lab: the baseline, the profile that located the bottleneck, the change, the
+measured gain. A lab measured on a GPU is preferred; with nothing saved yet, it says which lab to run first.
 """
 from __future__ import annotations
 
@@ -84,8 +83,8 @@ def saved_table(notebook: Path) -> Table | None:
     for cell in cells:
         texts = ["".join(o.get("text", "")) for o in cell.get("outputs", []) if o.get("output_type") == "stream"]
         joined = "".join(texts)
-        if joined.startswith(TITLE):
-            table = parse_table(joined.split("\n\n")[0])
+        if f"{TITLE}\n" in joined:  # the table, up to the blank line before a note
+            table = parse_table(joined[joined.index(f"{TITLE}\n"):].split("\n\n")[0])
             device = table.get("device", "")
             on_gpu = "CPU run" not in joined and not device.lower().startswith("cpu")
             return Table(table, on_gpu)
