@@ -2,6 +2,7 @@
 interview question has a drill, answers survive in the JSON store, the timer runs on an injected clock, the
 rubric appears only when revealed and its ticks are saved, and the progress view counts what was drilled."""
 import json
+import re
 
 import pytest
 from ipywidgets import Textarea
@@ -47,7 +48,7 @@ def test_the_drills_notebook_shows_every_drill_and_the_progress_view():
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     for q in QUESTIONS:
         assert f'show_drill("{q.qid}")' in code
-    assert "show_progress()" in code
+    assert "show_progress()" in code and "show_estimation()" in code and "show_project_story()" in code
 
 
 def test_a_drill_times_saves_reveals_and_self_grades(store):
@@ -153,6 +154,9 @@ def test_every_drill_has_follow_ups_and_a_strong_and_a_weak_sample():
         assert 2 <= len(q.followups) <= 3, q.qid
         assert len(q.strong) >= 2 and q.weak and q.gap, q.qid
         assert len(" ".join(q.strong)) > 2 * len(q.weak), q.qid  # the strong one says more than the weak one
+        strong = " ".join(q.strong)
+        assert re.search(r"\d", strong) and "lab " in strong, f"{q.qid}: a strong answer has numbers and cites a lab"
+        assert "lab " not in q.weak, f"{q.qid}: the weak answer shows the gap: no measurement"
 
 
 def test_every_seed_scenario_maps_to_a_drill():

@@ -331,7 +331,8 @@ you roll out a new one?
 > Your canary gets [[%@canary|a slice]] of traffic. How many requests before its p99 is comparable with the baseline's?
 > The new model's engine was rebuilt with a new TensorRT version. Is that a new model version?
 > What triggers an automatic rollback, and how long does it take?
-+ Monitor p50/p99 TTFT and per-token latency, throughput, KV occupancy, errors, and quality proxies.
++ Monitor p50/p99 TTFT and per-token latency (lab 14's metrics), throughput, KV occupancy, errors, and quality
+  proxies; lab 16's MLOps checklist for the rest.
 + Registry: immutable artifacts (weights, tokenizer, engine, config, code, data hash); any change is a version.
 + Shadow, then a canary of a few percent; enough requests for the p99 to be stable (a p99 needs hundreds of
   samples above it), compared with the baseline; rollback is a pointer change on an SLO breach.
@@ -349,7 +350,8 @@ How do you run an A/B test of a new model, and how do you detect data drift in p
 > The A/B result flipped after two weeks. Why can that happen?
 + Unit (user, not request), a pre-registered metric, sample size from the minimum effect (n grows as 1/effect^2),
   a fixed duration (no peeking), guardrails on latency and errors.
-+ Drift: PSI/KS per feature against training, prediction distribution, delayed labels.
++ Drift: PSI/KS per feature against training (PSI of 0.25 or more is a shift, as in lab 16's rollout checks),
+  prediction distribution, delayed labels.
 + On alert: investigate first (pipeline bug? real shift?), then retrain with review.
 ~ Split the traffic in two, compare the metrics and pick the better model. Retrain when drift happens.
 ! No sample size, no unit, no guardrails, no drift statistic.

@@ -67,8 +67,8 @@ which datasets, and what makes it fair?
   per hour, so the claim is per dollar too.
 + Datasets of different shapes (small, wide, sparse, categorical); report where the CPU wins (small data is
   launch- and transfer-bound).
-+ Repeats, medians and spread; strong scaling 1 to 8 GPUs with the communication of histograms (an all-reduce
-  per level) as the limit.
++ Repeats, medians and spread (lab 01's benchmark); strong scaling 1 to 8 GPUs with the communication of
+  histograms (an all-reduce per level, lab 15's histogram exercise) as the limit.
 ~ Train XGBoost on CPU and GPU on a large dataset and compare the training time.
 ! One dataset, one number, no accuracy parity, no CPU tuning, no spread: easy to make the GPU look good.
 
