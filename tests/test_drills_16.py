@@ -180,6 +180,8 @@ def test_follow_ups_appear_only_after_the_first_answer_and_push_on_its_numbers(s
         d.followups()
     with pytest.raises(RuntimeError, match="submit your first answer"):
         d.samples()
+    with pytest.raises(ValueError, match="write your answer first"):
+        d.reveal()
     d.save("TP=8, 6 replicas, decode 6.5 ms per step, p99 494 ms in the simulation")
     d.reveal()
     followups = d.followups()
@@ -213,6 +215,8 @@ def test_the_widget_reveals_follow_ups_rubric_and_samples_after_submit_and_resto
     box = drills.drill_widget("Q-E2E-1", store, FakeClock(), ticking=False)
     parts = box.parts
     assert parts["followups"].children == () and parts["samples"].children == ()
+    parts["reveal"].click()  # nothing written yet: nothing revealed
+    assert parts["followups"].children == () and "write your answer first" in parts["timer"].value
     parts["answer"].value = "We measured 25% MFU; the profile showed NCCL at 30%"
     parts["reveal"].click()
     follow = parts["followups"].children

@@ -59,7 +59,10 @@ class Drill:
         self.store.update(self.question.qid, answer=answer, **self._timing())
 
     def reveal(self) -> tuple:
-        """Submit the first answer: stop the clock, unlock the follow-ups and samples, return the rubric."""
+        """Submit the first answer: stop the clock, unlock the follow-ups and samples, return the rubric. An empty
+        answer cannot be submitted: the follow-ups push on what it says."""
+        if not self.record.get("answer", "").strip():
+            raise ValueError(f"{self.question.qid}: write your answer first; the follow-ups push on what it says")
         if self.started_at is not None and self.stopped_at is None:
             self.stopped_at = self.clock()
         self.store.update(self.question.qid, revealed=True, **self._timing())

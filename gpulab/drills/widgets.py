@@ -131,7 +131,11 @@ def drill_widget(qid: str, store: DrillStore | None = None, clock: Callable[[], 
 
     def on_reveal(_):
         drill.save(answer.value)
-        drill.reveal()
+        try:
+            drill.reveal()
+        except ValueError as err:  # nothing written yet: say so beside the timer, reveal nothing
+            timer.value = f"<b>{html.escape(str(err))}</b>"
+            return
         show_after_submit()
         tick()
 
