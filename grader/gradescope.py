@@ -89,7 +89,8 @@ rm -f "$RESULTS/results.json"
 if [ ! -s "$RESULTS/results.json" ]; then
     # The grader itself could not run (see this run's stdout): still give Gradescope a valid result.
     cat > "$RESULTS/results.json" <<'EOF'
-{"score": 0.0, "output": "The autograder could not grade this submission (a problem on the course's side, not in your notebook). Please tell your instructor.", "visibility": "visible", "stdout_visibility": "hidden", "tests": []}
+{"score": 0.0, "visibility": "visible", "stdout_visibility": "hidden", "tests": [],
+ "output": "The autograder failed on the course's side (not in your notebook); please tell your instructor."}
 EOF
 fi
 exit 0
