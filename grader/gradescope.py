@@ -76,11 +76,11 @@ RUN_AUTOGRADER = """\
 # .ipynb in submission/ with the course's sandboxed grader and writes results/results.json.
 # Every path can be moved with an environment variable (a test lays out a temporary /autograder).
 set -uo pipefail
-ROOT="${GRADESCOPE_ROOT:-/autograder}"
-SOURCE="${GRADESCOPE_SOURCE:-$ROOT/source}"
-SUBMISSION="${GRADESCOPE_SUBMISSION:-$ROOT/submission}"
-RESULTS="${GRADESCOPE_RESULTS:-$ROOT/results}"
-PYTHON="${GPULAB_PYTHON:-$ROOT/venv/bin/python}"   # setup.sh made this venv
+AUTOGRADER="${GRADESCOPE_ROOT:-/autograder}"
+SOURCE="${GRADESCOPE_SOURCE:-$AUTOGRADER/source}"
+SUBMISSION="${GRADESCOPE_SUBMISSION:-$AUTOGRADER/submission}"
+RESULTS="${GRADESCOPE_RESULTS:-$AUTOGRADER/results}"
+PYTHON="${GPULAB_PYTHON:-$AUTOGRADER/venv/bin/python}"   # setup.sh made this venv
 
 mkdir -p "$RESULTS"
 rm -f "$RESULTS/results.json"
@@ -157,10 +157,11 @@ def find_notebook(folder: Path, lab: str) -> tuple[Path | None, str]:
     """``(the one .ipynb under folder, "")``, or ``(None, what to do)`` when there is none or several.
 
     Any name and any case of ``.ipynb`` counts, in sub-folders too (an uploaded zip); Jupyter's
-    checkpoints and macOS's archive metadata do not."""
-    found = sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.suffix.lower() == ".ipynb"
-                   and not any(part.startswith(".") or part == "__MACOSX"
-                               for part in p.relative_to(folder).parts))
+    checkpoints and macOS's archive metadata do not, nor does a link (a zip can hold one, e.g. to the
+    lab's solution in the bundle)."""
+    found = sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() == ".ipynb" and p.is_file()
+                   and not p.is_symlink() and not any(part.startswith(".") or part == "__MACOSX"
+                                                      for part in p.relative_to(folder).parts))
     if len(found) == 1:
         return found[0], ""
     if not found:

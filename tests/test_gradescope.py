@@ -127,6 +127,7 @@ def test_the_one_notebook_is_found_whatever_its_name(tmp_path):
     (tmp_path / ".ipynb_checkpoints" / "lab-checkpoint.ipynb").write_text("{}")
     assert find_notebook(tmp_path, L1) == (None, f"no notebook (.ipynb) in your submission; upload your "
                                                  f"labs/{L1}.ipynb.")
+    (tmp_path / "solution.ipynb").symlink_to(ROOT / "solutions" / f"{L1}.ipynb")  # a link earns nothing
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "My Lab.IPYNB").write_text("{}")
     (tmp_path / "notes.txt").write_text("")
