@@ -6,6 +6,7 @@ instructors", describes each command and the ``result.json`` it writes.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -125,7 +126,8 @@ def _gradescope(args) -> int:
 
     points = sum(ex.points for ex in exercises(args.lab).values())
     print(f"wrote {out}: upload it as the assignment's autograder (zip a folder's contents, not the folder); "
-          f"set the assignment's points to {points:g}, the lab's maximum.")
+          f"set the assignment's points to {points:g}, the lab's maximum, and its autograder timeout to at least "
+          f"{math.ceil(args.deadline / 60) + 2} minutes (--deadline plus start-up).")
     return 0
 
 
