@@ -155,6 +155,7 @@ def invalid_results(message: str) -> dict:
 
 def find_notebook(folder: Path, lab: str) -> tuple[Path | None, str]:
     """``(the one .ipynb under folder, "")``, or ``(None, what to do)`` when there is none or several.
+    Among several, the one named after the lab (``labs/STEM.ipynb`` of a whole repository) is the one.
 
     Any name and any case of ``.ipynb`` counts, in sub-folders too (an uploaded zip); Jupyter's
     checkpoints and macOS's archive metadata do not, nor does a link (a zip can hold one, e.g. to the
@@ -162,13 +163,14 @@ def find_notebook(folder: Path, lab: str) -> tuple[Path | None, str]:
     found = sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() == ".ipynb" and p.is_file()
                    and not p.is_symlink() and not any(part.startswith(".") or part == "__MACOSX"
                                                       for part in p.relative_to(folder).parts))
-    if len(found) == 1:
-        return found[0], ""
+    named = [p for p in found if p.stem.lower() == lab.lower()]  # a whole repository: its labs/STEM.ipynb
+    if len(found) == 1 or len(named) == 1:
+        return (found if len(found) == 1 else named)[0], ""
     if not found:
         return None, f"no notebook (.ipynb) in your submission; upload your labs/{lab}.ipynb."
     names = ", ".join(str(p.relative_to(folder)) for p in found[:10])
     return None, (f"{len(found)} notebooks in your submission ({names}); upload only one, your "
-                  f"labs/{lab}.ipynb.")
+                  f"labs/{lab}.ipynb, or name the one to grade {lab}.ipynb.")
 
 
 def autograde(config: dict, submission: Path, results: Path) -> dict:

@@ -135,6 +135,9 @@ def test_the_one_notebook_is_found_whatever_its_name(tmp_path):
     (tmp_path / "other.ipynb").write_text("{}")
     path, problem = find_notebook(tmp_path, L1)
     assert path is None and problem.startswith("2 notebooks in your submission (other.ipynb, sub/My Lab.IPYNB)")
+    (tmp_path / "labs").mkdir()  # a whole repository: the lab's own notebook is the one
+    (tmp_path / "labs" / f"{L1}.ipynb").write_text("{}")
+    assert find_notebook(tmp_path, L1) == (tmp_path / "labs" / f"{L1}.ipynb", "")
 
 
 def test_an_unknown_lab_is_refused(tmp_path):
