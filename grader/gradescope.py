@@ -33,8 +33,9 @@ CONFIG = "gradescope.json"
 COURSE_FILES = ("grader", "gpulab", "pyproject.toml", "README.md", "LICENSE", "benchmarks/results")
 _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints")
 _HEADLINE = re.compile(r"^(\d+/\d+ cases passed\.)\s+(.*)$", re.S)
+# When a learner sees a failing case's details, for each visibility but "visible" (which keeps them in one test).
 _WHEN = {"hidden": "to your instructor only", "after_due_date": "after the due date",
-         "after_published": "once grades are published", "visible": "below"}
+         "after_published": "once grades are published"}
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 SETUP_SH = """\
