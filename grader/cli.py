@@ -6,6 +6,7 @@ instructors", describes each command and the ``result.json`` it writes.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -112,6 +113,24 @@ def _merge(args) -> int:
     return 0
 
 
+def _gradescope(args) -> int:
+    from grader.gradescope import write_bundle
+
+    try:
+        out = write_bundle(args.lab, args.output, device=args.device, seed=args.seed, timeout_s=args.timeout,
+                           deadline_s=args.deadline, notebook_run=not args.no_notebook_run, details=args.details)
+    except (KeyError, ValueError) as exc:
+        print(f"gradescope failed: {exc}", file=sys.stderr)
+        return 2
+    from grader.checks import exercises
+
+    points = sum(ex.points for ex in exercises(args.lab).values())
+    print(f"wrote {out}: upload it as the assignment's autograder (zip a folder's contents, not the folder); "
+          f"set the assignment's points to {points:g}, the lab's maximum, and its autograder timeout to at least "
+          f"{math.ceil(args.deadline / 60) + 2} minutes (--deadline plus start-up).")
+    return 0
+
+
 def _bench(args) -> int:
     from grader.bench import bench_notebook
 
@@ -156,6 +175,16 @@ outputs of cells that were run) is not overwritten: release names it and exits 1
 aside to keep it (mv labs/X.ipynb labs/X.mine.ipynb), or pass --force to overwrite it and lose the
 work. --check writes nothing: it exits 1 when the generated labs match neither labs/ nor the labs
 committed in git."""
+
+GRADESCOPE_HELP = """\
+Write a Gradescope autograder for one lab: setup.sh (installs Python, bubblewrap, torch and the
+course into /autograder/venv), run_autograder (grades the one .ipynb of a submission with the
+sandboxed grader, writes results/results.json: one test per exercise), gradescope.json (these
+options) and the course files grading needs, so grading works offline.
+
+--device cpu (the default) installs torch's CPU wheels; --device cuda or auto installs PyPI's CUDA
+wheels and grades on the GPU when one is visible. --seed fixes the hidden cases for every learner:
+leave it out for a secret seed per submission (recorded in results.json's extra_data)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -210,6 +239,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dirs", nargs="+", metavar="DIR", help="the --out folders of the cohort shards")
     p.add_argument("--out", required=True, help="folder for the merged results and gradebook.csv")
     p.set_defaults(func=_merge)
+
+    p = command("gradescope", "build a Gradescope autograder for one lab (a folder, or a .zip)", GRADESCOPE_HELP)
+    p.add_argument("--lab", required=True, help="lab stem, e.g. 01_performance_model")
+    p.add_argument("-o", "--output", required=True,
+                   help="where to write the bundle: a folder, or a zip when it ends in .zip")
+    p.add_argument("--details", default="after_due_date",
+                   choices=["visible", "after_due_date", "after_published", "hidden"],
+                   help="when learners see the first failing case's details (it may be a hidden case); the score "
+                        "and the cases-passed count of each exercise are always visible")
+    _grading_options(p)
+    p.set_defaults(func=_gradescope)
 
     p = command("bench", "time a notebook's kernels against PyTorch on this device")
     p.add_argument("notebook", help="the submission or solution (.ipynb)")
