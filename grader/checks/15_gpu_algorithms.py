@@ -6,8 +6,13 @@ to a reference assignment, ties to the lower centroid, never the (N, K, D) diffe
 seeded start) and its roofline cost, recall@k (true neighbours past the k-th ignored), an IVF index built from the
 k-means, gradient-boosted trees' histograms and best split, and a prefetching loop's transfer contract (read from a
 recording of its calls, gpulab.prefetch: each batch pinned once, before or in the loop; no pinned buffer rewritten
-while a copy may read it; the wait on the copy stream). Wrong answers are named by the mistake they match. Hidden
-cases: one per rule, the same rules on every seed, named by their inputs alone and shuffled (grader.kit.neutral).
+while a copy may read it; the wait on the copy stream). Across GPUs: a top-K over shards on real gloo ranks (shards by
+torch.tensor_split's rule, global indices, an all-gather of p k candidates or a binomial merge tree of ceil(log2 p)
+rounds, the bytes of candidates each rank received; one launch per case, several score vectors in it, and a one-rank
+probe first so that a stub or an answer returning no top-k starts no ranks), and a multi-GPU IVF latency model (shard
+or replicate: host transfers, the slowest shard's probe, the merge; every term compared). Wrong answers are named by
+the mistake they match. Hidden cases: one per rule, the same rules on every seed, named by their inputs alone and
+shuffled (grader.kit.neutral).
 """
 from __future__ import annotations
 
