@@ -11,7 +11,11 @@ padding, rows assumed contiguous; a pipeline waiting on the wrong stream, pinnin
 buffer a copy may still read. Pinning every batch before the loop is allowed (each batch pinned once). And: a heap
 that holds the whole stream, float64 values, exact keys that rank -0.0 below 0.0, the (N, K, D) differences,
 recall against every column of truth or as a percentage, an exhaustive IVF search or int32 ids, splits without the
-parent's score or with the last of equal gains."""
+parent's score or with the last of equal gains. Across ranks: a sharded top-K with local indices, ceil(k / p)
+candidates per shard, only the values gathered, shard boundaries off by one or dropping the remainder, bytes without
+the indices or the p factor, a merge tree one round short for p = 3, no broadcast of the result (graded on the public
+case, 3 gloo ranks: each launch costs seconds); a latency model with the mean over GPUs, no merge, no host transfers,
+the layouts swapped, batch / p queries, p k candidates merged, or an index that always fits."""
 import heapq
 
 import pytest
@@ -54,7 +58,10 @@ def _messages(result) -> str:
 
 
 
-@pytest.mark.parametrize("eid", list(EX))
+slow = pytest.mark.slow  # starts gloo ranks: a few seconds of process start-up per launch
+
+
+@pytest.mark.parametrize("eid", [pytest.param(e, marks=slow) if e == "sharded_topk" else e for e in EX])
 def test_the_solution_earns_every_point(sol15, eid):
     graded = grade(STEM, eid, sol15)
     assert graded.status == "passed" and graded.score == EX[eid].points, graded.message
@@ -557,8 +564,8 @@ def test_a_pipeline_that_skips_a_batch_is_caught(sol15):
 
 # --- answers that compute nothing earn nothing; every rule in every hidden set --------------------------------
 
-@pytest.mark.parametrize("eid", list(EX))
-def test_no_credit_for_doing_nothing_and_the_same_rules_on_every_seed(eid):
+@pytest.mark.parametrize("eid", [pytest.param(e, marks=slow) if e == "sharded_topk" else e for e in EX])
+def test_no_credit_for_doing_nothing_and_the_same_rules_on_every_seed(eid):  # sharded_topk: a one-rank probe a case
     kit.assert_do_nothing_scores_zero(EX[eid])
     assert rules_differ(EX[eid]) is None
 
@@ -617,6 +624,16 @@ MUTANTS = [  # (exercise, the solution's text, the mistake, what the message say
      "best = int(gain.numel() - 1 - gain.reshape(-1).flip(0).argmax())", "the last of equal gains"),
     ("best_split", "score = lambda g, h: g * g / (h + lam)", "score = lambda g, h: g * g / h.clamp_min(1e-12)",
      "without lambda"),
+    ("ivf_latency", 'probe = max(s["slowdown"])', 'probe = sum(s["slowdown"]) / p', "the mean over GPUs"),
+    ("ivf_latency", 'merge = s["link_latency_s"] + (p - 1) * batch * s["k"] * 12 / s["link_bytes_per_s"]',
+     "merge = 0.0", "no merge"),
+    ("ivf_latency", ('h2d = s["host_latency_s"] + queries * s["d"] * 4 / s["pcie_bytes_per_s"]',
+                     'd2h = s["host_latency_s"] + queries * s["k"] * 12 / s["pcie_bytes_per_s"]'),
+     ("h2d = 0.0", "d2h = 0.0"), "no host transfers"),
+    ("ivf_latency", 'shard = layout == "shard"', 'shard = layout == "replicate"', "the layouts swapped"),
+    ("ivf_latency", "-(-batch // p)", "batch / p", "ceil(batch / p) queries"),
+    ("ivf_latency", "(p - 1) * batch", "p * batch", "(p - 1) batch k x 12"),
+    ("ivf_latency", "vectors * s[\"d\"] * s[\"value_bytes\"] <= s[\"hbm_bytes\"]", "True", "fits ="),
 ]
 
 
@@ -633,3 +650,35 @@ def test_an_answer_calling_a_helper_the_lab_does_not_offer_earns_nothing(sol15):
         return sol15["recall_at_k"](found, truth, k)
     r = grade(STEM, "recall_at_k", with_answer(sol15, recall_at_k=recall_at_k))
     assert r.score == 0 and "gpulab.bench.percentile, a course helper this lab does not offer" in r.message
+
+
+# --- across GPUs: a top-K over shards on real ranks ----------------------------------------------------------
+
+def test_the_merge_bytes_follow_the_tree():
+    assert [CHECKS.ref_merge_bytes(3, 1, "tree", r) for r in range(3)] == [24, 12, 12]
+    assert [CHECKS.ref_merge_bytes(4, 2, "tree", r) for r in range(4)] == [48, 24, 48, 24]
+    assert CHECKS.ref_merge_bytes(3, 5, "gather", 2) == 3 * 5 * 12
+    assert CHECKS.ref_shard_ranges(10, 4) == [[0, 3], [3, 6], [6, 8], [8, 10]]
+
+
+SHARDED_MUTANTS = [  # (the solution's text, the mistake, what the message says); graded on the public case (3 ranks)
+    ("ids = torch.arange(start, start + shard.shape[0]", "ids = torch.arange(0, shard.shape[0]",
+     "indices counted inside each shard"),
+    ("exact_topk(shard[None], ids[None], k)",   # the all-gather's p ceil(k / p) candidates are still >= k
+     'exact_topk(shard[None], ids[None], -(-k // world) if method == "gather" else k)', "candidates from each shard"),
+    ("dist.all_gather(all_i, index)", "all_i = [index] * world", "Your all-gather moved only the values"),
+    ("start + base + (rank < extra)", "start + base + (rank <= extra)", "torch.tensor_split's rule"),
+    ("start + base + (rank < extra)", "start + base", "belong to no shard"),
+    ("index.numel() * index.element_size()", "0", "Yours counts the values alone"),
+    ("return values, index, world * per_rank", "return values, index, per_rank", "or one rank's k candidates"),
+    ("while d < world:", "while 2 * d <= world:", "a tree of floor(log2 p) rounds"),
+    (("dist.broadcast(values, 0)", "dist.broadcast(index, 0)"), ("pass", "pass"),
+     "the result of the merge must reach every rank"),
+]
+
+
+@slow
+@pytest.mark.parametrize("old, new, says", SHARDED_MUTANTS, ids=[str(m[2])[:40] for m in SHARDED_MUTANTS])
+def test_a_wrong_sharded_topk_is_named(sol15, old, new, says):
+    r = public(STEM, "sharded_topk", mutants.mutated(STEM, sol15, "sharded_topk", old, new))
+    assert r.status == "failed" and says in r.message, r.message

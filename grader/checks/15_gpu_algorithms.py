@@ -6,8 +6,13 @@ to a reference assignment, ties to the lower centroid, never the (N, K, D) diffe
 seeded start) and its roofline cost, recall@k (true neighbours past the k-th ignored), an IVF index built from the
 k-means, gradient-boosted trees' histograms and best split, and a prefetching loop's transfer contract (read from a
 recording of its calls, gpulab.prefetch: each batch pinned once, before or in the loop; no pinned buffer rewritten
-while a copy may read it; the wait on the copy stream). Wrong answers are named by the mistake they match. Hidden
-cases: one per rule, the same rules on every seed, named by their inputs alone and shuffled (grader.kit.neutral).
+while a copy may read it; the wait on the copy stream). Across GPUs: a top-K over shards on real gloo ranks (shards by
+torch.tensor_split's rule, global indices, an all-gather of p k candidates or a binomial merge tree of ceil(log2 p)
+rounds, the bytes of candidates each rank received; one launch per case, several score vectors in it, and a one-rank
+probe first so that a stub or an answer returning no top-k starts no ranks), and a multi-GPU IVF latency model (shard
+or replicate: host transfers, the slowest shard's probe, the merge; every term compared). Wrong answers are named by
+the mistake they match. Hidden cases: one per rule, the same rules on every seed, named by their inputs alone and
+shuffled (grader.kit.neutral).
 """
 from __future__ import annotations
 
@@ -880,13 +885,324 @@ PREFETCH = Exercise("prefetch_loop", 3, ("prefetch_loop",), neutral(_pipe_cases)
                          "batch 0; then for each i: io.wait(io.copy_stream); x = the fetched batch; fetch batch i + 1 "
                          "(if any); results.append(step(x)). No io.synchronize() in the loop.")
 
+# --- exercise 12: top-K over shards on several ranks --------------------------------------------------------------
+
+CANDIDATE_BYTES = 4 + 8   # one candidate on the wire: a float32 score and its int64 global index
+
+
+def ref_shard_ranges(n: int, world: int) -> list:
+    """``[start, stop)`` of every rank's shard: torch.tensor_split's rule, the first ``n % world`` shards one longer."""
+    sizes = [n // world + (r < n % world) for r in range(world)]
+    starts = [sum(sizes[:r]) for r in range(world)]
+    return [[a, a + s] for a, s in zip(starts, sizes)]
+
+
+def _best_of(values: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best candidates: value descending, equal values by the lower id."""
+    by_id = torch.sort(ids, stable=True).indices
+    values, ids = values[by_id], ids[by_id]
+    top = torch.sort(values, descending=True, stable=True).indices[:k]
+    return values[top], ids[top]
+
+
+def ref_sharded_topk(scores, k, world, *, local=False, per_shard=None, ranks=None):
+    """The merge of every shard's top-k, with knobs for the classic mistakes: ``local`` indices counted inside each
+    shard, ``per_shard`` candidates from each shard instead of k, only the shards of ``ranks`` merged."""
+    cands = []
+    for r, (a, b) in enumerate(ref_shard_ranges(scores.shape[0], world)):
+        if ranks is None or r in ranks:
+            cands.append(_best_of(scores[a:b], torch.arange(b - a) + (0 if local else a), per_shard or k))
+    return _best_of(torch.cat([v for v, _ in cands]), torch.cat([i for _, i in cands]), k)
+
+
+def tree_rounds(world: int) -> int:
+    """Rounds of a binomial merge tree over ``world`` ranks: ceil(log2 world)."""
+    return (world - 1).bit_length()
+
+
+def ref_merge_bytes(world: int, k: int, method: str, rank: int, *, value_bytes: int = 4, indices: bool = True,
+                    whole: bool = True, broadcast: bool = True) -> float:
+    """Bytes of candidates (values and global indices) that reach ``rank`` in the merge. "gather": the p k values
+    and p k indices the all-gather writes on every rank (its own chunk included, as the collective's output holds
+    it). "tree": k of each for every round in which the rank receives its partner's candidates, and the broadcast
+    result on every rank but 0. Knobs: the classic miscounts."""
+    per = k * (value_bytes + (8 if indices else 0))
+    if method == "gather":
+        return (world if whole else 1) * per
+    received, d = 0, 1
+    while d < world:
+        if rank % (2 * d) == d:     # sends its candidates to rank - d, and is done
+            break
+        if rank + d < world:
+            received += per
+        d *= 2
+    return received + (per if rank and broadcast else 0)
+
+
+def _sharded_cases(gen, public):
+    def configs(world):
+        out = []
+        for method in ("gather", "tree"):
+            n = world * randint(gen, 3, 6) + randint(gen, 1, world - 1)      # uneven shards
+            out.append(dict(scores=_ints(gen, n, hi=2), k=randint(gen, 2, n // world), method=method))
+            n = world * randint(gen, 3, 6) + randint(gen, 1, world - 1)
+            scores = randn(gen, n)
+            last = ref_shard_ranges(n, world)[-1][0]
+            scores[last:] += 10.0                                             # the best values all on the last rank
+            out.append(dict(scores=scores, k=randint(gen, 2, n // world), method=method))
+        return out
+
+    def case(rule, world):
+        cfgs = configs(world)
+        sizes = sorted(c["scores"].shape[0] for c in cfgs)
+        ks = sorted(c["k"] for c in cfgs)
+        return Case(f"{rule}{': ' if rule else ''}{world} ranks, {len(cfgs)} score vectors of {sizes[0]} to "
+                    f"{sizes[-1]} float32 values, k from {ks[0]} to {ks[-1]}, merged by gather and by tree",
+                    dict(world=world, configs=cfgs))
+
+    if public:
+        return [case("", 3)]
+    return [case("a power of two", 4), case("not a power of two", 3)]
+
+
+def _shard_range_verdict(n, world, got) -> str | None:
+    want = ref_shard_ranges(n, world)
+    if got == want:
+        return None
+    covered = [0] * n
+    for a, b in got:
+        for j in range(max(a, 0), min(b, n)):
+            covered[j] += 1
+    missing = [j for j, c in enumerate(covered) if c == 0]
+    twice = [j for j, c in enumerate(covered) if c > 1]
+    why = (f" Scores {missing[:6]} belong to no shard." if missing else "") + \
+          (f" Scores {twice[:6]} are in two shards." if twice else "")
+    return (f"shard_range({n}, rank, {world}) gave the shards {got}, expected {want}: contiguous, in rank order, "
+            f"the first n % p = {n % world} shards one longer (torch.tensor_split's rule).{why} Start of shard r: "
+            "r (n // p) + min(r, n % p).")
+
+
+def _gathered_values_only(o, world, k) -> bool:
+    gathers = [e for e in o["comm"] if e["op"].startswith("all_gather")]
+    return bool(gathers) and sum(e["bytes"] for e in gathers) == world * k * 4
+
+
+def _sharded_judge(case, obs):
+    x = case.inputs
+    world = x["world"]
+    if "bad" in obs:
+        return f"sharded_topk must return (values (k,), indices (k,), bytes moved); got {obs['bad']}."
+    for c, cfg in enumerate(x["configs"]):
+        scores, k, method = cfg["scores"], cfg["k"], cfg["method"]
+        what = f"{method}, {scores.shape[0]} scores on {world} ranks, k={k}"
+        outs = [rank_out[c] for rank_out in obs["ranks"]]
+        bad = next((o["bad"] for o in outs if "bad" in o), None)
+        if bad:
+            return f"{what}: sharded_topk must return (values (k,), indices (k,), bytes moved); got {bad}."
+        verdict = _shard_range_verdict(scores.shape[0], world, [o["range"] for o in outs])
+        if verdict:
+            return verdict
+        want_v, want_i = ref_sharded_topk(scores, k, world)
+        for rank, o in enumerate(outs):
+            verdict = _sharded_result_verdict(what, rank, o, (want_v, want_i), scores, k, world, method)
+            if verdict:
+                return verdict
+    for c, cfg in enumerate(x["configs"]):   # the byte counts once every result is right: the result matters most
+        k, method = cfg["k"], cfg["method"]
+        what = f"{method}, {cfg['scores'].shape[0]} scores on {world} ranks, k={k}"
+        for rank, o in enumerate(rank_out[c] for rank_out in obs["ranks"]):
+            want = ref_merge_bytes(world, k, method, rank)
+            if not close(o["bytes"], want):
+                per = f"k = {k} values (4 bytes) and k indices (8 bytes): {k * CANDIDATE_BYTES} bytes"
+                rule = (f"the all-gather's output on every rank: p = {world} chunks of {per}" if method == "gather"
+                        else f"{per} per round in which rank {rank} receives (a binomial tree of "
+                             f"ceil(log2 p) = {tree_rounds(world)} rounds), plus the broadcast result on ranks "
+                             "other than 0")
+                mistakes = [("the values alone: the int64 indices travel too (8 bytes each)", dict(indices=False)),
+                             ("one rank's k candidates: the all-gather writes p of them on every rank",
+                              dict(whole=False)),
+                             ("no broadcast: ranks other than 0 receive the k results at the end",
+                              dict(broadcast=False))]
+                # With p = 3, p k 4 = k 12: the values alone and one rank's candidates are the same number.
+                named = [label for label, knob in mistakes
+                         if close(o["bytes"], ref_merge_bytes(world, k, method, rank, **knob))]
+                return (f"{what}: rank {rank} says it moved {o['bytes']:g} bytes, expected {want:g}: {rule}." +
+                        (f"\n  Yours counts {'; or '.join(named)}." if named else ""))
+    return None
+
+
+def _sharded_result_verdict(what, rank, o, want, scores, k, world, method) -> str | None:
+    got_v, got_i = o["values"], o["indices"]
+    want_v, want_i = want
+    if got_v.dtype != scores.dtype or got_i.dtype != torch.int64 or got_v.shape != (k,) or got_i.shape != (k,):
+        return (f"{what}: rank {rank} returned values {got_v.dtype} {tuple(got_v.shape)} and indices {got_i.dtype} "
+                f"{tuple(got_i.shape)}, expected float32 ({k},) and int64 ({k},).")
+    if torch.equal(got_v, want_v) and torch.equal(got_i, want_i):
+        return None
+    message = (f"{what}: rank {rank} returned values {got_v.tolist()} at indices {got_i.tolist()}, expected "
+               f"{want_v.tolist()} at {want_i.tolist()} (the global top-k: value descending, equal values by the "
+               "lower global index, on every rank).")
+    if method == "gather" and torch.equal(got_v, want_v) and _gathered_values_only(o, world, k):
+        return message + ("\n  Your all-gather moved only the values (p k x 4 bytes): the other ranks' indices never "
+                          "arrived. Gather the global indices too (a second all_gather), so the merge knows where "
+                          "each value came from.")
+    variants = [
+        ("indices counted inside each shard: add the shard's start, so the indices are global",
+         lambda: ref_sharded_topk(scores, k, world, local=True)),
+        (f"ceil(k / p) = {-(-k // world)} candidates from each shard: a shard may hold the whole top-k, so each "
+         "sends its own top k", lambda: ref_sharded_topk(scores, k, world, per_shard=-(-k // world))),
+        (f"a tree of floor(log2 p) rounds: with p = {world} not a power of two, ranks "
+         f"{list(range(1 << (world.bit_length() - 1), world))} never merged in; take ceil(log2 p) rounds",
+         lambda: ref_sharded_topk(scores, k, world, ranks=range(1 << (world.bit_length() - 1)))
+         if world & (world - 1) else None),
+        ("this rank's own top-k: the result of the merge must reach every rank (broadcast it)",
+         lambda: ref_sharded_topk(scores, k, world, ranks=[rank]) if rank else None)]
+    return diagnose(message, (got_v, got_i), variants, lambda a, b: torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]),
+                    "\n  Yours matches {} instead.") + (_tie_note(got_v, got_i, want_v, want_i) or "")
+
+
+SHARDED_TOPK = Exercise("sharded_topk", 3, ("shard_range", "sharded_topk"), neutral(_sharded_cases),
+                        RUN._sharded_run, _sharded_judge,
+                        title="Top-K over shards: local top-k, then an all-gather or a merge tree",
+                        hint="shard_range: start = r (n // p) + min(r, n % p), stop = start + n // p + (r < n % p). "
+                             "sharded_topk: local top k with exact_topk, indices + start; gather: all_gather values "
+                             "and indices, exact_topk of the p k; tree: for d = 1, 2, 4 ... < p, rank % 2d == d sends "
+                             "to rank - d, rank % 2d == 0 receives from rank + d (if it exists) and merges; then "
+                             "broadcast from rank 0.")
+
+
+# --- exercise 13: a multi-GPU IVF latency model ---------------------------------------------------------------------
+
+QUERY_BYTES = 4   # a float32 query value
+
+
+def ref_ivf_latency(layout: str, batch: int, s: dict, *, straggler: str = "max", merge: bool = True,
+                    host: bool = True, swapped: bool = False) -> dict:
+    """One batch of ``batch`` queries through a multi-GPU IVF index (the lab's model), with knobs for the classic
+    mistakes: the mean over GPUs instead of the slowest, no merge, no host transfers, the layouts swapped."""
+    p = s["gpus"]
+    shard = (layout == "shard") != swapped
+    queries = batch if shard else -(-batch // p)                  # per GPU: every query, or the busiest replica's
+    vectors = s["n"] / p if shard else s["n"]                     # vectors on one GPU
+    scanned = queries * s["nprobe"] / s["nlist"] * vectors * s["d"] * s["value_bytes"]
+    slow = max(s["slowdown"]) if straggler == "max" else sum(s["slowdown"]) / p
+    probe = slow * scanned / s["hbm_bytes_per_s"]
+    gathered = (p - 1) * batch * s["k"] * CANDIDATE_BYTES
+    merge_s = s["link_latency_s"] + gathered / s["link_bytes_per_s"] if shard and p > 1 and merge else 0.0
+    h2d = s["host_latency_s"] + queries * s["d"] * QUERY_BYTES / s["pcie_bytes_per_s"] if host else 0.0
+    d2h = s["host_latency_s"] + queries * s["k"] * CANDIDATE_BYTES / s["pcie_bytes_per_s"] if host else 0.0
+    latency = h2d + probe + merge_s + d2h
+    return {"h2d_s": h2d, "probe_s": probe, "merge_s": merge_s, "d2h_s": d2h, "latency_s": latency,
+            "throughput_qps": batch / latency, "fits": vectors * s["d"] * s["value_bytes"] <= s["hbm_bytes"]}
+
+
+LATENCY_KEYS = ("h2d_s", "probe_s", "merge_s", "d2h_s", "latency_s", "throughput_qps", "fits")
+_LATENCY_RULES = {
+    "h2d_s": "host_latency_s + (queries on one GPU) d x 4 / pcie_bytes_per_s: every GPU of a shard gets the whole "
+             "batch, a replica ceil(batch / p) queries",
+    "probe_s": "max(slowdown) x (queries on one GPU) x nprobe / nlist x (vectors on one GPU) x d x value_bytes / "
+               "hbm_bytes_per_s: n / p vectors on a shard, n on a replica; the slowest GPU sets the pace",
+    "merge_s": "link_latency_s + (p - 1) batch k x 12 / link_bytes_per_s for a sharded index over p > 1 GPUs (the "
+               "other shards' k candidates per query, a float32 score and an int64 id each, reach one GPU); 0 for "
+               "replicas",
+    "d2h_s": "host_latency_s + (queries on one GPU) k x 12 / pcie_bytes_per_s",
+    "latency_s": "h2d_s + probe_s + merge_s + d2h_s",
+    "throughput_qps": "batch / latency_s",
+    "fits": "(vectors on one GPU) d value_bytes <= hbm_bytes",
+}
+
+
+def _system(gen, p, *, link=None, slow=True, big=False):
+    """A seeded random machine and index: p GPUs, one of them slower when ``slow``."""
+    slowdown = [1.0] * p
+    if slow:
+        slowdown[randint(gen, 0, p - 1)] = round(uniform(gen, 1.2, 3.0), 3)
+    d, vb = choice(gen, [64, 96, 128, 256, 768]), choice(gen, [1, 2, 4])
+    hbm = round(uniform(gen, 16, 192)) * 1e9
+    n = (round(hbm * uniform(gen, 1.2, 1.8) / (d * vb)) // p) * p if big else 1000 * randint(gen, 1000, 100_000)
+    return dict(n=n, d=d, value_bytes=vb, nlist=choice(gen, [1024, 4096, 16384, 65536]),
+                nprobe=randint(gen, 1, 256), k=randint(gen, 1, 100), gpus=p,
+                hbm_bytes_per_s=round(uniform(gen, 0.9, 5.0), 2) * 1e12, hbm_bytes=hbm,
+                link_bytes_per_s=link or round(uniform(gen, 100, 900)) * 1e9,
+                link_latency_s=round(uniform(gen, 2, 30), 1) * 1e-6,
+                pcie_bytes_per_s=round(uniform(gen, 16, 64)) * 1e9, host_latency_s=round(uniform(gen, 5, 30), 1) * 1e-6,
+                slowdown=slowdown)
+
+
+def _latency_cases(gen, public):
+    def case(rule, layout, batch, s):
+        slow, gpus = max(s["slowdown"]), f"{s['gpus']} GPU{'s' * (s['gpus'] > 1)}"
+        return Case(f"{rule}{': ' if rule else ''}{layout}, batch {batch}, {gpus}, n={s['n']:.4g} d={s['d']} "
+                    f"{s['value_bytes']} B/value, nlist={s['nlist']} nprobe={s['nprobe']} k={s['k']}"
+                    f"{f', one GPU {slow:g}x slower' if slow > 1 else ''}", dict(layout=layout, batch=batch, system=s))
+
+    if public:
+        h100 = dict(n=100_000_000, d=128, value_bytes=2, nlist=16384, nprobe=32, k=10, gpus=4,
+                    hbm_bytes_per_s=3.35e12, hbm_bytes=80e9, link_bytes_per_s=450e9, link_latency_s=10e-6,
+                    pcie_bytes_per_s=64e9, host_latency_s=10e-6, slowdown=[1.0, 1.0, 1.0, 1.5])
+        return [case("", "shard", 64, h100), case("", "replicate", 64, h100), case("", "shard", 1, h100),
+                case("", "replicate", 512, dict(h100, slowdown=[1.0] * 4))]
+    p = lambda: randint(gen, 2, 8)  # noqa: E731
+    return [case("a straggler behind a sharded index", "shard", randint(gen, 8, 256), _system(gen, p())),
+            case("a straggler among replicas", "replicate", randint(gen, 8, 256), _system(gen, p())),
+            case("one query", "shard", 1, _system(gen, p())),
+            case("a batch that does not divide", "replicate", 8 * randint(gen, 2, 64) + 1, _system(gen, 8)),
+            case("a merge over a network", "shard", randint(gen, 64, 1024),
+                 _system(gen, p(), link=round(uniform(gen, 12, 50)) * 1e9)),
+            case("an index larger than one GPU", "replicate", randint(gen, 16, 128),
+                 _system(gen, p(), big=True)),
+            case("one GPU", choice(gen, ["shard", "replicate"]), randint(gen, 1, 64), _system(gen, 1, slow=False))]
+
+
+def _same(key: str, got, want) -> bool:
+    """A term of the model equal to the reference's: a number within :func:`close`, ``fits`` a bool (or 0/1)."""
+    if key == "fits":
+        return isinstance(got, (bool, int, float)) and got in (0, 1) and bool(got) == want
+    return close(got, want)
+
+
+def _latency_judge(case, obs):
+    x = case.inputs
+    layout, batch, s = x["layout"], x["batch"], x["system"]
+    if "bad" in obs:
+        return f"ivf_latency must return a dict with {', '.join(LATENCY_KEYS)}; got {obs['bad']}."
+    missing = [key for key in LATENCY_KEYS if key not in obs]
+    if missing:
+        return f"ivf_latency's dict lacks {', '.join(missing)} (it needs {', '.join(LATENCY_KEYS)})."
+    want = ref_ivf_latency(layout, batch, s)
+    for key in LATENCY_KEYS:
+        if _same(key, obs[key], want[key]):
+            continue
+        message = (f"ivf_latency({layout!r}, batch={batch}): {key} = {obs[key]!r}, expected {want[key]!r} = "
+                   f"{_LATENCY_RULES[key]}.")
+        variants = [("the layouts swapped: a shard holds n / p vectors and sees every query, a replica holds all n "
+                     "and gets ceil(batch / p) queries", ref_ivf_latency(layout, batch, s, swapped=True)),
+                    ("the mean over GPUs: a batch waits for its slowest GPU (the max of the slowdowns)",
+                     ref_ivf_latency(layout, batch, s, straggler="mean")),
+                    ("no merge: a sharded index gathers the other shards' k candidates per query on one GPU",
+                     ref_ivf_latency(layout, batch, s, merge=False)),
+                    ("no host transfers: the queries cross PCIe to the GPUs and the results come back",
+                     ref_ivf_latency(layout, batch, s, host=False))]
+        return diagnose(message, obs, variants, lambda got, var: all(_same(k, got[k], var[k]) for k in LATENCY_KEYS),
+                        "\n  Yours matches {} instead.")
+    return None
+
+
+IVF_LATENCY = Exercise("ivf_latency", 3, ("ivf_latency",), neutral(_latency_cases), RUN._latency_run,
+                       _latency_judge, title="A multi-GPU IVF latency model: shard or replicate",
+                       hint="queries = batch (shard) or ceil(batch / p) (replicate); vectors = n / p or n; probe = "
+                            "max(slowdown) x queries x nprobe / nlist x vectors x d x value_bytes / HBM bandwidth; "
+                            "merge (shard, p > 1) = link latency + (p - 1) batch k 12 / link bandwidth; each host "
+                            "transfer = host latency + bytes / PCIe bandwidth; throughput = batch / latency.")
+
 # The helpers lab 15's setup imports: its answers may call these, and no other gpulab function or class.
 OFFERED = ("gpulab.setup", "gpulab.feedback.check", "gpulab.bench.benchmark", "gpulab.datasheet.h100_peaks",
            "gpulab.peaks.Peaks", "gpulab.peaks.measured_peaks", "gpulab.prefetch.CudaTransfers",
            "gpulab.prefetch.RecordingTransfers", "gpulab.vectors.make_blobs")
 
 EXERCISES = [offering(ex, OFFERED) for ex in (HEAP_TOPK, STREAMING_TOPK, TOPK_KERNEL, KMEANS_ASSIGN, KMEANS,
-                                             KMEANS_COST, RECALL, IVF, HISTOGRAMS, BEST_SPLIT, PREFETCH)]
+                                             KMEANS_COST, RECALL, IVF, HISTOGRAMS, BEST_SPLIT, PREFETCH,
+                                             SHARDED_TOPK, IVF_LATENCY)]
 
 
 # --- benchmarks (python -m grader bench) ------------------------------------------------------------------------

@@ -15,6 +15,9 @@ from gpulab.peaks import Peaks
 from gpulab.prefetch import RecordingTransfers
 from grader.exercise import entry, to_cpu
 from grader.runs.observe import observe_kernel, wrapper_torch_ops
+from grader.runs.ranks import launch_ranks, probe_on_one_rank
+
+LAUNCH_TIMEOUT_S = 30.0   # per launch: the process group's timeout; a hung rank ends after it
 
 
 def _one_at_a_time(chunks: list):
@@ -140,3 +143,60 @@ def _pipe_run(ns, case, device):
     except TypeError:
         results = repr(results)[:80]
     return {"log": io.log, "results": results}
+
+
+def _plain_topk(got) -> dict:
+    """A sharded top-k's ``(values, indices, bytes)`` as plain data, or ``{"bad": what came back}``."""
+    if not isinstance(got, (tuple, list)) or len(got) != 3 or not all(isinstance(t, torch.Tensor) for t in got[:2]):
+        return {"bad": f"{type(got).__name__}: {str(got)[:80]}"}
+    try:
+        nbytes = float(got[2])
+    except (TypeError, ValueError, RuntimeError):
+        return {"bad": f"a byte count of {str(got[2])[:40]}"}
+    return {"values": to_cpu(got[0]).clone(), "indices": to_cpu(got[1]).clone(), "bytes": nbytes}
+
+
+def _sharded_rank(rank, world_size, shard_range, sharded_topk, x, probe=None):
+    """Every configuration of the case on this rank: the learner's shard of the scores, its sharded top-k, and the
+    collectives it issued. ``probe``: a dict the one-rank probe fills with its first result (then it stops)."""
+    from gpulab.commlog import record_collectives
+
+    out = []
+    for cfg in x["configs"]:
+        scores = cfg["scores"]
+        bounds = shard_range(scores.shape[0], rank, world_size)
+        try:
+            start, stop = (int(b) for b in bounds)
+        except (TypeError, ValueError):
+            out.append({"bad": f"shard_range returned {str(bounds)[:80]}"})
+            break
+        with record_collectives() as log:
+            got = sharded_topk(scores[start:stop].clone(), start, cfg["k"], cfg["method"])
+        out.append({"range": [start, stop], **_plain_topk(got), "comm": log.as_dicts()})
+        if probe is not None:
+            probe["first"] = out[0]
+            return out
+    return out
+
+
+def _sharded_run(ns, case, device):
+    shard_range, sharded_topk = entry(ns, "shard_range"), entry(ns, "sharded_topk")
+    # A one-rank run here first: a stub raises NotImplementedError before any process starts, and an answer that
+    # returns no top-k at all (None, a list...) is answered without starting the case's ranks.
+    first: dict = {}
+    probe_on_one_rank(_sharded_rank, shard_range, sharded_topk, case.inputs, first)
+    if "bad" in first.get("first", {}):
+        return {"bad": first["first"]["bad"]}
+    ranks = launch_ranks(("sharded_topk", shard_range, sharded_topk), _sharded_rank, case.inputs["world"],
+                         shard_range, sharded_topk, case.inputs, timeout_s=LAUNCH_TIMEOUT_S)
+    return {"ranks": ranks}
+
+
+def _latency_run(ns, case, device):
+    x = case.inputs
+    got = entry(ns, "ivf_latency")(x["layout"], x["batch"], dict(x["system"]))
+    if not isinstance(got, dict):
+        return {"bad": f"{type(got).__name__}: {str(got)[:80]}"}
+    return {key: (value if isinstance(value, (bool, int, float)) else float(value)
+                  if isinstance(value, torch.Tensor) and value.numel() == 1 else repr(value)[:80])
+            for key, value in got.items() if isinstance(key, str)}
