@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.gpulab-installed
 # setuptools explains editable installs in a banner on every setup; the install is standard, so hush it.
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: lab test test-gpu gpu-check test-triton36 test-torch211 setup release bench clean
+.PHONY: lab test test-notebooks test-gpu gpu-check test-triton36 test-torch211 setup release bench clean
 
 # Containers often run as root, which Jupyter refuses without --allow-root.
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
@@ -34,6 +34,17 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m grader release --check
 	$(PY) -m pytest -n 2 --dist worksteal
+	$(MAKE) --no-print-directory test-notebooks
+
+# Every lesson and solution re-executed top to bottom under nbval, each notebook in one kernel (--dist
+# loadfile keeps a notebook's cells on one worker, in order). --nbval-lax: a cell fails on an error, and
+# outputs are compared only where a cell says `# NBVAL_CHECK_OUTPUT`; tests/nbval_sanitize.cfg masks what
+# varies (times, rates, addresses, device names). GPULAB_STRICT=1 makes a failed inline check raise. The
+# notebooks' DEVICE = "auto" picks the GPU where there is one: the GPU lane runs the same command.
+NOTEBOOKS ?= notebooks solutions
+NBVAL := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
+test-notebooks: $(STAMP)
+	GPULAB_STRICT=1 MPLBACKEND=Agg $(PY) -m pytest $(NBVAL) -n 2 --dist loadfile -p no:cacheprovider $(NOTEBOOKS)
 
 # The GPU check: one command for an offline GPU machine with nothing but python3 + torch/Triton/NumPy (no
 # venv, no pip, no Jupyter, no install of this project). Options go in ARGS, e.g.

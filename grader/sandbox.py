@@ -75,19 +75,26 @@ def _probe(argv: list[str]) -> str:
 def isolation() -> dict:
     """``{"mode": "bwrap" | "none", "detail": ...}``: what :func:`wrap` will use on this machine."""
     if os.environ.get("GPULAB_SANDBOX") == "off":
-        return {"mode": "none", "detail": "disabled with GPULAB_SANDBOX=off; learner code runs with "
-                                          "resource limits only and can read this machine's files."}
+        return {"mode": "none", "detail": "disabled with GPULAB_SANDBOX=off; " + _unboxed_reach()}
     exe = _bwrap()
     if exe is None:
-        return {"mode": "none", "detail": "bubblewrap is not installed (apt-get install bubblewrap); learner "
-                                          "code runs with resource limits only and can read this machine's files."}
+        return {"mode": "none", "detail": "bubblewrap is not installed (apt-get install bubblewrap); "
+                                          + _unboxed_reach()}
     why = _probe(_namespace_args(exe) + ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"])
     if why:
-        return {"mode": "none", "detail": f"bubblewrap cannot create namespaces here ({why}); learner code runs "
-                                          "with resource limits only."}
+        return {"mode": "none", "detail": f"bubblewrap cannot create namespaces here ({why}); " + _unboxed_reach()}
     return {"mode": "bwrap", "detail": "bubblewrap: read-only system and venv, no solutions or judge code, "
                                        "tmpfs /tmp, no network, own PID namespace, cleared environment"
                                        + (", own user id" if os.geteuid() == 0 else "")}
+
+
+def _unboxed_reach() -> str:
+    """What learner code can reach without bubblewrap, for :func:`isolation`'s detail."""
+    if os.geteuid() == 0 and shutil.which("setpriv"):
+        return ("learner code runs with resource limits only, as an unprivileged user id of its own: it can read "
+                "every file others may read (make solutions/, grader/checks/ and grader/kit/ readable by root only "
+                "to keep them out of its reach).")
+    return "learner code runs with resource limits only and can read this machine's files."
 
 
 def warn_if_weak(stream=None) -> None:
@@ -230,8 +237,7 @@ def wrap(argv: list[str], *, device: str, cpu_seconds: float, cwd_outside: Path 
     group = _new_group() if _group_kind() else None
     done = group.remove if group is not None else (lambda: None)
     if isolation()["mode"] != "bwrap" or exe is None:
-        return Launch(argv, _limits(device, cpu_seconds, False, group), {**env, "HOME": str(cwd_outside or "/tmp")},
-                      cwd_outside, done)
+        return _unboxed(argv, env, device, cpu_seconds, cwd_outside, group, done)
     # The tmpfs first: binds that follow may lie under /tmp (a project cloned there) and stay visible.
     args = _namespace_args(exe) + ["--size", str(TMP_BYTES), "--perms", "1777", "--tmpfs", "/tmp"]
     for top in ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin"):
@@ -255,9 +261,27 @@ def wrap(argv: list[str], *, device: str, cpu_seconds: float, cwd_outside: Path 
     if uid_of_its_own:  # a real, unprivileged user id: no capabilities, its own process count
         uid = _next_uid()
         args += ["--chmod", "1777", "/tmp", "--chmod", "0777", "/tmp/home", "--chmod", "0777", "/tmp/work",
-                 shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}",
-                 "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+                 *_drop_to(uid)]
     return Launch(args + argv, _limits(device, cpu_seconds, uid_of_its_own, group), dict(BWRAP_ENV), None, done)
+
+
+def _drop_to(uid: int) -> list[str]:
+    """``setpriv`` arguments that run the rest of the command line as ``uid``, with no capabilities."""
+    return [shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+
+
+def _unboxed(argv, env, device, cpu_seconds, cwd_outside, group, done) -> Launch:
+    """Without bubblewrap: resource limits only. A root grader (a container, Gradescope's) still drops the
+    worker to an unprivileged user id of its own, so files only root may read (``solutions/``, the
+    checks, where the instructor made them so) stay out of its reach and it holds no capabilities."""
+    home = str(cwd_outside or "/tmp")
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        return Launch(argv, _limits(device, cpu_seconds, False, group), {**env, "HOME": home}, cwd_outside, done)
+    if cwd_outside is not None:
+        os.chmod(cwd_outside, 0o777)  # the worker's own scratch folder, made for this one run
+    return Launch(_drop_to(_next_uid()) + argv, _limits(device, cpu_seconds, True, group), {**env, "HOME": home},
+                  cwd_outside, done)
 
 
 def _nvidia_nodes() -> list[str]:

@@ -1,6 +1,7 @@
 """Hostile submissions: each earns exactly what it honestly earned, and nothing ends in a traceback."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -643,3 +644,26 @@ def test_the_tmpfs_comes_before_every_bind():
     tmpfs = command.index("--tmpfs")
     assert command[tmpfs + 1] == "/tmp"
     assert all(i > tmpfs for i, arg in enumerate(command) if arg in ("--ro-bind", "--bind", "--dev-bind"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs a root grader and setpriv")
+def test_without_bubblewrap_a_root_grader_still_drops_the_worker_to_its_own_user(tmp_path, no_sandbox):
+    """A container that forbids namespaces (Gradescope's) grades with no box: the worker still runs as an
+    unprivileged user id, so a file only root may read (the instructor's solutions) is out of its reach."""
+    secret = tmp_path / "solution.ipynb"
+    secret.write_text("the answer")
+    secret.chmod(0o600)
+    work = tmp_path / "work"
+    work.mkdir(mode=0o700)
+    probe = ("import os, sys\nprint(os.getuid())\ntry:\n    print(open(sys.argv[1]).read())\n"
+             "except PermissionError:\n    print('denied')\nopen('written', 'w').write('ok')")
+    launch = sandbox.wrap([sys.executable, "-c", probe, str(secret)], device="cpu", cpu_seconds=30, cwd_outside=work)
+    try:
+        done = subprocess.run(launch.command, cwd=launch.cwd, env=launch.env, preexec_fn=launch.preexec,
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        launch.cleanup()
+    uid, verdict = done.stdout.split()[:2]
+    assert int(uid) != 0 and verdict == "denied", done.stdout + done.stderr
+    assert (work / "written").read_text() == "ok"  # its scratch folder stays writable
+    assert "unprivileged user id" in sandbox.isolation()["detail"]
