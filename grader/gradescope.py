@@ -68,6 +68,9 @@ else
 fi
 "$VENV/bin/python" -m pip install --quiet -e "$SOURCE"
 chmod +x "$SOURCE/run_autograder"
+# Where Gradescope's container refuses bubblewrap its namespaces, the grader still runs each answer as an
+# unprivileged user id of its own: what only root may read (the solution, the checks) stays out of its reach.
+chmod -R go-rwx "$SOURCE/solutions" "$SOURCE/grader/checks" "$SOURCE/grader/kit"
 "$VENV/bin/python" -c "import torch, grader.grade; print('grader ready, torch', torch.__version__)"
 """
 
