@@ -184,3 +184,48 @@ def test_the_table_without_a_gpu_says_so():
     table = capability.gpu_table("cpu")
     assert table.startswith("**No GPU here**") and "this GPU" not in table
     assert table.count("(datasheet) |") == len(datasheet.PARTS)
+
+
+# --- corrected claims, with their numbers ------------------------------------------------------------------
+
+def _cell(path: str, cell_id: str) -> str:
+    nb = json.loads((ROOT / path).read_text())
+    return "".join(next(c for c in nb["cells"] if c["id"] == cell_id)["source"])
+
+
+def test_bf16_has_about_2_4_significant_digits_as_lab_07s_table_prints():
+    import math
+
+    from gpulab.precision import FORMATS
+
+    digits = f"{(FORMATS['bf16'].mantissa_bits + 1) * math.log10(2):.1f}"  # the lab's limits table, digits column
+    text = _cell("notebooks/07_mixed_precision.ipynb", "gpu-intro")
+    assert digits == "2.4" and f"about {digits} significant decimal digits" in text
+    assert "3 significant digits" not in text
+
+
+def test_int8_to_float_conversion_is_an_eighth_of_the_fma_rate():
+    from gpulab.aot import H100
+
+    text = " ".join(_cell("solutions/08_quantization.ipynb", "gemv-intro").split())
+    assert "quarter-rate" not in text and "16 per clock per SM, an eighth of the 128 fp32 FMAs" in text
+    conversions = H100.sms * 16 * H100.properties()["sm_clock_rate"] * 1e3  # per second, at the aot clock
+    assert f"about {conversions / 1e12:.1f} T conversions/s" in text
+    assert f"{datasheet.H100_HBM_BYTES_PER_S / 1e12:.2f} TB/s" in text and conversions > datasheet.H100_HBM_BYTES_PER_S
+
+
+def test_structured_pruning_speeds_up_at_least_by_the_flop_ratio_on_a_cpu():
+    for path, cell_id in (("solutions/09_pruning_distillation.ipynb", "interview-model"),
+                          ("notebooks/09_pruning_distillation.ipynb", "interview-model")):
+        text = " ".join(_cell(path, cell_id).split())
+        assert "at least by the FLOP ratio" in text and "caches" in text
+        assert "by about the share of FLOPs removed" not in text and "falls with the FLOPs on any hardware" not in text
+
+
+@pytest.mark.parametrize("path", ["notebooks/00_start_here.ipynb", "notebooks/06_compile_and_graphs.ipynb",
+                                  "notebooks/07_mixed_precision.ipynb", "solutions/06_compile_and_graphs.ipynb",
+                                  "solutions/07_mixed_precision.ipynb"])
+def test_gpu_run_times_are_labelled_estimates(path):
+    text = " ".join(_cell(path, "title").split())
+    run_time = text[text.lower().index("run time"):]
+    assert "on a GPU (estimated" in run_time
