@@ -91,7 +91,8 @@ def table(result: dict) -> str:
     lines.append(f"  {'exercise':<22}{'points':>12}  status   message")
     for ex in result["exercises"]:
         msg = ex["message"].splitlines()[0] if ex["message"] else ""
-        lines.append(f"  {ex['id']:<22}{ex['score']:>6g}/{ex['points']:<5g}  {_MARK.get(ex['status'], '?'):<7}  "
+        mark = "SKIP" if ex.get("skipped") else _MARK.get(ex["status"], "?")  # skipped: this GPU lacks a feature
+        lines.append(f"  {ex['id']:<22}{ex['score']:>6g}/{ex['points']:<5g}  {mark:<7}  "
                      f"{msg[:90]}")
     seed = f", seed {result['seed']}" if "seed" in result else ""  # the terminal is the instructor's
     lines.append(f"  {'total':<22}{result['score']:>6g}/{result['max_score']:<5g}  ({result['duration_s']} s on "

@@ -121,6 +121,8 @@ def test_grading_on_a_t4_skips_the_bf16_exercise_and_lowers_the_maximum(monkeypa
     assert "## `` amp_train_step ``" not in feedback  # no failure section for it
     assert json.loads((tmp_path / "result.json").read_text())["skipped_for_capability"][0]["id"] == "amp_train_step"
     assert "needs bf16" in (tmp_path / "junit.xml").read_text()
+    from grader.report import table
+    assert any("amp_train_step" in line and "SKIP" in line for line in table(result).splitlines())
 
 
 def test_grading_on_the_cpu_skips_nothing(monkeypatch):
