@@ -83,6 +83,28 @@ def pick_backend(world_size: int, device: str | None = None) -> str:
     return "gloo"
 
 
+def backend_note(world_size: int, device: str | None = None, backend: str | None = None) -> str:
+    """One line for a lesson's output: which backend ``launch`` uses for ``world_size`` ranks here, and why
+    (lessons 11 to 13). ``backend``: the one a cell forced, if any."""
+    import torch
+
+    from gpulab.device import current_device
+
+    device = device or current_device()
+    chosen = backend or pick_backend(world_size, device)
+    gpus = torch.cuda.device_count() if device == "cuda" and torch.cuda.is_available() else 0
+    if chosen == "nccl":
+        return f"backend nccl: {world_size} ranks, one per GPU ({gpus} visible)."
+    if backend:
+        why = "this cell asks for gloo (CPU tensors, the same result on any machine)"
+    elif device != "cuda":
+        why = "this run is on the CPU"
+    else:
+        why = f"NCCL needs one GPU per rank and {gpus} GPU{'s are' if gpus != 1 else ' is'} visible"
+    return (f"backend gloo: {world_size} CPU processes; {why}. With a GPU per rank (Kaggle's two T4s for two "
+            "ranks) launch picks nccl.")
+
+
 def launch(fn, world_size: int = 2, *args, backend: str | None = None, timeout_s: float = 60.0,
            device: str | None = None, **kwargs) -> list:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` ranks; return their results.

@@ -47,6 +47,7 @@ class Exercise:
     judge: Callable[[Case, dict], "str | None"]
     hint: str = ""
     title: str = ""
+    requires: str = ""        # a gpulab.capability feature the run needs on CUDA ("bf16", "fp8"); "" for none
 
     def cases(self, seed: int = PUBLIC_SEED, public: bool = True) -> list[Case]:
         """The public or hidden cases drawn from ``seed`` (:mod:`grader.kit.cases`): the notebook's
@@ -79,6 +80,40 @@ class RunSide:
     run: Callable[[dict, "Case", str], dict]
 
 
+def capability_skip(ex: Exercise, device: str) -> str | None:
+    """Why ``ex`` cannot be graded on this machine's GPU (``"needs fp8 (sm_89+), this GPU is sm_75"``), or
+    ``None``. Only a CUDA run on a GPU without the exercise's ``requires`` is skipped: the grader never marks a
+    learner down for their GPU, and the CPU runs everything. Asked in the judge, before any worker starts."""
+    if not ex.requires or device != "cuda":
+        return None
+    from gpulab.capability import missing
+
+    return missing(ex.requires, device)
+
+
+def gpu_skips(lab: dict, device: str) -> dict[str, str]:
+    """``{exercise id: why}`` for the exercises of ``lab`` (``{id: Exercise}``) this GPU cannot grade."""
+    reasons = {eid: capability_skip(ex, device) for eid, ex in lab.items()}
+    return {eid: why for eid, why in reasons.items() if why}
+
+
+def skipped_result(ex: Exercise, why: str) -> ExerciseResult:
+    """An exercise left out for the grading GPU: no points either way (0 of 0; the maximum drops by its points).
+    The status stays one of schema 1's; ``skipped`` says why."""
+    return ExerciseResult(ex.id, 0.0, 0.0, "not_attempted",
+                          f"not graded: this exercise {why}. Its {ex.points:g} points are left out of the maximum; "
+                          "grade it with --device cpu, or on a GPU that has it, to get them.", skipped=why)
+
+
+def skip_records(lab: dict, skips: dict[str, str], device: str) -> list[dict]:
+    """``result.json``'s ``skipped_for_capability``: ``[{"id", "requires", "device_capability", "points"}]``."""
+    from gpulab.capability import device_capability, sm
+
+    capability = device_capability(device)
+    return [{"id": eid, "requires": lab[eid].requires, "device_capability": sm(capability) if capability else None,
+             "points": float(lab[eid].points)} for eid in skips]
+
+
 class Neutral(str):
     """A judge's verdict for a case that passes without earning anything (an allowed, clean
     rejection of an input), so rejecting everything cannot collect partial credit."""
@@ -100,10 +135,12 @@ class ExerciseResult:
     status: str
     message: str
     cases: list = field(default_factory=list)
+    skipped: str = ""         # why this GPU could not grade it (capability_skip); its points are left out
 
     def as_dict(self) -> dict:
-        return {"id": self.id, "points": self.points, "score": self.score,
-                "status": self.status, "message": self.message}
+        out = {"id": self.id, "points": self.points, "score": self.score,
+               "status": self.status, "message": self.message}
+        return {**out, "skipped": self.skipped} if self.skipped else out
 
 
 # Where a learner's code lives: the grader's answer cells, IPython/ipykernel cells, exported notebooks.
@@ -215,7 +252,13 @@ def summarize(ex: Exercise, results: list[CaseResult]) -> ExerciseResult:
 
 
 def evaluate(ex: Exercise, ns: dict, device: str, cases: list[Case] | None = None) -> ExerciseResult:
-    """Run and judge every case in this process (the inline check's path)."""
+    """Run and judge every case in this process (the inline check's path). On a GPU without what the
+    exercise ``requires``, nothing runs: the result says so (:func:`skipped_result`)."""
+    why = capability_skip(ex, device)
+    if why:
+        skipped = skipped_result(ex, why)
+        skipped.cases = [CaseResult("on this GPU", "not_attempted", skipped.message)]
+        return skipped
     cases = ex.cases() if cases is None else cases
     results = [judge_case(ex, case, run_case(ex, ns, case, device)) for case in cases]
     return summarize(ex, results)

@@ -41,7 +41,7 @@ import grader.report  # noqa: F401
 from gpulab.paths import ROOT
 from grader import sandbox
 from grader.checks import exercises, lab_stems
-from grader.exercise import Case, ExerciseResult, judge_case, summarize
+from grader.exercise import Case, ExerciseResult, gpu_skips, judge_case, skip_records, skipped_result, summarize
 from grader.notebooks import InvalidNotebook, answer_cells, exercise_id, export_source, read_notebook
 from grader.report import write_reports
 from grader.runs import PACKAGE as RUNS_PACKAGE
@@ -486,7 +486,7 @@ def run_answers(stem: str, setup_source: str, answers: dict[str, str], cases: di
     retried: set[str] = set()               # exercises already given a fresh worker of their own
     output, log = [], []
     for attempt in range(1, 2 * len(order) + 2):
-        remaining = [e for e in order if e not in done and e not in fatal]
+        remaining = [e for e in order if e in cases and e not in done and e not in fatal]
         if not remaining:
             break
         if time.monotonic() >= until:
@@ -596,12 +596,13 @@ def grade(path, lab: str | None = None, device: str = "cpu", seed: int | None = 
         return {**base, "status": "invalid", "message": reason, "score": 0.0, "max_score": 0.0,
                 "duration_s": round(time.perf_counter() - start, 2), "exercises": []}
     lab_exercises = exercises(stem)
+    skips = gpu_skips(lab_exercises, device)  # {eid: why}: this GPU lacks what they need (never run)
     solution = read_notebook(solution_path(stem))
     answers = pick_answers(submission, solution, list(lab_exercises))
     setup_source = export_source(solution, {}, parameters={"DEVICE": device, "SEED": 0})
     seed = secrets.randbits(31) if seed is None else seed
     cases = {eid: ex.cases(seed=seed, public=True) + ex.cases(seed=seed, public=False)
-             for eid, ex in lab_exercises.items()}
+             for eid, ex in lab_exercises.items() if eid not in skips}
     sandbox.warn_if_weak()
     _preload_notebook_modules()
     with tempfile.TemporaryDirectory(prefix="gpulab-grade-") as tmp:
@@ -609,7 +610,9 @@ def grade(path, lab: str | None = None, device: str = "cpu", seed: int | None = 
                                                seed=seed, until=until)
     results: list[ExerciseResult] = []
     for eid, ex in lab_exercises.items():
-        if eid not in answers:
+        if eid in skips:
+            results.append(skipped_result(ex, skips[eid]))
+        elif eid not in answers:
             results.append(ExerciseResult(eid, ex.points, 0.0, "not_attempted",
                                           "no answer cell for this exercise in the submission."))
         elif eid in fatal:
@@ -624,10 +627,11 @@ def grade(path, lab: str | None = None, device: str = "cpu", seed: int | None = 
             results.append(summarize(ex, [judge_case(ex, c, o) for c, o in zip(cases[eid], outcomes)]))
     result = {**base, "lab": stem, "status": "graded",
               "score": round(sum(r.score for r in results), 4),
-              "max_score": float(sum(ex.points for ex in lab_exercises.values())),
+              "max_score": float(sum(r.points for r in results)),  # a skipped exercise counts 0
               "duration_s": None, "exercises": [r.as_dict() for r in results],
               "seed": seed, "deadline_s": deadline_s, "timeout_s": timeout_s,
               "learner_output": output[-4000:],
+              **({"skipped_for_capability": skip_records(lab_exercises, skips, device)} if skips else {}),
               "isolation": {**sandbox.isolation(), "limits": {**sandbox.limits_summary(device),
                                                               "observation_bytes": OBSERVATION_BUDGET}}}
     logs = [log]

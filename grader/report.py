@@ -91,7 +91,8 @@ def table(result: dict) -> str:
     lines.append(f"  {'exercise':<22}{'points':>12}  status   message")
     for ex in result["exercises"]:
         msg = ex["message"].splitlines()[0] if ex["message"] else ""
-        lines.append(f"  {ex['id']:<22}{ex['score']:>6g}/{ex['points']:<5g}  {_MARK.get(ex['status'], '?'):<7}  "
+        mark = "SKIP" if ex.get("skipped") else _MARK.get(ex["status"], "?")  # skipped: this GPU lacks a feature
+        lines.append(f"  {ex['id']:<22}{ex['score']:>6g}/{ex['points']:<5g}  {mark:<7}  "
                      f"{msg[:90]}")
     seed = f", seed {result['seed']}" if "seed" in result else ""  # the terminal is the instructor's
     lines.append(f"  {'total':<22}{result['score']:>6g}/{result['max_score']:<5g}  ({result['duration_s']} s on "
@@ -113,10 +114,12 @@ def feedback_markdown(result: dict) -> str:
     out += [f"Lab **{result['lab']}**: **{result['score']:g} / {result['max_score']:g}** points "
             f"(device {result['device']}).", "", "| exercise | points | status |", "|---|---|---|"]
     for ex in result["exercises"]:
-        out.append(f"| {_code_span(ex['id'], in_table=True)} | {ex['score']:g} / {ex['points']:g} | {ex['status']} |")
+        out.append(f"| {_code_span(ex['id'], in_table=True)} | {ex['score']:g} / {ex['points']:g} | "
+                   f"{'skipped for this GPU' if ex.get('skipped') else ex['status']} |")
     out.append("")
+    out += _skipped_note(result)
     for ex in result["exercises"]:
-        if ex["status"] != "passed":
+        if ex["status"] != "passed" and not ex.get("skipped"):
             out += [f"## {_code_span(ex['id'])}: {ex['status']}", "", *_fenced(ex["message"]), ""]
     run = result.get("notebook_run")
     if run and run["status"] == "failed":
@@ -126,6 +129,18 @@ def feedback_markdown(result: dict) -> str:
                  "the scores above); see grader.log:"), "",
                 *_fenced(run.get("error", "")), ""]
     return "\n".join(out)
+
+
+def _skipped_note(result: dict) -> list[str]:
+    """feedback.md's paragraph on the exercises this GPU could not grade (left out of the maximum)."""
+    skipped = [ex for ex in result["exercises"] if ex.get("skipped")]
+    if not skipped:
+        return []
+    out = ["## Skipped for this GPU (not counted in the maximum)", "",
+           "These exercises need a GPU feature this one lacks, so they were not graded and their points are left "
+           "out of the maximum: your GPU costs you nothing. Grade them with `--device cpu`, or on a GPU that has "
+           "the feature, to get their points.", ""]
+    return out + [f"- {_code_span(ex['id'])}: {_code_span(ex['skipped'])}" for ex in skipped] + [""]
 
 
 def junit_xml(results: list[dict], suite: str = "gpulab") -> str:
@@ -149,7 +164,7 @@ def junit_xml(results: list[dict], suite: str = "gpulab") -> str:
                 errors += 1
                 body = f"<error type={quoteattr(ex['status'])} message={quoteattr(ex['message'][:200])}/>"
             elif ex["status"] == "not_attempted":
-                body = "<skipped message=\"not attempted\"/>"
+                body = f"<skipped message={quoteattr(ex.get('skipped') or 'not attempted')}/>"
             cases.append(f"  <testcase classname={cls} name={quoteattr(ex['id'])}>{body}</testcase>")
     suite = sanitize_text(suite, MAX_NAME, single_line=True)
     return (f'<?xml version="1.0" encoding="utf-8"?>\n<testsuite name={quoteattr(suite)} tests="{len(cases)}" '

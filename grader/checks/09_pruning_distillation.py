@@ -372,6 +372,8 @@ def _nm_judge(case, obs):
     return msg
 
 
+# No `requires`: the masks are computed and compared as plain tensors; the 2:4 sparse tensor cores (sm_80+) only
+# time the lab's demo cell (gpulab.pruning.semi_structured_support), which no check runs.
 NM_MASK = Exercise("nm_sparsity", 2, ("nm_mask",), _nm_cases, RUN._nm_run, _nm_judge,
                    title="N:M (2:4) semi-structured masks",
                    hint="w.abs().reshape(out, in // m, m), topk(n, dim=-1) per group, scatter True, reshape back.")
