@@ -109,7 +109,8 @@ def _merge(args) -> int:
     from grader.cohort import merge
 
     try:
-        results = merge(args.dirs, args.out, allow_incomplete=args.allow_incomplete, **_gradebook_settings(args))
+        results = merge(args.dirs, args.out, allow_incomplete=args.allow_incomplete, say=print,
+                        **_gradebook_settings(args))
     except ValueError as exc:
         print(f"merge failed: {exc}", file=sys.stderr)
         return 2

@@ -250,19 +250,28 @@ def cohort(folder, lab: str, out, jobs: int = 2, shard: str | None = None, progr
     meta = {"schema": 1, "lab": lab, "shard": [k, n], "submissions": len(plan_["entries"]),
             "set_sha256": plan_["set_sha256"], "settings": settings, "entries": entries, "missing": plan_["missing"]}
     (out / "cohort.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
-    write_gradebook(out, lab, entries, results, plan_["missing"], settings)
+    unknown = write_gradebook(out, lab, entries, results, plan_["missing"], settings)
+    if say and unknown and n == 1:
+        say(_unknown_message(unknown))
     return sorted(results.values(), key=lambda r: r["submission"])
 
 
+def _unknown_message(unknown: list[str]) -> str:
+    return (f"--overrides/--scores name learners not in this gradebook (a typo?): {', '.join(unknown)}; "
+            "their rows are ignored.")
+
+
 def write_gradebook(out: Path, lab: str, entries: list[dict], results: dict[str, dict], missing: list[dict],
-                    settings: dict) -> None:
-    """``gradebook.csv``/``.json``, the instructor's part of each feedback.md, and ``junit.xml``."""
+                    settings: dict) -> list[str]:
+    """``gradebook.csv``/``.json``, the instructor's part of each feedback.md, and ``junit.xml``; returns
+    the learners your overrides or scores name but the gradebook does not hold."""
     ids = list(exercises(lab))
     max_score = float(sum(ex.points for ex in exercises(lab).values()))
-    questions, rows = lab_rows(lab, ids, max_score, entries, results, missing, settings)
+    questions, rows, unknown = lab_rows(lab, ids, max_score, entries, results, missing, settings)
     write_lab(out, lab, ids, questions, rows)
     ordered = sorted(results.values(), key=lambda r: r["submission"])
     (out / "junit.xml").write_text(junit_xml(ordered, suite=f"cohort {lab}"), encoding="utf-8")
+    return unknown
 
 
 def _read_meta(folder: Path) -> dict | None:
@@ -270,8 +279,15 @@ def _read_meta(folder: Path) -> dict | None:
         meta = json.loads((folder / "cohort.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    ok = isinstance(meta, dict) and isinstance(meta.get("entries"), list) and isinstance(meta.get("shard"), list)
+    ok = (isinstance(meta, dict) and isinstance(meta.get("entries"), list) and isinstance(meta.get("shard"), list)
+          and all(isinstance(e, dict) and _plain_name(e.get("folder")) and isinstance(e.get("learner"), str)
+                  for e in meta["entries"]))
     return meta if ok else None
+
+
+def _plain_name(name) -> bool:
+    """A result folder's name as cohort makes them: one path component, never ``..``."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
 
 
 def shard_problems(dirs: list[Path], metas: list[dict | None]) -> list[str]:
@@ -321,7 +337,7 @@ def _merged_settings(metas: list[dict | None], given: dict) -> dict:
     return settings
 
 
-def merge(dirs: list, out, allow_incomplete: bool = False, **given) -> list[dict]:
+def merge(dirs: list, out, allow_incomplete: bool = False, say=None, **given) -> list[dict]:
     """Combine the results of cohort shard folders into one gradebook, exactly the unsharded run's.
 
     IncompleteShards when shards are missing, given twice, or from different submission sets, unless
@@ -362,7 +378,9 @@ def merge(dirs: list, out, allow_incomplete: bool = False, **given) -> list[dict
     intake = next((d / "intake.csv" for d in dirs if (d / "intake.csv").exists()), None)
     if intake is not None and intake.resolve() != (out / "intake.csv").resolve():
         shutil.copyfile(intake, out / "intake.csv")
-    write_gradebook(out, lab, entry_list, results, missing_, settings)
+    unknown = write_gradebook(out, lab, entry_list, results, missing_, settings)
+    if say and unknown:
+        say(_unknown_message(unknown))
     return sorted(results.values(), key=lambda r: r["submission"])
 
 

@@ -36,9 +36,10 @@ def number_cell(value) -> str:
 
 
 def lab_rows(lab: str, ids: list[str], max_score: float, entries: list[dict], results: dict[str, dict],
-             missing: list[dict], settings: dict) -> tuple[list[str], list[dict]]:
-    """The written-answer questions and one row per learner (sorted), from the cohort's ``entries``
-    (graded submissions), their ``results`` (by learner) and the roster's ``missing`` learners."""
+             missing: list[dict], settings: dict) -> tuple[list[str], list[dict], list[str]]:
+    """The written-answer questions, one row per learner (sorted), from the cohort's ``entries``
+    (graded submissions), their ``results`` (by learner) and the roster's ``missing`` learners, and the
+    learners that overrides or scores name but no row holds (a typo, or another shard's)."""
     overrides = read_overrides(settings["overrides"], lab, ids) if settings.get("overrides") else {}
     questions, written = read_scores(settings["scores"], lab) if settings.get("scores") else ([], {})
     times = read_times(settings["times"]) if settings.get("times") else {}
@@ -79,7 +80,9 @@ def lab_rows(lab: str, ids: list[str], max_score: float, entries: list[dict], re
             "submitted_at": submitted_at, "time_source": source, "due": due or "",
             "late_by": late, "late_policy": settings.get("late_policy") or "none", "overrides": changes,
             "notes": person.get("notes", []), **{k: person.get(k, "") for k in IDENTITY_KEYS}})
-    return questions, sorted(rows, key=lambda r: r["learner"])
+    known = {r["learner"] for r in rows}
+    unknown = sorted((set(overrides) | set(written)) - known)
+    return questions, sorted(rows, key=lambda r: r["learner"]), unknown
 
 
 IDENTITY_KEYS = ("email", "sis_id", "canvas_id", "sis_login_id", "name", "section")

@@ -392,3 +392,20 @@ def test_canvas_csv_keeps_learner_text_from_running_as_a_formula():
 def test_feedback_sections_are_empty_when_nothing_was_added():
     row = {"late_by": None, "overrides": [], "written": [], "penalty": 0.0}
     assert feedback_sections(row) == ""
+
+
+def test_overrides_for_learners_not_in_the_gradebook_are_reported(tmp_path, capsys):
+    subs = make_subs(tmp_path, 2)
+    overrides = put(tmp_path / "o.csv", "learner,exercise,points,comment\nS1,costs,3,typo in the name\n")
+    run(tmp_path, subs, ("overrides", overrides), ("say", print))
+    assert "name learners not in this gradebook (a typo?): S1" in capsys.readouterr().out
+
+
+def test_merge_treats_a_result_folder_outside_the_shard_as_damage(tmp_path):
+    subs = make_subs(tmp_path, 2)
+    cohort(subs, L1, tmp_path / "s1", progress=False)
+    meta = json.loads((tmp_path / "s1" / "cohort.json").read_text())
+    meta["entries"][0]["folder"] = "../../elsewhere"
+    (tmp_path / "s1" / "cohort.json").write_text(json.dumps(meta))
+    with pytest.raises(IncompleteShards, match="no cohort.json"):
+        merge([tmp_path / "s1"], tmp_path / "m")
