@@ -21,6 +21,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from grader.report import MAX_NAME, sanitize_text
+
 # Limits of what one cohort unpacks (a zip bomb or a huge upload must not fill the disk).
 MAX_MEMBER_BYTES = 64 * 2**20      # one notebook or inner archive
 MAX_ARCHIVE_BYTES = 512 * 2**20    # everything unpacked from one archive
@@ -112,7 +114,7 @@ class _Walk(Intake):
         self.unpacked_bytes = 0
 
     def skip(self, name: str, reason: str) -> None:
-        self.skipped.append((name, reason))
+        self.skipped.append((_name(name), sanitize_text(reason, 1000, single_line=True)))
 
     def take(self, parts: list[str], path: Path, shown: str, mtime: float, depth: int) -> None:
         """Record the file ``path``, seen as ``parts`` (the learner's view of where it lies)."""
@@ -121,7 +123,7 @@ class _Walk(Intake):
         if reason:
             self.skip(shown, reason)
         elif is_notebook(name):
-            self.found.append(Found(learner_of(parts), shown, path, mtime))
+            self.found.append(Found(_name(learner_of(parts)), _name(shown), path, mtime))
         elif _is_zip(name):
             self.unzip(parts, path, shown, mtime, depth)
         else:
@@ -182,6 +184,12 @@ class _Walk(Intake):
                 self.unpacked_bytes += written
                 out.append((parts, target))
         return out
+
+
+def _name(text: str) -> str:
+    """A file or learner name as reports show it: one line, no control characters (a name from a
+    learner's archive could hold terminal escapes)."""
+    return sanitize_text(text, MAX_NAME, single_line=True)
 
 
 def _safe_parts(name: str) -> list[str] | None:

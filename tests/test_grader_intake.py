@@ -409,3 +409,15 @@ def test_merge_treats_a_result_folder_outside_the_shard_as_damage(tmp_path):
     (tmp_path / "s1" / "cohort.json").write_text(json.dumps(meta))
     with pytest.raises(IncompleteShards, match="no cohort.json"):
         merge([tmp_path / "s1"], tmp_path / "m")
+
+
+def test_names_with_control_characters_are_shown_escaped(tmp_path):
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    with zipfile.ZipFile(subs / "bulk.zip", "w") as z:
+        z.writestr("\x1b[2Jeve/lab.ipynb", "{}")
+        z.writestr("mallory.ipynb", "{}")
+        z.writestr("\x1b]0;x\x07.txt", "")
+    intake = find_submissions(subs, tmp_path / "u")
+    assert intake.found[0].learner == "\\x1b[2Jeve"
+    assert all("\x1b" not in name for name, _ in intake.skipped)
