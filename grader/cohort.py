@@ -16,12 +16,13 @@ import io
 import json
 import re
 import shutil
+import tempfile
 import unicodedata
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from grader.checks import exercises
-from grader.gradebook import lab_rows, write_lab
+from grader.gradebook import lab_csv, lab_rows, text_cell, write_lab
 from grader.intake import find_submissions, one_per_learner
 from grader.late import from_mtime, iso, parse_time
 from grader.report import junit_xml, sanitize_result, write_reports
@@ -54,6 +55,15 @@ def parse_shard(text: str | None) -> tuple[int, int]:
     return k, n
 
 
+def submissions(folder: Path, shard: tuple[int, int] = (1, 1)) -> list[Path]:
+    """The notebooks of ``folder`` that ``cohort`` grades (outside archives), in name order; shard K/N
+    takes every N-th from the K-th."""
+    with tempfile.TemporaryDirectory() as tmp:
+        found = find_submissions(Path(folder), Path(tmp) / UNPACKED).found
+    entries = [{"submission": f.submission, "path": f.path} for f in found if Path(tmp) not in f.path.parents]
+    return [e["path"] for e in shard_of(entries, shard)]
+
+
 def shard_of(entries: list[dict], shard: tuple[int, int]) -> list[dict]:
     """Shard K/N of the submissions (in name order): every N-th from the K-th."""
     k, n = shard
@@ -76,6 +86,20 @@ def result_dir(out: Path, submission: str) -> Path:
         digest = hashlib.sha256(submission.encode("utf-8", "surrogatepass")).hexdigest()[:10]
         slug = f"{slug}-{digest}"
     return Path(out) / slug
+
+
+_text_cell = text_cell  # the name scripts and tests of earlier versions import
+
+
+def gradebook_csv(results: list[dict], lab: str) -> str:
+    """The gradebook of ``results`` alone (one row per submission, learners by file stem), as ``cohort``
+    writes it without roster, overrides, scores or due date."""
+    results = [sanitize_result(r) for r in results]
+    entries = [{"learner": Path(r["submission"]).stem, "submission": r["submission"]} for r in results]
+    ids = list(exercises(lab))
+    max_score = float(sum(ex.points for ex in exercises(lab).values()))
+    _, rows, _ = lab_rows(lab, ids, max_score, entries, {e["learner"]: r for e, r in zip(entries, results)}, [], {})
+    return lab_csv(ids, [], rows)
 
 
 def invalid_result(lab: str, submission: str, message: str, device: str = "cpu") -> dict:
@@ -268,7 +292,7 @@ def write_gradebook(out: Path, lab: str, entries: list[dict], results: dict[str,
     ids = list(exercises(lab))
     max_score = float(sum(ex.points for ex in exercises(lab).values()))
     questions, rows, unknown = lab_rows(lab, ids, max_score, entries, results, missing, settings)
-    write_lab(out, lab, ids, questions, rows)
+    write_lab(out, lab, ids, questions, rows, settings)
     ordered = sorted(results.values(), key=lambda r: r["submission"])
     (out / "junit.xml").write_text(junit_xml(ordered, suite=f"cohort {lab}"), encoding="utf-8")
     return unknown
@@ -345,24 +369,21 @@ def merge(dirs: list, out, allow_incomplete: bool = False, say=None, **given) ->
     what it leaves out is taken from the shards."""
     dirs, out = [Path(d) for d in dirs], Path(out)
     metas = [_read_meta(d) for d in dirs]
+    loaded = [_with_result(d, entry) for d, m in zip(dirs, metas)
+              for entry in (m["entries"] if m is not None else _entries_without_meta(d))]
     problems = shard_problems(dirs, metas)
     if problems and not allow_incomplete:
         raise IncompleteShards("refusing to merge an incomplete set of shards: " + "; ".join(problems) +
                                ". Grade the missing shards (same folder, same --shard N) or pass "
                                "--allow-incomplete to merge what is there.")
-    labs = {m["lab"] for m in metas if m is not None}
+    labs = {m["lab"] for m in metas if m is not None} | {r.get("lab") for _, r in loaded}
     entries: dict[str, dict] = {}
     results: dict[str, dict] = {}
-    missing: dict[str, dict] = {}
-    for d, m in zip(dirs, metas):
-        for entry in m["entries"] if m is not None else _entries_without_meta(d):
-            result = _load_result(d / entry["folder"] / "result.json")
-            labs.add(result.get("lab"))
-            # the folder keeps the name cohort gave it, so merged shards look like one run
-            results[entry["learner"]] = report_or_record(result, out / entry["folder"])
-            entries[entry["learner"]] = entry
-        for person in (m or {}).get("missing", []):
-            missing[person["learner"]] = person
+    for entry, result in loaded:
+        # the folder keeps the name cohort gave it, so merged shards look like one run
+        results[entry["learner"]] = report_or_record(result, out / entry["folder"])
+        entries[entry["learner"]] = entry
+    missing = {p["learner"]: p for m in metas if m is not None for p in m.get("missing", [])}
     labs.discard(None)
     if len(labs) != 1:
         raise ValueError(f"merge needs results of exactly one lab, found {sorted(labs) or 'none'}.")
@@ -386,8 +407,12 @@ def merge(dirs: list, out, allow_incomplete: bool = False, say=None, **given) ->
 
 def _entries_without_meta(folder: Path) -> list[dict]:
     """Entries for a folder without cohort.json (``--allow-incomplete``): one per result folder."""
-    return [{"learner": p.parent.name, "submission": _load_result(p)["submission"], "folder": p.parent.name}
-            for p in sorted(folder.glob("*/result.json"))]
+    return [{"learner": p.parent.name, "folder": p.parent.name} for p in sorted(folder.glob("*/result.json"))]
+
+
+def _with_result(folder: Path, entry: dict) -> tuple[dict, dict]:
+    result = _load_result(folder / entry["folder"] / "result.json")
+    return ({**entry} if "submission" in entry else {**entry, "submission": result["submission"]}), result
 
 
 def _load_result(path: Path) -> dict:

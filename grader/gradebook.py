@@ -82,7 +82,8 @@ def lab_rows(lab: str, ids: list[str], max_score: float, entries: list[dict], re
             "notes": person.get("notes", []), **{k: person.get(k, "") for k in IDENTITY_KEYS}})
     known = {r["learner"] for r in rows}
     unknown = sorted((set(overrides) | set(written)) - known)
-    return questions, sorted(rows, key=lambda r: r["learner"]), unknown
+    # in submission order, as gradebooks always were; roster learners without a submission last
+    return questions, sorted(rows, key=lambda r: (not r["submission"], r["submission"], r["learner"])), unknown
 
 
 IDENTITY_KEYS = ("email", "sis_id", "canvas_id", "sis_login_id", "name", "section")
@@ -93,23 +94,40 @@ def _override_text(change: dict) -> str:
     return f"{text} ({change['comment']})" if change["comment"] else text
 
 
-def lab_csv(ids: list[str], questions: list[str], rows: list[dict]) -> str:
-    """``gradebook.csv``: one row per learner; exercise and ``interview:<question>`` columns, then the
-    totals and how they came about."""
+def _stem(submission: str) -> str:
+    return submission[:-len(".ipynb")] if submission.lower().endswith(".ipynb") else submission
+
+
+def lab_csv(ids: list[str], questions: list[str], rows: list[dict], settings: dict | None = None) -> str:
+    """``gradebook.csv``: one row per learner. The first columns never change (scripts read them):
+    ``submission, status``, one per exercise, ``total, max_score``. Then, only where in use: ``learner``
+    (when it is not the file's stem, or some roster learner has no submission), ``interview:<question>``
+    per written question, ``autograded`` (the machine's total, when anything changes it), the lateness
+    (``penalty, late_by`` in hours, ``submitted_at, time_source``), ``overrides`` and ``notes``."""
+    settings = settings or {}
+    show_learner = any(r["learner"] != _stem(r["submission"]) for r in rows)
+    changed = bool(settings.get("overrides") or questions or settings.get("due"))
+    late = bool(settings.get("due"))
+    notes = any(r["notes"] for r in rows)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["learner", "submission", "status", *ids, *(f"interview:{q}" for q in questions),
-                     "autograded", "penalty", "total", "max_score", "submitted_at", "time_source", "late_by",
-                     "overrides", "notes"])
+    writer.writerow(["submission", "status", *ids, "total", "max_score", *(["learner"] if show_learner else []),
+                     *(f"interview:{q}" for q in questions), *(["autograded"] if changed else []),
+                     *(["penalty", "late_by", "submitted_at", "time_source"] if late else []),
+                     *(["overrides"] if settings.get("overrides") else []), *(["notes"] if notes else [])])
     for r in rows:
         written = {w["question"]: w["points"] for w in r["written"]}
-        writer.writerow([text_cell(r["learner"]), text_cell(r["submission"]), text_cell(r["status"]),
+        writer.writerow([text_cell(r["submission"]), text_cell(r["status"]),
                          *(number_cell(r["exercises"][i]) for i in ids),
+                         number_cell(r["total"]), number_cell(r["max_score"]),
+                         *([text_cell(r["learner"])] if show_learner else []),
                          *(number_cell(written.get(q)) for q in questions),
-                         number_cell(r["autograded"]), number_cell(r["penalty"]), number_cell(r["total"]),
-                         number_cell(r["max_score"]), r["submitted_at"], r["time_source"], number_cell(r["late_by"]),
-                         text_cell("; ".join(map(_override_text, r["overrides"]))),
-                         text_cell("; ".join(r["notes"]))])
+                         *([number_cell(r["autograded"])] if changed else []),
+                         *([number_cell(r["penalty"]), number_cell(r["late_by"]), r["submitted_at"], r["time_source"]]
+                           if late else []),
+                         *([text_cell("; ".join(map(_override_text, r["overrides"])))]
+                           if settings.get("overrides") else []),
+                         *([text_cell("; ".join(r["notes"]))] if notes else [])])
     return buf.getvalue()
 
 
@@ -157,11 +175,11 @@ def with_sections(feedback: str, row: dict) -> str:
     return base + ("\n" + sections if sections else "")
 
 
-def write_lab(out: Path, lab: str, ids: list[str], questions: list[str], rows: list[dict]) -> None:
-    """``gradebook.csv``, ``gradebook.json`` (read by ``gradebook`` and ``release-feedback``) and the
-    instructor's part of every learner's ``feedback.md``."""
+def write_lab(out: Path, lab: str, ids: list[str], questions: list[str], rows: list[dict], settings: dict) -> None:
+    """``gradebook.csv``, ``gradebook.json`` (every column, always; read by ``gradebook`` and
+    ``release-feedback``) and the instructor's part of every learner's ``feedback.md``."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gradebook.csv").write_text(lab_csv(ids, questions, rows), encoding="utf-8")
+    (out / "gradebook.csv").write_text(lab_csv(ids, questions, rows, settings), encoding="utf-8")
     book = {"schema": 1, "lab": lab, "exercises": ids, "questions": questions, "rows": rows}
     (out / "gradebook.json").write_text(json.dumps(book, indent=1) + "\n", encoding="utf-8")
     for row in rows:

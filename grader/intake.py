@@ -65,8 +65,8 @@ def _skip_reason(name: str) -> str | None:
         return "Jupyter checkpoints (an autosave, not the submission)"
     if name == "__MACOSX":
         return "macOS archive metadata"
-    if name.startswith("."):
-        return "hidden"
+    if name.startswith(".") and not (is_notebook(name) and set(_stem(name)) <= {"."}):
+        return "hidden"  # (a notebook named only dots, ``...ipynb``, is no tool's side file: it is graded)
     return None
 
 
