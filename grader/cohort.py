@@ -23,9 +23,9 @@ from pathlib import Path
 
 from grader.checks import exercises
 from grader.gradebook import lab_csv, lab_rows, text_cell, write_lab
-from grader.intake import find_submissions, one_per_learner
+from grader.intake import file_sha256, find_submissions, one_per_learner
 from grader.late import from_mtime, iso, parse_time
-from grader.report import junit_xml, sanitize_result, write_reports
+from grader.report import junit_xml, sanitize_result, sanitize_text, write_reports
 from grader.roster import assign, read_roster
 
 # Files and folders ``cohort`` writes next to the result folders; no result folder may take their names.
@@ -167,7 +167,7 @@ def plan(folder: Path, lab: str, out: Path, roster=None) -> dict:
     entries = []
     for f in kept:
         entries.append({"learner": f.learner, "submission": f.submission, "folder": learner_dir(out, f.learner).name,
-                        "sha256": _sha256(f.path), "mtime_at": from_mtime(f.mtime),
+                        "sha256": file_sha256(f.path), "mtime_at": from_mtime(f.mtime),
                         "notes": [notes[f.submission]] if f.submission in notes else [],
                         **identity.get(f.learner, {}), "path": str(f.path)})
     taken = {e["learner"] for e in entries}
@@ -182,12 +182,6 @@ def plan(folder: Path, lab: str, out: Path, roster=None) -> dict:
     return {"entries": entries, "missing": missing, "intake": rows, "set_sha256": digest.hexdigest()}
 
 
-def _sha256(path) -> str:
-    from grader.intake import file_sha256
-
-    return file_sha256(path)
-
-
 def intake_csv(rows: list[dict]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
@@ -198,9 +192,6 @@ def intake_csv(rows: list[dict]) -> str:
 
 
 def _text(value) -> str:
-    from grader.gradebook import text_cell
-    from grader.report import sanitize_text
-
     return text_cell(sanitize_text(value, 1000, single_line=True))
 
 

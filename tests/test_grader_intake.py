@@ -423,3 +423,28 @@ def test_names_with_control_characters_are_shown_escaped(tmp_path):
     intake = find_submissions(subs, tmp_path / "u")
     assert intake.found[0].learner == "\\x1b[2Jeve"
     assert all("\x1b" not in name for name, _ in intake.skipped)
+
+
+def test_the_command_line_wires_every_option(tmp_path, capsys):
+    subs = make_subs(tmp_path, 2)
+    os.utime(subs / "s0.ipynb", (1_767_225_600, 1_767_225_600))       # 2026-01-01T00:00:00Z: on time
+    files = {name: put(tmp_path / f"{name}.csv", text) for name, text in {
+        "roster": "learner,submission\nann,s0.ipynb\nben,s1*\ncid,\n",
+        "overrides": "learner,exercise,points,comment\nann,roofline,2,\n",
+        "scores": "learner,question,points,comment\nben,q1,1,\n",
+        "times": "learner,submitted_at\nben,2026-01-03T00:00:00Z\n"}.items()}
+    for k in (1, 2):
+        assert main(["cohort", str(subs), "--lab", L1, "--out", str(tmp_path / f"s{k}"), "--shard", f"{k}/2",
+                     "--roster", str(files["roster"]), "--overrides", str(files["overrides"]),
+                     "--scores", str(files["scores"]), "--times", str(files["times"]),
+                     "--due", "2026-01-02T00:00:00Z", "--late-policy", "percent-per-day:10", "--no-notebook-run"]) == 0
+    rows = by_learner(tmp_path / "s1" / "gradebook.csv")
+    assert rows["ann"]["total"] == "4" and rows["cid"]["status"] == "missing"
+    rows = by_learner(tmp_path / "s2" / "gradebook.csv")
+    assert rows["ben"]["total"] == "3" and rows["ben"]["penalty"] == "1"
+    assert main(["merge", str(tmp_path / "s1"), str(tmp_path / "s2"), "--out", str(tmp_path / "m"),
+                 "--late-policy", "zero"]) == 0
+    rows = by_learner(tmp_path / "m" / "gradebook.csv")
+    assert rows["ann"]["total"] == "4" and rows["ben"]["total"] == "0" and rows["ben"]["penalty"] == "4"
+    assert rows["ben"]["interview:q1"] == "1" and rows["ben"]["time_source"] == "times file"
+    assert "merged 2 results" in capsys.readouterr().out
