@@ -35,7 +35,7 @@ class LatePolicy:
 def parse_policy(text: str | None) -> LatePolicy:
     if not text:
         return LatePolicy()
-    kind, percent, grace = "none", 0.0, 0.0
+    kind, percent, grace = "", 0.0, 0.0
     try:
         for part in (p.strip().lower() for p in text.split(",")):
             name, _, value = part.partition(":")
@@ -49,6 +49,9 @@ def parse_policy(text: str | None) -> LatePolicy:
                 raise ValueError(part)
     except ValueError:
         raise ValueError(f"--late-policy {text!r} is not a policy; use {POLICIES}.") from None
+    if not kind:
+        raise ValueError(f"--late-policy {text!r} says nothing about late work after the grace period; "
+                         "add zero, percent-per-day:P or none, e.g. grace:2,zero.")
     if percent < 0 or grace < 0 or not (math.isfinite(percent) and math.isfinite(grace)):
         raise ValueError(f"--late-policy {text!r}: percentages and hours cannot be negative.")
     return LatePolicy(kind, percent, grace)

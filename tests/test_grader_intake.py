@@ -316,7 +316,7 @@ def test_late_policies():
     assert parse_policy("percent-per-day:10").penalty(24 * 20, 8, 10) == 8     # never below 0
     assert parse_policy("grace:2,percent-per-day:10").penalty(1.5, 8, 10) == 0
     assert parse_policy("grace:2,zero").penalty(2.5, 8, 10) == 8
-    for bad in ("ten", "percent-per-day:x", "grace:-1,zero", "zero:3"):
+    for bad in ("ten", "percent-per-day:x", "grace:-1,zero", "zero:3", "grace:2"):
         with pytest.raises(ValueError, match="late-policy"):
             parse_policy(bad)
     assert late_hours("2026-03-02T01:00:00Z", "2026-03-01T23:00:00Z") == 2
