@@ -167,7 +167,7 @@ def plan(folder: Path, lab: str, out: Path, roster=None) -> dict:
     entries = []
     for f in kept:
         entries.append({"learner": f.learner, "submission": f.submission, "folder": learner_dir(out, f.learner).name,
-                        "sha256": file_sha256(f.path), "mtime_at": from_mtime(f.mtime),
+                        "sha256": file_sha256(f.path), "mtime_at": from_mtime(f.mtime), "stamp_at": f.stamp,
                         "notes": [notes[f.submission]] if f.submission in notes else [],
                         **identity.get(f.learner, {}), "path": str(f.path)})
     taken = {e["learner"] for e in entries}

@@ -63,6 +63,8 @@ def lab_rows(lab: str, ids: list[str], max_score: float, entries: list[dict], re
         submitted_at, source = "", ""
         if learner in times:
             submitted_at, source = times[learner], "times file"
+        elif person.get("stamp_at"):
+            submitted_at, source = person["stamp_at"], "nbgrader timestamp"
         elif not person.get("missing"):
             submitted_at, source = person.get("mtime_at", ""), "file mtime"
         late = late_hours(submitted_at, due) if due and submitted_at else None

@@ -8,7 +8,8 @@
   holding a single notebook counts as a folder named after the archive (``alice.zip`` -> ``alice``);
   one at the top holding several notebooks (a platform's bulk download) is a submissions folder of its own.
 
-Any case of ``.ipynb`` counts. Checkpoints (``.ipynb_checkpoints``), hidden files and ``__MACOSX``
+Any case of ``.ipynb`` counts. nbgrader's ``timestamp.txt`` (in the notebook's folder or one above it,
+within the learner's) gives the submission time. Checkpoints (``.ipynb_checkpoints``), hidden files and ``__MACOSX``
 are skipped, as is everything else, and every skipped file is reported with its reason.
 """
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Found:
     submission: str
     path: Path
     mtime: float
+    stamp: str = ""  # the submission time nbgrader recorded (``timestamp.txt`` beside it), ISO, UTC
 
 
 @dataclass
@@ -101,7 +103,12 @@ def find_submissions(folder: Path, unpack_dir: Path, exclude: Path | None = None
             if path.is_symlink():
                 intake.skip("/".join(rel_parts), "a symbolic link (copy the file itself in)")
                 continue
+            if name == "timestamp.txt" and len(rel_parts) > 1:
+                intake.stamps[rel_root.as_posix()] = path
+                continue
             intake.take(rel_parts, path, "/".join(rel_parts), path.stat().st_mtime, depth=0)
+    for f in intake.found:
+        f.stamp = intake.stamp_of(f)
     intake.found.sort(key=lambda f: f.submission)
     return intake
 
@@ -112,6 +119,21 @@ class _Walk(Intake):
         self.unpack_dir = unpack_dir
         self.archives = 0
         self.unpacked_bytes = 0
+        self.stamps: dict[str, Path] = {}  # folder (relative, posix) -> its nbgrader timestamp.txt
+
+    def stamp_of(self, found: Found) -> str:
+        """The time in the nearest timestamp.txt above ``found`` within its learner's folder, or ""."""
+        parts = found.submission.split("/")[:-1]
+        while parts:
+            path = self.stamps.get("/".join(parts))
+            if path is not None:
+                when = nbgrader_time(path)
+                if when:
+                    return when
+                self.skip("/".join([*parts, "timestamp.txt"]), "not a time nbgrader writes; the file's mtime is used")
+                return ""
+            parts.pop()
+        return ""
 
     def skip(self, name: str, reason: str) -> None:
         self.skipped.append((_name(name), sanitize_text(reason, 1000, single_line=True)))
@@ -184,6 +206,22 @@ class _Walk(Intake):
                 self.unpacked_bytes += written
                 out.append((parts, target))
         return out
+
+
+def nbgrader_time(path: Path) -> str:
+    """The ISO time (UTC) in an nbgrader ``timestamp.txt`` (``2026-03-01 23:59:01.123456 UTC``), or ""."""
+    from grader.late import iso, parse_time
+
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip()[:100]
+    except OSError:
+        return ""
+    for zone in (" UTC", " GMT", " Z"):
+        text = text[:-len(zone)] + "+00:00" if text.endswith(zone) else text
+    try:
+        return iso(parse_time(text, "timestamp"))
+    except ValueError:
+        return ""
 
 
 def _name(text: str) -> str:

@@ -448,3 +448,19 @@ def test_the_command_line_wires_every_option(tmp_path, capsys):
     assert rows["ann"]["total"] == "4" and rows["ben"]["total"] == "0" and rows["ben"]["penalty"] == "4"
     assert rows["ben"]["interview:q1"] == "1" and rows["ben"]["time_source"] == "times file"
     assert "merged 2 results" in capsys.readouterr().out
+
+
+def test_nbgrader_timestamps_give_the_submission_time(tmp_path):
+    subs = tmp_path / "submitted"
+    put(subs / "alice" / "ps1" / "lab.ipynb", {"costs": 3}, mtime=1_800_000_000)
+    put(subs / "alice" / "ps1" / "timestamp.txt", "2026-01-01 00:30:00.000000 UTC\n")
+    put(subs / "bob" / "ps1" / "lab.ipynb", {"costs": 3}, mtime=1_767_225_000)
+    put(subs / "bob" / "timestamp.txt", "last tuesday")
+    run(tmp_path, subs, ("due", "2026-01-01T00:00:00Z"))
+    rows = by_learner(tmp_path / "out" / "gradebook.csv")
+    assert rows["alice"]["submitted_at"] == "2026-01-01T00:30:00Z" and rows["alice"]["late_by"] == "0.5"
+    assert rows["alice"]["time_source"] == "nbgrader timestamp"
+    assert rows["bob"]["time_source"] == "file mtime" and rows["bob"]["late_by"] == "0"
+    intake = {r["file"]: r for r in table(tmp_path / "out" / "intake.csv")}
+    assert "not a time nbgrader writes" in intake["bob/timestamp.txt"]["reason"]
+    assert "alice/ps1/timestamp.txt" not in intake
