@@ -60,13 +60,7 @@ def lab_rows(lab: str, ids: list[str], max_score: float, entries: list[dict], re
                 scores[o.target] = o.points
         answers = written.get(learner, [])
         total += sum(w.points for w in answers if w.points is not None)
-        submitted_at, source = "", ""
-        if learner in times:
-            submitted_at, source = times[learner], "times file"
-        elif person.get("stamp_at"):
-            submitted_at, source = person["stamp_at"], "nbgrader timestamp"
-        elif not person.get("missing"):
-            submitted_at, source = person.get("mtime_at", ""), "file mtime"
+        submitted_at, source = _submission_time(person, times)
         late = late_hours(submitted_at, due) if due and submitted_at else None
         penalty = policy.penalty(late, total, max_score) if late else 0.0
         total -= penalty
@@ -89,6 +83,18 @@ def lab_rows(lab: str, ids: list[str], max_score: float, entries: list[dict], re
 
 
 IDENTITY_KEYS = ("email", "sis_id", "canvas_id", "sis_login_id", "name", "section")
+
+
+def _submission_time(person: dict, times: dict[str, str]) -> tuple[str, str]:
+    """When ``person`` submitted (ISO, UTC) and where that comes from: ``--times``, else nbgrader's
+    timestamp.txt, else the file's mtime; nothing for a learner without a submission."""
+    if person["learner"] in times:
+        return times[person["learner"]], "times file"
+    if person.get("stamp_at"):
+        return person["stamp_at"], "nbgrader timestamp"
+    if not person.get("missing") and person.get("mtime_at"):
+        return person["mtime_at"], "file mtime"
+    return "", ""
 
 
 def _override_text(change: dict) -> str:
