@@ -294,9 +294,15 @@ def _read_meta(folder: Path) -> dict | None:
         meta = json.loads((folder / "cohort.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    ok = (isinstance(meta, dict) and isinstance(meta.get("entries"), list) and isinstance(meta.get("shard"), list)
+    if not isinstance(meta, dict):
+        return None
+    shard = meta.get("shard")
+    ok = (isinstance(meta.get("lab"), str) and isinstance(meta.get("set_sha256"), str)
+          and isinstance(shard, list) and len(shard) == 2 and all(isinstance(v, int) for v in shard)
+          and isinstance(meta.get("entries"), list) and isinstance(meta.get("missing", []), list)
           and all(isinstance(e, dict) and _plain_name(e.get("folder")) and isinstance(e.get("learner"), str)
-                  for e in meta["entries"]))
+                  for e in meta["entries"])
+          and all(isinstance(m, dict) and isinstance(m.get("learner"), str) for m in meta.get("missing", [])))
     return meta if ok else None
 
 

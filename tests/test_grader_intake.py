@@ -464,3 +464,14 @@ def test_nbgrader_timestamps_give_the_submission_time(tmp_path):
     intake = {r["file"]: r for r in table(tmp_path / "out" / "intake.csv")}
     assert "not a time nbgrader writes" in intake["bob/timestamp.txt"]["reason"]
     assert "alice/ps1/timestamp.txt" not in intake
+
+
+@pytest.mark.parametrize("damage", [{"shard": "1/2"}, {"set_sha256": None}, {"lab": 1}, {"missing": [1]},
+                                    {"entries": [{"learner": "a"}]}])
+def test_merge_refuses_a_damaged_cohort_json(tmp_path, damage):
+    subs = make_subs(tmp_path, 2)
+    cohort(subs, L1, tmp_path / "s1", progress=False)
+    meta = json.loads((tmp_path / "s1" / "cohort.json").read_text())
+    (tmp_path / "s1" / "cohort.json").write_text(json.dumps({**meta, **damage}))
+    with pytest.raises(IncompleteShards, match="no cohort.json"):
+        merge([tmp_path / "s1"], tmp_path / "m")
