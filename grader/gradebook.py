@@ -203,9 +203,22 @@ def read_lab(folder) -> dict:
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot read {path} ({type(exc).__name__}: {exc}); pass folders written by "
                          "`cohort` or `merge`.") from None
-    if not isinstance(book, dict) or not isinstance(book.get("rows"), list) or "lab" not in book:
-        raise ValueError(f"{path} is not a gradebook written by `cohort` or `merge`.")
+    if not (isinstance(book, dict) and isinstance(book.get("lab"), str) and isinstance(book.get("rows"), list)
+            and all(_is_row(r) for r in book["rows"])):
+        raise ValueError(f"{path} is not a gradebook written by `cohort` or `merge`; run `merge` (or `cohort`) "
+                         "again to rewrite it.")
     return book
+
+
+def _is_row(row) -> bool:
+    """Enough of a gradebook.json row for the course gradebook and released feedback (its result folder
+    one plain name, as cohort makes them)."""
+    if not isinstance(row, dict):
+        return False
+    folder = row.get("folder")
+    return (isinstance(row.get("learner"), str)
+            and all(isinstance(row.get(k), (int, float)) for k in ("total", "max_score", "autograded", "penalty"))
+            and isinstance(folder, str) and folder not in (".", "..") and "/" not in folder and "\\" not in folder)
 
 
 def course(folders: list) -> tuple[list[dict], list[dict]]:

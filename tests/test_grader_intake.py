@@ -475,3 +475,14 @@ def test_merge_refuses_a_damaged_cohort_json(tmp_path, damage):
     (tmp_path / "s1" / "cohort.json").write_text(json.dumps({**meta, **damage}))
     with pytest.raises(IncompleteShards, match="no cohort.json"):
         merge([tmp_path / "s1"], tmp_path / "m")
+
+
+def test_gradebook_names_a_damaged_gradebook_json(tmp_path, capsys):
+    subs = make_subs(tmp_path, 1)
+    cohort(subs, L1, tmp_path / "lab01", progress=False)
+    book = json.loads((tmp_path / "lab01" / "gradebook.json").read_text())
+    book["rows"][0]["folder"] = "../../etc"
+    (tmp_path / "lab01" / "gradebook.json").write_text(json.dumps(book))
+    assert main(["release-feedback", str(tmp_path / "lab01"), "--to", str(tmp_path / "fb")]) == 2
+    assert main(["gradebook", str(tmp_path / "lab01"), "--out", str(tmp_path / "c.csv")]) == 2
+    assert "is not a gradebook written by `cohort` or `merge`" in capsys.readouterr().err
