@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from grader.checks import exercises
-from grader.gradebook import lab_csv, lab_rows, text_cell, write_lab
+from grader.gradebook import lab_csv, lab_rows, plain_name, text_cell, write_lab
 from grader.intake import file_sha256, find_submissions, one_per_learner
 from grader.late import from_mtime, iso, parse_time
 from grader.report import junit_xml, sanitize_result, sanitize_text, write_reports
@@ -300,15 +300,11 @@ def _read_meta(folder: Path) -> dict | None:
     ok = (isinstance(meta.get("lab"), str) and isinstance(meta.get("set_sha256"), str)
           and isinstance(shard, list) and len(shard) == 2 and all(isinstance(v, int) for v in shard)
           and isinstance(meta.get("entries"), list) and isinstance(meta.get("missing", []), list)
-          and all(isinstance(e, dict) and _plain_name(e.get("folder")) and isinstance(e.get("learner"), str)
+          and all(isinstance(e, dict) and plain_name(e.get("folder")) and isinstance(e.get("learner"), str)
                   for e in meta["entries"])
           and all(isinstance(m, dict) and isinstance(m.get("learner"), str) for m in meta.get("missing", [])))
     return meta if ok else None
 
-
-def _plain_name(name) -> bool:
-    """A result folder's name as cohort makes them: one path component, never ``..``."""
-    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
 
 
 def shard_problems(dirs: list[Path], metas: list[dict | None]) -> list[str]:

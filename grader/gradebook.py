@@ -215,10 +215,13 @@ def _is_row(row) -> bool:
     one plain name, as cohort makes them)."""
     if not isinstance(row, dict):
         return False
-    folder = row.get("folder")
-    return (isinstance(row.get("learner"), str)
-            and all(isinstance(row.get(k), (int, float)) for k in ("total", "max_score", "autograded", "penalty"))
-            and isinstance(folder, str) and folder not in (".", "..") and "/" not in folder and "\\" not in folder)
+    return (isinstance(row.get("learner"), str) and (row.get("folder") == "" or plain_name(row.get("folder")))
+            and all(isinstance(row.get(k), (int, float)) for k in ("total", "max_score", "autograded", "penalty")))
+
+
+def plain_name(name) -> bool:
+    """A result folder's name as cohort makes them: one path component, never ``..``."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
 
 
 def course(folders: list) -> tuple[list[dict], list[dict]]:
