@@ -90,11 +90,15 @@ def _cohort(args) -> int:
 
     try:
         results = cohort(args.folder, args.lab, args.out, jobs=args.jobs, shard=args.shard, roster=args.roster,
-                         say=print, **_gradebook_settings(args), device=_device(args.device), seed=args.seed,
-                         timeout_s=args.timeout, deadline_s=args.deadline, notebook_run=not args.no_notebook_run)
+                         say=print, dry_run=args.dry_run, **_gradebook_settings(args), device=_device(args.device),
+                         seed=args.seed, timeout_s=args.timeout, deadline_s=args.deadline,
+                         notebook_run=not args.no_notebook_run)
     except (KeyError, ValueError) as exc:
         print(f"cohort failed: {exc}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        print("dry run: nothing graded; check the intake above, then run again without --dry-run.")
+        return 0
     graded = [r for r in results if r["status"] == "graded"]
     print(f"graded {len(graded)} of {len(results)} submissions; gradebook: {Path(args.out) / 'gradebook.csv'}")
     return 0
@@ -263,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--roster", metavar="FILE.csv",
                    help="the class list: columns learner, submission (path or glob, optional), email, sis_id, "
                         "canvas_id ...; learners without a submission appear as missing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="find the submissions, place them on the roster and write intake.csv, but grade nothing")
     _gradebook_options(p)
     p.set_defaults(func=_cohort)
 

@@ -210,10 +210,11 @@ def _say_intake(plan_: dict, folder: Path, out: Path, say) -> None:
 
 def cohort(folder, lab: str, out, jobs: int = 2, shard: str | None = None, progress: bool = True,
            roster=None, overrides=None, scores=None, due=None, late_policy=None, times=None, say=None,
-           **grade_kwargs) -> list[dict]:
+           dry_run: bool = False, **grade_kwargs) -> list[dict]:
     """Grade every submission of ``folder`` (or one shard of it) with ``jobs`` in parallel; write the
     results, ``intake.csv``, ``cohort.json`` and the gradebook into ``out``. ``say`` (e.g. print) hears
-    what intake skipped. NoSubmissions when there is nothing to grade."""
+    what intake skipped. NoSubmissions when there is nothing to grade. ``dry_run`` stops after
+    ``intake.csv``: nothing is graded, and the result is empty."""
     from grader.grade import grade
 
     folder, out = Path(folder), Path(out)
@@ -233,6 +234,8 @@ def cohort(folder, lab: str, out, jobs: int = 2, shard: str | None = None, progr
                             f"folder per learner and inside .zip archives; it skipped {skipped} files, each with "
                             f"its reason in {out / 'intake.csv'}. Check the folder, then run cohort again.")
     mine = shard_of(plan_["entries"], (k, n))
+    if dry_run:
+        return []
     device = grade_kwargs.get("device", "cpu")
 
     def one(entry: dict) -> dict:

@@ -486,3 +486,13 @@ def test_gradebook_names_a_damaged_gradebook_json(tmp_path, capsys):
     assert main(["release-feedback", str(tmp_path / "lab01"), "--to", str(tmp_path / "fb")]) == 2
     assert main(["gradebook", str(tmp_path / "lab01"), "--out", str(tmp_path / "c.csv")]) == 2
     assert "is not a gradebook written by `cohort` or `merge`" in capsys.readouterr().err
+
+
+def test_a_dry_run_shows_the_intake_and_grades_nothing(tmp_path, capsys, monkeypatch):
+    subs = make_subs(tmp_path, 2)
+    put(subs / "notes.txt")
+    monkeypatch.setattr(grader.grade, "grade", lambda *a, **k: pytest.fail("graded during a dry run"))
+    assert main(["cohort", str(subs), "--lab", L1, "--out", str(tmp_path / "o"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped notes.txt" in out and "found 2 submissions" in out and "dry run: nothing graded" in out
+    assert len(table(tmp_path / "o" / "intake.csv")) == 3 and not (tmp_path / "o" / "gradebook.csv").exists()
