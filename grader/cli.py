@@ -255,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_grade)
 
     p = command("cohort", "grade every .ipynb of a folder: one result per submission, gradebook.csv")
-    p.add_argument("folder", help="folder of submissions: .ipynb files, a folder per learner, .zip archives")
+    p.add_argument("folder", help="folder of submissions (.ipynb files, a folder per learner, .zip archives), "
+                                   "or a platform's bulk download (.zip)")
     p.add_argument("--lab", required=True, help="lab stem, e.g. 02_triton_basics")
     p.add_argument("--out", required=True, help="output folder: a result folder per submission, gradebook.csv")
     p.add_argument("--jobs", type=int, default=2, help="submissions graded at the same time")

@@ -78,14 +78,21 @@ def learner_of(parts: list[str]) -> str:
 
 
 def find_submissions(folder: Path, unpack_dir: Path, exclude: Path | None = None) -> Intake:
-    """Every notebook under ``folder`` (archives unpacked into ``unpack_dir``, emptied first), sorted
-    by submission name; ``exclude`` (the output folder, when it lies inside) is not searched."""
+    """Every notebook under ``folder``, or in it when it is a ``.zip`` (archives unpacked into
+    ``unpack_dir``, emptied first), sorted by submission name; ``exclude`` (the output folder, when it
+    lies inside) is not searched."""
     folder = Path(folder)
-    if not folder.is_dir():
-        raise ValueError(f"{folder} is not a folder; pass the folder that holds the submissions.")
+    archive = folder.is_file() and _is_zip(folder.name)  # a platform's bulk download, passed as it came
+    if not (folder.is_dir() or archive):
+        raise ValueError(f"{folder} is neither a folder nor a .zip archive; pass the folder (or the .zip) that "
+                         "holds the submissions.")
     if unpack_dir.exists():
         shutil.rmtree(unpack_dir)
     intake = _Walk(unpack_dir)
+    if archive:
+        intake.take([folder.name], folder, folder.name, folder.stat().st_mtime, depth=0)
+        intake.found.sort(key=lambda f: f.submission)
+        return intake
     excluded = exclude.resolve() if exclude else None
     for root, dirs, files in os.walk(folder):
         rel_root = Path(root).relative_to(folder)

@@ -496,3 +496,15 @@ def test_a_dry_run_shows_the_intake_and_grades_nothing(tmp_path, capsys, monkeyp
     out = capsys.readouterr().out
     assert "skipped notes.txt" in out and "found 2 submissions" in out and "dry run: nothing graded" in out
     assert len(table(tmp_path / "o" / "intake.csv")) == 3 and not (tmp_path / "o" / "gradebook.csv").exists()
+
+
+def test_a_bulk_download_can_be_passed_as_the_zip_it_came_as(tmp_path):
+    with zipfile.ZipFile(tmp_path / "submissions.zip", "w") as z:
+        z.writestr("alice_1_2_lab.ipynb", json.dumps({"costs": 3}))
+        z.writestr("bob_3_4_lab.ipynb", json.dumps({"costs": 1}))
+    results = cohort(tmp_path / "submissions.zip", L1, tmp_path / "out", progress=False)
+    assert [r["submission"] for r in results] == ["submissions.zip/alice_1_2_lab.ipynb",
+                                                  "submissions.zip/bob_3_4_lab.ipynb"]
+    assert by_learner(tmp_path / "out" / "gradebook.csv")["alice_1_2_lab"]["total"] == "3"
+    with pytest.raises(ValueError, match="neither a folder nor a .zip"):
+        cohort(tmp_path / "nothing-here", L1, tmp_path / "out2", progress=False)
