@@ -90,22 +90,32 @@ def _cohort(args) -> int:
     from grader.cohort import cohort
 
     try:
-        results = cohort(args.folder, args.lab, args.out, jobs=args.jobs, shard=args.shard,
-                         device=_device(args.device), seed=args.seed, timeout_s=args.timeout,
-                         deadline_s=args.deadline, notebook_run=not args.no_notebook_run)
+        results = cohort(args.folder, args.lab, args.out, jobs=args.jobs, shard=args.shard, roster=args.roster,
+                         say=print, dry_run=args.dry_run, **_gradebook_settings(args), device=_device(args.device),
+                         seed=args.seed, timeout_s=args.timeout, deadline_s=args.deadline,
+                         notebook_run=not args.no_notebook_run)
     except (KeyError, ValueError) as exc:
         print(f"cohort failed: {exc}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        print("dry run: nothing graded; check the intake above, then run again without --dry-run.")
+        return 0
     graded = [r for r in results if r["status"] == "graded"]
     print(f"graded {len(graded)} of {len(results)} submissions; gradebook: {Path(args.out) / 'gradebook.csv'}")
     return 0
+
+
+def _gradebook_settings(args) -> dict:
+    return {"overrides": args.overrides, "scores": args.scores, "due": args.due, "late_policy": args.late_policy,
+            "times": args.times}
 
 
 def _merge(args) -> int:
     from grader.cohort import merge
 
     try:
-        results = merge(args.dirs, args.out)
+        results = merge(args.dirs, args.out, allow_incomplete=args.allow_incomplete, say=print,
+                        **_gradebook_settings(args))
     except ValueError as exc:
         print(f"merge failed: {exc}", file=sys.stderr)
         return 2
@@ -128,6 +138,39 @@ def _gradescope(args) -> int:
     print(f"wrote {out}: upload it as the assignment's autograder (zip a folder's contents, not the folder); "
           f"set the assignment's points to {points:g}, the lab's maximum, and its autograder timeout to at least "
           f"{math.ceil(args.deadline / 60) + 2} minutes (--deadline plus start-up).")
+    return 0
+
+
+def _gradebook(args) -> int:
+    from grader.gradebook import canvas_csv, course, course_csv
+
+    try:
+        labs, people = course(args.dirs)
+    except ValueError as exc:
+        print(f"gradebook failed: {exc}", file=sys.stderr)
+        return 2
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(course_csv(labs, people), encoding="utf-8")
+    print(f"wrote {args.out}: {len(people)} learners, {len(labs)} labs")
+    if args.canvas:
+        text, left_out = canvas_csv(labs, people)
+        Path(args.canvas).write_text(text, encoding="utf-8")
+        print(f"wrote {args.canvas} (Canvas: Grades > Import)")
+        if left_out:
+            print(f"left out of {args.canvas}, having no canvas_id, sis_id or sis_login_id in the roster: "
+                  f"{', '.join(left_out)}", file=sys.stderr)
+    return 0
+
+
+def _release_feedback(args) -> int:
+    from grader.gradebook import release_feedback
+
+    try:
+        written = release_feedback(args.folder, args.to)
+    except ValueError as exc:
+        print(f"release-feedback failed: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(written)} feedback files into {args.to}")
     return 0
 
 
@@ -165,6 +208,22 @@ def _grading_options(p) -> None:
                         "exercises still running then score 0 as timeout")
     p.add_argument("--no-notebook-run", action="store_true",
                    help="skip running the rebuilt notebook top to bottom (faster; scores are unaffected)")
+
+
+def _gradebook_options(p, merge: bool = False) -> None:
+    shards = " (default: as the shards were graded)" if merge else ""
+    p.add_argument("--overrides", metavar="FILE.csv",
+                   help="your changes by hand: learner, exercise (or total), points, comment; never written by "
+                        "the grader, applied on every run" + shards)
+    p.add_argument("--scores", metavar="FILE",
+                   help="written-answer scores (CSV, or YAML): learner, question, points, comment; a column "
+                        "interview:<question> each" + shards)
+    p.add_argument("--due", metavar="ISO8601", help="due time, e.g. 2026-03-01T23:59:00+01:00 (no zone: UTC)" + shards)
+    p.add_argument("--late-policy", metavar="POLICY",
+                   help="none, zero, percent-per-day:P, optionally after grace:HOURS, (e.g. grace:2,percent-per-day:10)"
+                        + (shards or " (default: none, lateness recorded only)"))
+    p.add_argument("--times", metavar="FILE.csv",
+                   help="submission times: learner, submitted_at (ISO 8601); default: each file's mtime" + shards)
 
 
 RELEASE_HELP = """\
@@ -225,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_grade)
 
     p = command("cohort", "grade every .ipynb of a folder: one result per submission, gradebook.csv")
-    p.add_argument("folder", help="folder of submissions (.ipynb)")
+    p.add_argument("folder", help="folder of submissions (.ipynb files, a folder per learner, .zip archives), "
+                                   "or a platform's bulk download (.zip)")
     p.add_argument("--lab", required=True, help="lab stem, e.g. 02_triton_basics")
     p.add_argument("--out", required=True, help="output folder: a result folder per submission, gradebook.csv")
     p.add_argument("--jobs", type=int, default=2, help="submissions graded at the same time")
@@ -233,11 +293,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="grade only every N-th submission from the K-th (1-based); combine shards with "
                         "`merge` (default: all submissions)")
     _grading_options(p)
+
+    p.add_argument("--roster", metavar="FILE.csv",
+                   help="the class list: columns learner, submission (path or glob, optional), email, sis_id, "
+                        "canvas_id ...; learners without a submission appear as missing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="find the submissions, place them on the roster and write intake.csv, but grade nothing")
+    _gradebook_options(p)
     p.set_defaults(func=_cohort)
 
     p = command("merge", "combine cohort shard folders into one gradebook")
     p.add_argument("dirs", nargs="+", metavar="DIR", help="the --out folders of the cohort shards")
     p.add_argument("--out", required=True, help="folder for the merged results and gradebook.csv")
+    p.add_argument("--allow-incomplete", action="store_true",
+                   help="merge even when shards are missing, given twice or from different submission sets")
+    _gradebook_options(p, merge=True)
     p.set_defaults(func=_merge)
 
     p = command("gradescope", "build a Gradescope autograder for one lab (a folder, or a .zip)", GRADESCOPE_HELP)
@@ -250,6 +320,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "and the cases-passed count of each exercise are always visible")
     _grading_options(p)
     p.set_defaults(func=_gradescope)
+
+    p = command("gradebook", "a course gradebook across labs from cohort/merge folders, and Canvas's import CSV")
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="one cohort or merge --out folder per lab")
+    p.add_argument("--out", required=True, metavar="FILE.csv", help="the course gradebook: a row per learner, "
+                                                                    "a column per lab")
+    p.add_argument("--canvas", metavar="FILE.csv", help="also write Canvas's gradebook import file")
+    p.set_defaults(func=_gradebook)
+
+    p = command("release-feedback", "one feedback file per learner, for upload, from a cohort/merge folder")
+    p.add_argument("folder", help="a cohort or merge --out folder")
+    p.add_argument("--to", required=True, metavar="DIR", help="where to write <learner>.md")
+    p.set_defaults(func=_release_feedback)
 
     p = command("bench", "time a notebook's kernels against PyTorch on this device")
     p.add_argument("notebook", help="the submission or solution (.ipynb)")
