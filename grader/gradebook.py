@@ -35,6 +35,18 @@ def number_cell(value) -> str:
         return ""
 
 
+def _skipped_points(lab: str, result: dict | None) -> float:
+    """The points of ``result``'s exercises skipped for the grading GPU's capability: they leave its maximum.
+    Taken from the lab's own exercises (a result file only names which were skipped)."""
+    if not result or result.get("status") != "graded":
+        return 0.0
+    from grader.checks import exercises
+
+    points = {i: ex.points for i, ex in exercises(lab).items()}
+    skipped = {s.get("id") for s in result.get("skipped_for_capability") or [] if isinstance(s, dict)}
+    return float(sum(points[i] for i in skipped if i in points))
+
+
 def lab_rows(lab: str, ids: list[str], max_score: float, entries: list[dict], results: dict[str, dict],
              missing: list[dict], settings: dict) -> tuple[list[str], list[dict], list[str]]:
     """The written-answer questions, one row per learner (sorted), from the cohort's ``entries``
@@ -52,6 +64,7 @@ def lab_rows(lab: str, ids: list[str], max_score: float, entries: list[dict], re
         scores = {e.get("id"): float(e.get("score") or 0.0) for e in (result or {}).get("exercises", [])}
         scores = {i: scores.get(i, 0.0) for i in ids}
         autograded = float(result.get("score") or 0.0) if result else 0.0
+        row_max = max_score - _skipped_points(lab, result)
         total, changes = autograded, []
         for o in overrides.get(learner, []):
             if o.target != "total":
@@ -62,7 +75,7 @@ def lab_rows(lab: str, ids: list[str], max_score: float, entries: list[dict], re
         total += sum(w.points for w in answers if w.points is not None)
         submitted_at, source = _submission_time(person, times)
         late = late_hours(submitted_at, due) if due and submitted_at else None
-        penalty = policy.penalty(late, total, max_score) if late else 0.0
+        penalty = policy.penalty(late, total, row_max) if late else 0.0
         total -= penalty
         for o in overrides.get(learner, []):
             if o.target == "total":
@@ -72,7 +85,7 @@ def lab_rows(lab: str, ids: list[str], max_score: float, entries: list[dict], re
             "learner": learner, "submission": person.get("submission", ""), "folder": person.get("folder", ""),
             "status": result["status"] if result else "missing", "exercises": scores,
             "written": [{"question": w.question, "points": w.points, "comment": w.comment} for w in answers],
-            "autograded": autograded, "penalty": penalty, "total": round(total, 4), "max_score": max_score,
+            "autograded": autograded, "penalty": penalty, "total": round(total, 4), "max_score": row_max,
             "submitted_at": submitted_at, "time_source": source, "due": due or "",
             "late_by": late, "late_policy": settings.get("late_policy") or "none", "overrides": changes,
             "notes": person.get("notes", []), **{k: person.get(k, "") for k in IDENTITY_KEYS}})

@@ -508,3 +508,21 @@ def test_a_bulk_download_can_be_passed_as_the_zip_it_came_as(tmp_path):
     assert by_learner(tmp_path / "out" / "gradebook.csv")["alice_1_2_lab"]["total"] == "3"
     with pytest.raises(ValueError, match="neither a folder nor a .zip"):
         cohort(tmp_path / "nothing-here", L1, tmp_path / "out2", progress=False)
+
+
+def test_a_gradebook_row_loses_only_the_points_skipped_for_the_grading_gpu():
+    """A learner graded on a GPU without bf16 is not marked down: the skipped exercise leaves the row's maximum
+    (taken from the lab's own points, never from a number the result file claims)."""
+    from grader.checks import exercises
+    from grader.gradebook import lab_rows
+
+    lab = "07_mixed_precision"
+    points = {i: ex.points for i, ex in exercises(lab).items()}
+    full = float(sum(points.values()))
+    skipped = next(i for i, ex in exercises(lab).items() if getattr(ex, "requires", None))
+    result = {"status": "graded", "score": 3.0, "max_score": 1.0, "exercises": [],
+              "skipped_for_capability": [{"id": skipped, "requires": "bf16", "device_capability": "sm_75"}]}
+    entries = [{"learner": "ann", "submission": "ann.ipynb"}, {"learner": "bob", "submission": "bob.ipynb"}]
+    _, rows, _ = lab_rows(lab, list(points), full, entries, {"ann": result, "bob": {**result,
+                          "skipped_for_capability": []}}, [], {})
+    assert [r["max_score"] for r in rows] == [full - points[skipped], full]
