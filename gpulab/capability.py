@@ -127,6 +127,14 @@ def available(feature: str, device: str | None = None, quiet: bool = False) -> b
     return False
 
 
+def half_dtype(device: str | None = None):
+    """The 16-bit type this GPU trains in (lessons 07 and 10): ``torch.bfloat16`` where it has bf16 (sm_80+),
+    else ``torch.float16`` (a T4), with no message: the cell's numbers change, not its lesson."""
+    import torch
+
+    return torch.bfloat16 if missing("bf16", device) is None else torch.float16
+
+
 # --- what each lab can and cannot show on a GPU --------------------------------------------------------
 
 # (lab, feature, what the lab shows with it). A lab absent here runs in full on every supported GPU.

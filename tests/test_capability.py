@@ -231,3 +231,11 @@ def test_gpu_run_times_are_labelled_estimates(path):
     text = " ".join(_cell(path, "title").split())
     run_time = text[text.lower().index("run time"):]
     assert "on a GPU (estimated" in run_time
+
+
+def test_lesson_10_trains_in_fp16_on_a_t4_and_in_bf16_from_an_a100_on(monkeypatch):
+    assert capability.half_dtype("cpu") is torch.bfloat16  # the CPU paths keep float32 themselves
+    fake_gpu(monkeypatch, T4)
+    assert capability.half_dtype() is torch.float16
+    fake_gpu(monkeypatch, H100)
+    assert capability.half_dtype() is torch.bfloat16
