@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from grader import sandbox
-from grader.notebooks import exercise_id
+from grader.notebooks import exercise_id, section_title
 
 OUTPUT_CAP = 64 << 20  # bytes of executed notebook read back; a bigger one is reported as failed
 ERROR_CAP = 1500
@@ -43,11 +43,16 @@ def rebuilt_notebook(solution, answers: dict[str, str]):
 
 
 def _cell_name(nb, index: int) -> str:
-    """How feedback names a cell: its exercise, else its position (ids mean nothing to a learner)."""
-    cell = nb.cells[index]
-    eid = exercise_id(cell)
+    """How feedback names a cell: by its exercise, else by the section it sits in (a learner finds a
+    heading; cell ids and positions mean nothing to them)."""
+    eid = exercise_id(nb.cells[index])
+    if eid:
+        return f"the cell of exercise `{eid}`"
+    section = section_title(nb, index)
+    if section:
+        return f'the cell under "{section}"'
     number = sum(1 for c in nb.cells[:index + 1] if c.get("cell_type") == "code")
-    return f"the answer cell of `{eid}`" if eid else f"code cell {number}"
+    return f"code cell {number} at the top of the notebook"
 
 
 def _first_error(executed: dict) -> tuple[int, str] | None:
