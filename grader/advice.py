@@ -29,7 +29,7 @@ class Cell:
 
     eid: str
     section: str | None   # the heading above it in the lab
-    binds: frozenset      # the names it defines (or would, once it runs): the learner's, the solution's, the entries
+    binds: frozenset      # the names it defines, or would once it runs (for a missing cell: the solution's)
     problem: str | None   # why it did not run ("has a syntax error at line 4"), None when it ran
 
 
@@ -58,7 +58,8 @@ def advise(result: dict, stem: str, solution, answers: dict[str, str]) -> None:
 
 def _cell(entry: dict, ex, section: str | None, answers: dict[str, str], solved: str) -> Cell:
     source = answers.get(ex.id)
-    binds = frozenset(ex.entries) | _top_level_names(solved) | _top_level_names(source or "")
+    # what the learner's cell defines; for a missing cell, what the lab's cell would have
+    binds = frozenset(ex.entries) | _top_level_names(solved if source is None else source)
     if source is None:
         problem = "is missing from the submission"
     elif CELL_FAILED in entry["message"]:

@@ -127,3 +127,30 @@ def test_notebook_run_failures_name_the_exercise_or_the_section():
     assert _cell_name(nb, after) == f'the cell under "{section_title(nb, after)}"'
     assert section_title(nb, after).startswith("2 · ")
     assert _cell_name(nb, index["parameters"]) == 'the cell under "Lab 02 · Triton basics: programs, masks, fusion"'
+
+
+def _advised(answers: dict, messages: dict) -> dict:
+    """:func:`grader.advice.advise` on a lab-14 result whose exercises failed with ``messages``."""
+    from grader.advice import advise
+
+    entries = [{"id": eid, "points": 2.0, "score": 0.0, "status": status, "message": message}
+               for eid, (status, message) in messages.items()]
+    result = {"exercises": entries}
+    advise(result, L14, read_notebook(ROOT / "solutions" / f"{L14}.ipynb"), answers)
+    return kit.by_id(result)
+
+
+def test_a_missing_cell_and_a_renamed_function_are_named():
+    solution = kit.load("solutions", L14)
+    e = _advised({"decode_roofline": kit.source(solution, "decode_roofline"), "paged_kv": "class Blocks: pass"}, {
+        "kv_cache_bytes": ("not_attempted", "no answer cell for this exercise in the submission."),
+        "decode_roofline": ("error", "1/3 cases passed. Case 'a': NameError: name 'kv_cache_bytes' is not defined"),
+        "paged_kv": ("not_attempted", "define `BlockManager` (run its cell first)."),
+    })
+    assert e["decode_roofline"]["message"].startswith(
+        "Exercise `decode_roofline` could not run because your cell defining `kv_cache_bytes` (exercise "
+        f"`kv_cache_bytes`, section {SECTION_KV}) is missing from the submission.")
+    assert e["paged_kv"]["message"].startswith(
+        "Your cell for exercise `paged_kv` (A paged KV cache: blocks and block tables, under \"4 · A paged KV "
+        f"cache\" in labs/{L14}.ipynb) ran but does not define `BlockManager`: the check calls it by that name")
+    assert e["paged_kv"]["title"] == "A paged KV cache: blocks and block tables"
