@@ -46,6 +46,7 @@ class Interview:
     rubric: str
     answer_cells: dict   # {cell id: its placeholder text}
     locked: frozenset    # ids of the section's other cells
+    locked_text: frozenset  # their text (a notebook saved without cell ids still has it)
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,10 @@ def read_interview(solution) -> Interview:
     outline = [c.get("source", "") for c in cells[1:] if c.get("cell_type") == "markdown" and "Model outline" in
                c.get("source", "")]
     rubric = "\n\n".join(re.sub(r"</?details>|<summary>.*?</summary>", "", o, flags=re.S).strip() for o in outline)
-    locked = frozenset(c.get("id") for c in cells if c.get("id") not in answer_cells)
+    others = [c for c in cells if c.get("id") not in answer_cells]
     return Interview(tuple(questions), rubric or "(this lab has no model outline: its questions above carry "
-                                                  "what a good answer covers)", answer_cells, locked)
+                                                  "what a good answer covers)", answer_cells,
+                     frozenset(c.get("id") for c in others), frozenset(c.get("source", "").strip() for c in others))
 
 
 def _unmarked(question: str) -> str:
@@ -98,11 +100,11 @@ def learner_answer(nb, interview: Interview) -> str:
     parts = []
     for cell in interview_cells(nb):
         cell_id, text = cell.get("id"), cell.get("source", "")
-        if cell_id in interview.answer_cells:
-            placeholder = interview.answer_cells[cell_id].strip()
-            text = text.replace(placeholder, "", 1) if placeholder else text
-        elif cell_id in interview.locked:
+        if cell_id not in interview.answer_cells and (cell_id in interview.locked
+                                                      or text.strip() in interview.locked_text):
             continue
+        for placeholder in interview.answer_cells.values():
+            text = text.replace(placeholder.strip(), "", 1) if placeholder.strip() else text
         if text.strip():
             parts.append(text.strip() if cell.get("cell_type") != "code" else "\n".join(_fenced(text.strip())))
     return "\n\n".join(parts)

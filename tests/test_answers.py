@@ -79,6 +79,16 @@ def test_the_measurements_cell_and_placeholder_are_not_an_answer(pages):
     assert "peaks.ridge_point" not in page and "_Your answer here._" not in carol
 
 
+def test_a_notebook_saved_without_cell_ids_gives_only_the_learners_text(tmp_path):
+    from grader.answers import learner_answer
+
+    interview = read_interview(read_notebook(ROOT / "solutions" / f"{L1}.ipynb"))
+    nb = with_answer(L1, "_Your answer here._\n\nMy own words.")
+    for cell in nb["cells"]:
+        cell.pop("id", None)
+    assert learner_answer(read_notebook(kit.write(nb, tmp_path / "s.ipynb")), interview) == "My own words."
+
+
 def test_scores_csv_has_one_blank_row_per_learner_and_question(pages):
     rows = list(csv.reader(io.StringIO((pages / "scores.csv").read_text(encoding="utf-8"))))
     assert rows[0] == ["learner", "question", "points", "comment"]
