@@ -96,9 +96,11 @@ def _unmarked(question: str) -> str:
 def learner_answer(nb, interview: Interview) -> str:
     """What the learner wrote in ``nb``'s interview section: its answer cells without their placeholder
     text, and any cell the learner added there (cells the lab already had, such as the measurements
-    cell, are not the learner's answer)."""
+    cell, are not the learner's answer; without the section's heading, the answer cells alone)."""
+    # a learner who deleted the section's heading still has the answer cell
+    cells = interview_cells(nb) or [c for c in nb.cells if c.get("id") in interview.answer_cells]
     parts = []
-    for cell in interview_cells(nb):
+    for cell in cells:
         cell_id, text = cell.get("id"), cell.get("source", "")
         if cell_id not in interview.answer_cells and (cell_id in interview.locked
                                                       or text.strip() in interview.locked_text):

@@ -87,6 +87,9 @@ def test_a_notebook_saved_without_cell_ids_gives_only_the_learners_text(tmp_path
     for cell in nb["cells"]:
         cell.pop("id", None)
     assert learner_answer(read_notebook(kit.write(nb, tmp_path / "s.ipynb")), interview) == "My own words."
+    with_ids = with_answer(L1, "Still here.")
+    with_ids["cells"] = [c for c in with_ids["cells"] if c.get("id") != "interview"]  # the heading deleted
+    assert learner_answer(read_notebook(kit.write(with_ids, tmp_path / "t.ipynb")), interview) == "Still here."
 
 
 def test_scores_csv_has_one_blank_row_per_learner_and_question(pages):
