@@ -15,7 +15,7 @@ from grader.checks import exercises
 from grader.notebooks import exercise_id, section_title
 
 CELL_FAILED = "the answer cell failed to run: "  # how grader.worker reports a cell that raised when executed
-_STUB = re.compile(r"exercise `([^`]+)`(?:, (.+?))?: replace this line with your code\.")  # release's stubs
+STUB = re.compile(r"exercise `([^`]+)`(?:, (.+?))?: replace this line with your code\.")  # release's stubs
 _UNDEFINED = (re.compile(r"NameError: name '(\w+)' is not defined"),
               re.compile(r"ImportError: cannot import name '(\w+)'"))
 _NOT_DEFINED = re.compile(r"^define ((?:`\w+`(?:, )?)+) \(run its cell first\)")  # run_case: an entry is missing
@@ -89,7 +89,7 @@ def _where(cell: Cell) -> str:
 def _cascade(entry: dict, cells: dict[str, Cell]) -> str | None:
     """The exercise failed only because another exercise's cell did not run or is not written yet."""
     eid, raw = entry["id"], entry["message"]
-    stub = _STUB.search(raw) if entry["status"] == "not_attempted" else None
+    stub = STUB.search(raw) if entry["status"] == "not_attempted" else None
     if stub and stub.group(1) != eid and stub.group(1) in cells:
         other = cells[stub.group(1)]
         what = stub.group(2) or "code"
@@ -132,7 +132,7 @@ def _not_attempted(entry: dict, cell: Cell, title: str, stem: str) -> str | None
     if undefined:
         return (f"Your cell for exercise `{cell.eid}` ({title}, {place}) ran but does not define "
                 f"{undefined.group(1)}: the check calls it by that name, so keep the name the lab gives it.")
-    stub = _STUB.search(entry["message"])
+    stub = STUB.search(entry["message"])
     if stub is None:
         return None
     part = f" The first part still to write: {stub.group(2)}." if stub.group(2) else ""

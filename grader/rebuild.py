@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from grader import sandbox
+from grader.advice import STUB
 from grader.notebooks import exercise_id, section_title
 
 OUTPUT_CAP = 64 << 20  # bytes of executed notebook read back; a bigger one is reported as failed
@@ -164,6 +165,9 @@ def run_rebuilt(solution, answers: dict[str, str], device: str, timeout_s: float
     failing = _first_error(executed) if executed else None
     if failing is not None:
         index, error = failing
+        stub = STUB.search(error) if error.startswith("NotImplementedError") else None
+        if stub:  # a locked cell reached an answer still left as released: say which, not the stub's words
+            error = f"NotImplementedError: this cell uses exercise `{stub.group(1)}`, which is not written yet."
         return {"status": "failed", "cell": _cell_name(nb, index) if index < len(nb.cells) else f"cell {index}",
                 "error": error[:ERROR_CAP]}
     if proc.returncode == 0 and executed is not None:

@@ -154,3 +154,22 @@ def test_a_missing_cell_and_a_renamed_function_are_named():
         "Your cell for exercise `paged_kv` (A paged KV cache: blocks and block tables, under \"4 · A paged KV "
         f"cache\" in labs/{L14}.ipynb) ran but does not define `BlockManager`: the check calls it by that name")
     assert e["paged_kv"]["title"] == "A paged KV cache: blocks and block tables"
+
+
+@pytest.mark.slow
+def test_a_real_notebook_run_names_the_section_of_the_cell_that_stopped(tmp_path):
+    """The lab as released: the first cell that calls a stub is a locked one, named by its section."""
+    from grader.grade import grade
+
+    result = grade(kit.write(kit.submission("02_triton_basics"), tmp_path / "s.ipynb"), lab="02_triton_basics",
+                   seed=3, timeout_s=scaled(30))
+    run = result["notebook_run"]
+    if run["status"] == "skipped":
+        pytest.skip(run["error"])
+    assert run["status"] == "failed" and run["cell"].startswith('the cell under "') and "code cell" not in run["cell"]
+    assert run["error"].startswith("NotImplementedError: this cell uses exercise `")
+    assert run["error"].endswith("`, which is not written yet.")
+    broken = kit.submission("02_triton_basics", {"vector_add": "raise RuntimeError('MARK-CELL')"})
+    result = grade(kit.write(broken, tmp_path / "b.ipynb"), lab="02_triton_basics", seed=3, timeout_s=scaled(30))
+    assert result["notebook_run"]["cell"] == "the cell of exercise `vector_add`"
+    assert result["notebook_run"]["error"] == "RuntimeError: MARK-CELL"
