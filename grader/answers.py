@@ -129,22 +129,23 @@ def part_for(answer: str, question: Question, questions: tuple) -> str | None:
     return "\n\n".join(pieces)
 
 
-def _discover(folder: Path, lab: str, unpack: Path) -> list[tuple[str, Path]]:
+def _discover(folder: Path, lab: str, out: Path) -> list[tuple[str, Path]]:
     """``(learner, notebook)`` of every submission, as ``cohort`` finds them. Where the intake module
-    exists (nested folders, archives, one submission per learner), it decides; else the cohort's flat
-    listing, the learner being the file's stem."""
+    exists (nested folders, archives, one submission per learner), it decides, unpacking archives under
+    ``out``; else the cohort's flat listing, the learner being the file's stem."""
     try:
         from grader.intake import find_submissions, one_per_learner
     except ImportError:
         from grader.cohort import submissions
 
-        return [(p.stem, p) for p in submissions(Path(folder))]
-    found = find_submissions(Path(folder), unpack).found
+        return [(p.stem, p) for p in submissions(folder)]
+    inside = out.resolve().is_relative_to(folder.resolve())  # never read back what this command wrote
+    found = find_submissions(folder, out / "_unpacked", exclude=out if inside else None).found
     kept, _ = one_per_learner(found, lab)
     return [(f.learner, Path(f.path)) for f in kept]
 
 
-def collect(folder, lab: str, unpack: Path) -> tuple[Interview, list[Answer]]:
+def collect(folder, lab: str, out: Path) -> tuple[Interview, list[Answer]]:
     """The lab's interview and every learner's answer, in learner order."""
     from grader.checks import lab_stems
     from grader.grade import solution_path
@@ -153,7 +154,7 @@ def collect(folder, lab: str, unpack: Path) -> tuple[Interview, list[Answer]]:
         raise KeyError(f"unknown lab {lab!r}; labs: {', '.join(lab_stems())}")
     interview = read_interview(read_notebook(solution_path(lab)))
     answers = []
-    for learner, path in sorted(_discover(Path(folder), lab, unpack), key=lambda lp: lp[0]):
+    for learner, path in sorted(_discover(Path(folder), lab, Path(out)), key=lambda lp: lp[0]):
         learner = sanitize_text(learner, 255, single_line=True)
         try:
             text = learner_answer(read_notebook(path), interview)
@@ -235,7 +236,7 @@ def _as_text(value: str) -> str:
 def write_answers(folder, lab: str, out) -> list[Path]:
     """Write the review pages of ``lab``'s interview questions and ``scores.csv`` into ``out``; return them."""
     out = Path(out)
-    interview, answers = collect(folder, lab, out / "_unpacked")
+    interview, answers = collect(folder, lab, out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for q in interview.questions:
