@@ -6,7 +6,7 @@ passed through :func:`sanitize_text` once per report, so no learner text can bre
 format, the terminal, or the file encoding; in ``feedback.md`` it is moreover only ever shown as
 code (a code span or a fenced block), so no name or message becomes HTML, a link or an image.
 The run's seed and limits stay in ``result.json`` (the instructor's); feedback and JUnit show
-neither.
+neither. No report holds a path of the grading machine (:func:`hide_paths`).
 """
 from __future__ import annotations
 
@@ -56,12 +56,12 @@ def sanitize_text(value, limit: int = MAX_TEXT, single_line: bool = False) -> st
     return text
 
 
-def sanitize_result(result: dict) -> dict:
-    """A copy of a result with every string passed through :func:`sanitize_text` (names on one line)."""
+def _map_strings(result: dict, text, name) -> dict:
+    """A copy of a result with ``text(s)`` applied to every free-text string and ``name(s)`` to names."""
 
     def clean(value, key=None):
         if isinstance(value, str):
-            return sanitize_text(value, MAX_NAME, single_line=True) if key in _NAME_KEYS else sanitize_text(value)
+            return name(value) if key in _NAME_KEYS else text(value)
         if isinstance(value, dict):
             return {k: clean(v, k) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
@@ -69,6 +69,11 @@ def sanitize_result(result: dict) -> dict:
         return value
 
     return clean(result)
+
+
+def sanitize_result(result: dict) -> dict:
+    """A copy of a result with every string passed through :func:`sanitize_text` (names on one line)."""
+    return _map_strings(result, sanitize_text, lambda s: sanitize_text(s, MAX_NAME, single_line=True))
 
 
 @functools.lru_cache(maxsize=None)
@@ -106,17 +111,7 @@ def hide_paths(text: str) -> str:
 
 def _hide_paths_in(result: dict) -> dict:
     """A copy of a result whose free text (messages, errors, output) holds no machine path."""
-
-    def clean(value, key=None):
-        if isinstance(value, str):
-            return value if key in _NAME_KEYS else hide_paths(value)
-        if isinstance(value, dict):
-            return {k: clean(v, k) for k, v in value.items()}
-        if isinstance(value, list):
-            return [clean(v, key) for v in value]
-        return value
-
-    return clean(result)
+    return _map_strings(result, hide_paths, lambda s: s)
 
 
 def _plain(text: str) -> str:
