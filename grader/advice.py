@@ -15,6 +15,7 @@ from grader.checks import exercises
 from grader.notebooks import exercise_id, section_title
 
 CELL_FAILED = "the answer cell failed to run: "  # how grader.worker reports a cell that raised when executed
+CELL_STOPPED = "(while its answer cell ran)"      # how grader.grade marks a crash or a hang during a cell
 STUB = re.compile(r"exercise `([^`]+)`(?:, (.+?))?: replace this line with your code\.")  # release's stubs
 _UNDEFINED = (re.compile(r"NameError: name '(\w+)' is not defined"),
               re.compile(r"ImportError: cannot import name '(\w+)'"))
@@ -64,6 +65,8 @@ def _cell(entry: dict, ex, section: str | None, answers: dict[str, str], solved:
         problem = "is missing from the submission"
     elif CELL_FAILED in entry["message"]:
         problem = _failure(entry["message"].split(CELL_FAILED, 1)[1])
+    elif CELL_STOPPED in entry["message"]:
+        problem = "hung while it ran" if entry["status"] == "timeout" else "ended the process while it ran"
     else:
         problem = None
     return Cell(ex.id, section, binds, problem)
@@ -113,8 +116,8 @@ def _undefined(message: str) -> list[str]:
 
 
 def _own_cell(entry: dict, cell: Cell) -> str | None:
-    if cell.problem is None or cell.problem.startswith("is missing"):
-        return None
+    if CELL_FAILED not in entry["message"]:
+        return None  # a crash or a hang says so itself
     where = f' (under "{cell.section}")' if cell.section else ""
     report = entry["message"].split(CELL_FAILED, 1)[1]
     return (f"Your cell for this exercise{where} {cell.problem}, so none of its cases could run. "

@@ -156,6 +156,19 @@ def test_a_missing_cell_and_a_renamed_function_are_named():
     assert e["paged_kv"]["title"] == "A paged KV cache: blocks and block tables"
 
 
+def test_a_cell_that_hung_is_named_by_the_exercises_that_needed_it():
+    solution = kit.load("solutions", L14)
+    e = _advised({"kv_cache_bytes": "import time\ntime.sleep(1e9)\n" + kit.source(solution, "kv_cache_bytes"),
+                  "decode_roofline": kit.source(solution, "decode_roofline")}, {
+        "kv_cache_bytes": ("timeout", "did not finish within 60 s ... (while its answer cell ran)"),
+        "decode_roofline": ("error", "0/3 cases passed. Case 'a': NameError: name 'kv_cache_bytes' is not defined"),
+    })
+    assert e["kv_cache_bytes"]["message"].startswith("did not finish within 60 s")
+    assert e["decode_roofline"]["message"].startswith(
+        "Exercise `decode_roofline` could not run because your cell defining `kv_cache_bytes` (exercise "
+        f"`kv_cache_bytes`, section {SECTION_KV}) hung while it ran.")
+
+
 @pytest.mark.slow
 def test_a_real_notebook_run_names_the_section_of_the_cell_that_stopped(tmp_path):
     """The lab as released: the first cell that calls a stub is a locked one, named by its section."""
