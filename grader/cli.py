@@ -174,6 +174,19 @@ def _release_feedback(args) -> int:
     return 0
 
 
+def _answers(args) -> int:
+    from grader.answers import write_answers
+
+    try:
+        written = write_answers(args.folder, args.lab, args.out)
+    except (KeyError, ValueError) as exc:
+        print(f"answers failed: {exc}", file=sys.stderr)
+        return 2
+    pages = [p for p in written if p.suffix == ".html"]
+    print(f"wrote {len(pages)} review pages (HTML and Markdown) and {written[-1]} into {args.out}")
+    return 0
+
+
 def _bench(args) -> int:
     from grader.bench import bench_notebook
 
@@ -332,6 +345,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("folder", help="a cohort or merge --out folder")
     p.add_argument("--to", required=True, metavar="DIR", help="where to write <learner>.md")
     p.set_defaults(func=_release_feedback)
+
+
+    p = command("answers", "the written interview answers of a folder of submissions: a review page per "
+                           "question and a blank scores.csv")
+    p.add_argument("folder", help="folder of submissions (.ipynb), as for cohort")
+    p.add_argument("--lab", required=True, help="lab stem, e.g. 02_triton_basics")
+    p.add_argument("--out", required=True,
+                   help="output folder: a page per question (q1.html, q2.html, ..., and the same in Markdown) and "
+                        "scores.csv (learner,question,points,comment) to fill in for merge --scores")
+    p.set_defaults(func=_answers)
 
     p = command("bench", "time a notebook's kernels against PyTorch on this device")
     p.add_argument("notebook", help="the submission or solution (.ipynb)")

@@ -40,6 +40,7 @@ import grader.rebuild  # noqa: F401
 import grader.report  # noqa: F401
 from gpulab.paths import ROOT
 from grader import sandbox
+from grader.advice import advise
 from grader.checks import exercises, lab_stems
 from grader.exercise import Case, ExerciseResult, gpu_skips, judge_case, skip_records, skipped_result, summarize
 from grader.notebooks import InvalidNotebook, answer_cells, exercise_id, export_source, read_notebook
@@ -634,6 +635,7 @@ def grade(path, lab: str | None = None, device: str = "cpu", seed: int | None = 
               **({"skipped_for_capability": skip_records(lab_exercises, skips, device)} if skips else {}),
               "isolation": {**sandbox.isolation(), "limits": {**sandbox.limits_summary(device),
                                                               "observation_bytes": OBSERVATION_BUDGET}}}
+    advise(result, stem, solution, answers)  # titles, hints, where each cell is, cascades named once
     logs = [log]
     if notebook_run:
         cell_timeout = _notebook_timeout(solution, timeout_s, until - time.monotonic())

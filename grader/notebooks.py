@@ -153,6 +153,32 @@ def exercise_id(cell) -> str | None:
     return eid if isinstance(eid, str) and eid else None
 
 
+_HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.+?)\s*#*\s*$")
+_FENCE = re.compile(r"^ {0,3}(```|~~~)")
+
+
+def headings(markdown: str) -> list[str]:
+    """The heading lines of a Markdown text, without their ``#`` marks (code blocks skipped)."""
+    found, in_code = [], False
+    for line in markdown.splitlines():
+        if _FENCE.match(line):
+            in_code = not in_code
+        elif not in_code and (m := _HEADING.match(line)):
+            found.append(m.group(2))
+    return found
+
+
+def section_title(nb, index: int) -> str | None:
+    """The heading a learner sees above cell ``index`` of ``nb`` (e.g. ``"3 · RMSNorm forward"``): the
+    last Markdown heading before it, ``None`` when none comes before it."""
+    for cell in reversed(nb.cells[:index]):
+        if cell.get("cell_type") == "markdown":
+            found = headings(cell.get("source", ""))
+            if found:
+                return found[-1]
+    return None
+
+
 def is_parameters(cell) -> bool:
     return cell.get("cell_type") == "code" and "parameters" in cell.get("metadata", {}).get("tags", [])
 

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from grader import sandbox
-from grader.notebooks import exercise_id
+from grader.advice import STUB
+from grader.notebooks import exercise_id, section_title
 
 OUTPUT_CAP = 64 << 20  # bytes of executed notebook read back; a bigger one is reported as failed
 ERROR_CAP = 1500
@@ -43,11 +44,16 @@ def rebuilt_notebook(solution, answers: dict[str, str]):
 
 
 def _cell_name(nb, index: int) -> str:
-    """How feedback names a cell: its exercise, else its position (ids mean nothing to a learner)."""
-    cell = nb.cells[index]
-    eid = exercise_id(cell)
+    """How feedback names a cell: by its exercise, else by the section it sits in (a learner finds a
+    heading; cell ids and positions mean nothing to them)."""
+    eid = exercise_id(nb.cells[index])
+    if eid:
+        return f"the cell of exercise `{eid}`"
+    section = section_title(nb, index)
+    if section:
+        return f'the cell under "{section}"'
     number = sum(1 for c in nb.cells[:index + 1] if c.get("cell_type") == "code")
-    return f"the answer cell of `{eid}`" if eid else f"code cell {number}"
+    return f"code cell {number} at the top of the notebook"
 
 
 def _first_error(executed: dict) -> tuple[int, str] | None:
@@ -159,6 +165,9 @@ def run_rebuilt(solution, answers: dict[str, str], device: str, timeout_s: float
     failing = _first_error(executed) if executed else None
     if failing is not None:
         index, error = failing
+        stub = STUB.search(error) if error.startswith("NotImplementedError") else None
+        if stub:  # a locked cell reached an answer still left as released: say which, not the stub's words
+            error = f"NotImplementedError: this cell uses exercise `{stub.group(1)}`, which is not written yet."
         return {"status": "failed", "cell": _cell_name(nb, index) if index < len(nb.cells) else f"cell {index}",
                 "error": error[:ERROR_CAP]}
     if proc.returncode == 0 and executed is not None:

@@ -6,12 +6,18 @@ passed through :func:`sanitize_text` once per report, so no learner text can bre
 format, the terminal, or the file encoding; in ``feedback.md`` it is moreover only ever shown as
 code (a code span or a fenced block), so no name or message becomes HTML, a link or an image.
 The run's seed and limits stay in ``result.json`` (the instructor's); feedback and JUnit show
-neither.
+neither. No report holds a path of the grading machine (:func:`hide_paths`).
 """
 from __future__ import annotations
 
+import functools
 import json
+import os
 import re
+import site
+import sys
+import sysconfig
+import tempfile
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
@@ -50,12 +56,12 @@ def sanitize_text(value, limit: int = MAX_TEXT, single_line: bool = False) -> st
     return text
 
 
-def sanitize_result(result: dict) -> dict:
-    """A copy of a result with every string passed through :func:`sanitize_text` (names on one line)."""
+def _map_strings(result: dict, text, name) -> dict:
+    """A copy of a result with ``text(s)`` applied to every free-text string and ``name(s)`` to names."""
 
     def clean(value, key=None):
         if isinstance(value, str):
-            return sanitize_text(value, MAX_NAME, single_line=True) if key in _NAME_KEYS else sanitize_text(value)
+            return name(value) if key in _NAME_KEYS else text(value)
         if isinstance(value, dict):
             return {k: clean(v, k) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
@@ -63,6 +69,54 @@ def sanitize_result(result: dict) -> dict:
         return value
 
     return clean(result)
+
+
+def sanitize_result(result: dict) -> dict:
+    """A copy of a result with every string passed through :func:`sanitize_text` (names on one line)."""
+    return _map_strings(result, sanitize_text, lambda s: sanitize_text(s, MAX_NAME, single_line=True))
+
+
+@functools.lru_cache(maxsize=None)
+def _machine_paths() -> tuple:
+    """``(pattern, replacement)`` for the folders of the grading machine, most specific first."""
+    from gpulab.paths import ROOT
+
+    packages = {*site.getsitepackages(), site.getusersitepackages(),
+                *(sysconfig.get_paths().get(k, "") for k in ("purelib", "platlib"))}
+    python = {sys.prefix, sys.base_prefix, sys.exec_prefix,
+              *(sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib"))}
+    named = [(p, "<site-packages>") for p in packages] + [(p, "<python>") for p in python] + \
+        [(str(ROOT), "<course>"), (os.path.expanduser("~"), "~")]
+    named = sorted(((os.path.normpath(p), r) for p, r in named if p and len(os.path.normpath(p)) > 1),
+                   key=lambda pr: -len(pr[0]))
+    start, end = r"(?<![\w.~>/-])", r"(?![\w.-])"  # whole path components only
+    rules = [(re.compile(start + re.escape(p) + end), r) for p, r in named]
+    # any other Python's packages (the box, a conda env), then temporary folders: their last component
+    rules.append((re.compile(start + r"/[^\s'\"`:;,()]*?/(?:site|dist)-packages" + end), "<site-packages>"))
+    rules.append((re.compile(start + r"/[^\s'\"`:;,()]*?/lib/python\d\.\d+" + end), "<python>"))
+    temps = sorted({"/tmp", "/var/tmp", "/dev/shm", "/private/tmp", tempfile.gettempdir()}, key=len, reverse=True)
+    rules.append((re.compile(start + "(?:" + "|".join(map(re.escape, temps)) + r")((?:/[^\s'\"`:;,()\[\]]+)*)"
+                             + end), lambda m: "<tmp>/" + m.group(1).rsplit("/", 1)[-1] if m.group(1) else "<tmp>"))
+    return tuple(rules)
+
+
+def hide_paths(text: str) -> str:
+    """``text`` without the grading machine's folders: the course's checkout becomes ``<course>``, Python's
+    packages ``<site-packages>``, its installation ``<python>``, a temporary file ``<tmp>/name`` and the
+    home folder ``~``. They mean nothing to a learner and say more than they need about the machine."""
+    for pattern, replacement in _machine_paths():
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _hide_paths_in(result: dict) -> dict:
+    """A copy of a result whose free text (messages, errors, output) holds no machine path."""
+    return _map_strings(result, hide_paths, lambda s: s)
+
+
+def _plain(text: str) -> str:
+    """Course text (an exercise's title) as literal Markdown: its punctuation escaped, on one line."""
+    return re.sub(r"([\\`*_{}\[\]<>()#+\-.!|~])", r"\\\1", " ".join(text.split()))
 
 
 def _code_span(text: str, in_table: bool = False) -> str:
@@ -120,7 +174,8 @@ def feedback_markdown(result: dict) -> str:
     out += _skipped_note(result)
     for ex in result["exercises"]:
         if ex["status"] != "passed" and not ex.get("skipped"):
-            out += [f"## {_code_span(ex['id'])}: {ex['status']}", "", *_fenced(ex["message"]), ""]
+            title = f" · {_plain(ex['title'])}" if ex.get("title") else ""
+            out += [f"## {_code_span(ex['id'])}{title}: {ex['status']}", "", *_fenced(ex["message"]), ""]
     run = result.get("notebook_run")
     if run and run["status"] == "failed":
         out += ["## The notebook does not run top to bottom", "",
@@ -172,8 +227,9 @@ def junit_xml(results: list[dict], suite: str = "gpulab") -> str:
 
 
 def write_reports(result: dict, out_dir: Path) -> None:
-    """Write ``result.json``, ``feedback.md`` and ``junit.xml`` of one (sanitized) result into ``out_dir``."""
-    result = sanitize_result(result)
+    """Write ``result.json``, ``feedback.md`` and ``junit.xml`` of one (sanitized) result into ``out_dir``;
+    every one of them may reach the learner, so none holds a path of this machine (:func:`hide_paths`)."""
+    result = _hide_paths_in(sanitize_result(result))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "result.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

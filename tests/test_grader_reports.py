@@ -16,6 +16,7 @@ from grader.cohort import _text_cell, cohort, gradebook_csv, merge, result_dir, 
 from grader.notebooks import MAX_DEPTH, InvalidNotebook, read_notebook
 from grader.report import feedback_markdown, junit_xml, sanitize_result, sanitize_text, table, write_reports
 from tests import graderkit as kit
+from tests.conftest import ROOT
 
 L1 = "01_performance_model"
 IDS1 = ["costs", "roofline", "benchmark", "scaling"]
@@ -99,6 +100,23 @@ def test_junit_of_any_text_parses():
 def test_invalid_results_feedback_keeps_the_message_in_a_code_block():
     md = feedback_markdown(crafted("x.ipynb", "not JSON\n# fake heading", status="invalid"))
     assert md.splitlines()[2:7] == ["**Not graded** (invalid):", "", "```", "not JSON", "# fake heading"]
+
+
+def test_feedback_titles_each_exercise_and_no_report_holds_a_machine_path(tmp_path):
+    where = f'File "{ROOT}/grader/runs/x.py", line 3, writing /tmp/gpulab-grade-k2/work/out.bin'
+    result = crafted("alice.ipynb", where)
+    result["exercises"][0]["title"] = "FLOPs and bytes (of *four* op families)"
+    write_reports(result, tmp_path / "r")
+    feedback = (tmp_path / "r" / "feedback.md").read_text(encoding="utf-8")
+    assert "## ` costs ` · FLOPs and bytes \\(of \\*four\\* op families\\): failed" in feedback
+    assert "## ` scaling `: crashed" in feedback  # a result without titles keeps the plain heading
+    written = json.loads((tmp_path / "r" / "result.json").read_text(encoding="utf-8"))
+    assert written["exercises"][0]["message"] == 'File "<course>/grader/runs/x.py", line 3, writing <tmp>/out.bin'
+    assert written["exercises"][0]["title"] == "FLOPs and bytes (of *four* op families)"
+    for name in ("result.json", "feedback.md", "junit.xml"):
+        text = (tmp_path / "r" / name).read_text(encoding="utf-8")
+        assert str(ROOT) not in text and "/tmp/" not in text
+    assert result["exercises"][0]["message"] == where  # the caller's result is left alone
 
 
 def test_sanitize_result_leaves_the_input_alone():
