@@ -135,3 +135,43 @@ def test_a_shared_label_splits_by_id_only():
 def test_unknown_lab_fails_clearly(tmp_path, capsys):
     assert main(["answers", str(tmp_path), "--lab", "99_nope", "--out", str(tmp_path / "o")]) == 2
     assert "unknown lab '99_nope'" in capsys.readouterr().err
+
+
+def test_answers_to_gradebook_a_nested_cohort_end_to_end(tmp_path, monkeypatch):
+    """A JupyterHub-style cohort (a folder per learner): `answers` writes the review pages and scores.csv, the
+    instructor fills it, and `cohort --scores` puts the written-answer points in the gradebook and feedback."""
+    import grader.grade
+    from tests.test_grader_intake import fake_grade
+
+    subs = tmp_path / "subs"
+    for learner, text in (("alice", "q1: bytes over bandwidth, MARK-ALICE"), ("bob", "I would profile. MARK-BOB")):
+        (subs / learner).mkdir(parents=True)
+        kit.write(with_answer(L1, text), subs / learner / f"{L1}.ipynb")
+    assert main(["answers", str(subs), "--lab", L1, "--out", str(tmp_path / "review")]) == 0
+    assert "MARK-ALICE" in (tmp_path / "review" / "q1.html").read_text()
+    sheet = list(csv.DictReader(io.StringIO((tmp_path / "review" / "scores.csv").read_text())))
+    assert {(r["learner"], r["question"]) for r in sheet} >= {("alice", "q1"), ("bob", "q1")}
+    for row in sheet:
+        row["points"], row["comment"] = ("2", "clear and quantified") if row["learner"] == "alice" else ("0", "")
+    with (tmp_path / "scores.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["learner", "question", "points", "comment"])
+        writer.writeheader()
+        writer.writerows(sheet)
+
+    def three_points(path, lab=None, log_path=None, **kwargs):  # stands in for the sandbox: 3 points each
+        scratch = tmp_path / "scratch" / path.parent.name
+        scratch.mkdir(parents=True, exist_ok=True)
+        (scratch / path.name).write_text('{"costs": 3}')
+        return fake_grade(scratch / path.name, lab=lab) | {"submission": path.name}
+
+    monkeypatch.setattr(grader.grade, "grade", three_points)
+    assert main(["cohort", str(subs), "--lab", L1, "--out", str(tmp_path / "out"),
+                 "--scores", str(tmp_path / "scores.csv")]) == 0
+    rows = {r["learner"]: r for r in csv.DictReader(io.StringIO((tmp_path / "out" / "gradebook.csv").read_text()))}
+    questions = len({r["question"] for r in sheet})
+    assert rows["alice"]["interview:q1"] == "2" and float(rows["alice"]["total"]) == 3 + 2 * questions
+    assert float(rows["bob"]["total"]) == 3
+    feedback = next((tmp_path / "out").rglob("feedback.md"), None)
+    assert feedback is not None
+    texts = [p.read_text() for p in (tmp_path / "out").rglob("feedback.md")]
+    assert any("Written answers" in t and "clear and quantified" in t for t in texts)
