@@ -227,8 +227,12 @@ def _plan_fault_tolerant_run(ns, case, device):
 
 def _place_replicas_run(ns, case, device):
     x = case.inputs
-    got = entry(ns, "place_replicas")([dict(n) for n in x["nodes"]], x["replicas"], x["tp"], x["gpu"])
-    return {"got": [str(n) for n in got] if isinstance(got, (list, tuple)) else got if got is None else repr(got)}
+    fn = entry(ns, "place_replicas")
+
+    def ask(replicas):
+        got = fn([dict(n) for n in x["nodes"]], replicas, x["tp"], x["gpu"])
+        return [str(n) for n in got] if isinstance(got, (list, tuple)) else None if got is None else repr(got)
+    return {"got": ask(x["replicas"]), "control": None if x["control"] is None else ask(x["control"])}
 
 
 def _failover_cost_run(ns, case, device):
@@ -243,8 +247,12 @@ def _benchmark_design_run(ns, case, device):
     if "cores" in x:
         got = entry(ns, "fair_benchmark")(x["cores"])
         return {"got": copy.deepcopy(got) if isinstance(got, dict) else repr(got)}
-    got = entry(ns, "benchmark_problems")(copy.deepcopy(x["design"]))
-    return {"got": [str(r) for r in got] if isinstance(got, (list, tuple)) else repr(got)}
+    fn = entry(ns, "benchmark_problems")
+
+    def review(design):
+        got = fn(copy.deepcopy(design))
+        return [str(r) for r in got] if isinstance(got, (list, tuple)) else repr(got)
+    return {"got": review(x["design"]), "control": review(x["control"])}
 
 
 def _ci_gate_run(ns, case, device):
