@@ -1018,3 +1018,11 @@ def test_an_unfair_design_of_your_own_fails(sol16):
     r = grade(STEM, "benchmark_design", with_answer(sol16, fair_benchmark=fair_benchmark))
     assert r.status == "failed" and "breaks ['end_to_end', 'tuned_baseline']" in r.message, r.message
 
+
+
+def test_the_bound_needs_299_samples_and_is_the_maximum_of_300(sol16):
+    """1 - 0.99^n >= 0.95 first holds at n = 299: below it no sample bounds the p99; at 300 only the maximum does."""
+    xs = [float(i) for i in range(1, 2001)]
+    assert sol16["p99_upper_bound"](xs[:298]) == math.inf == CHECKS.ref_p99_upper_bound(xs[:298])[0]
+    assert sol16["p99_upper_bound"](xs[:299]) == 299.0 and sol16["p99_upper_bound"](xs[:300]) == 300.0
+    assert 1980 < sol16["p99_upper_bound"](xs) == CHECKS.ref_p99_upper_bound(xs)[0] < 2000
