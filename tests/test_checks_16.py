@@ -5,7 +5,9 @@ layout, a planner that is not the fastest, a serving plan that forgets the KV ca
 with lower latency, batching that ignores the wait to fill a batch, the network blamed for a slow rank, Young/Daly
 without the factor 2 or with one GPU's MTBF, a re-shard that drops the padding tail, a straggler test fooled by one
 hiccup, a divergence diagnosis that blames the biggest layer, MLOps anti-patterns and a canary promoted on too few
-requests."""
+requests; a serving plan judged by the p99 of a handful of tail samples, without a spare replica, blind to the load
+retries add, packed into one failure domain, or upgraded below its target; a benchmark review that misses an unfair
+choice; a performance gate on a single run, with a fixed 5% threshold, or across SKUs."""
 import dataclasses
 import math
 import sys
@@ -808,6 +810,10 @@ MUTANTS = [  # (exercise, the solution's text, the mistake, what the message say
     ("ci_gate", "elif len(runs) < MIN_RUNS:", "elif False:", "one run is noise"),
     ("ci_gate", " and slower > MIN_EFFECT * float(b.mean())", "", "MIN_EFFECT"),
     ("ci_gate", "baseline.get(sku, [])", "next(iter(baseline.values()))", "its own baseline"),
+    ("plan_fault_tolerant", "upper(mid - 1) <= work.p99_s", "upper(mid) <= work.p99_s", "no spare replica"),
+    ("plan_fault_tolerant", "rate=work.rate * load_factor", "rate=work.rate", "rate x load_factor"),
+    ("plan_fault_tolerant", '"max_unavailable": unavailable}', '"max_unavailable": unavailable + 1}',
+     "drops below the target"),
 ]
 
 
@@ -891,27 +897,10 @@ def test_a_plan_on_the_sample_p99_of_300_requests_fails(sol16):
     assert r.status == "failed" and "rests on 3 samples" in r.message, r.message
 
 
-@pytest.mark.slow
-def test_a_plan_with_no_spare_replica_fails(sol16):
-    ns = mutants.mutated(STEM, sol16, "plan_fault_tolerant", "upper(mid - 1) <= work.p99_s", "upper(mid) <= work.p99_s")
-    r = _ft_grade(ns)
-    assert r.status == "failed" and "no spare replica" in r.message, r.message
-
-
-@pytest.mark.slow
-def test_a_plan_that_ignores_the_retry_load_fails(sol16):
+def test_a_plan_that_ignores_the_retry_load_fails_only_where_retries_add_load(sol16):
     ns = mutants.mutated(STEM, sol16, "plan_fault_tolerant", "rate=work.rate * load_factor", "rate=work.rate")
     r = _ft_grade(ns)
-    assert r.status == "failed" and "rate x load_factor" in r.message, r.message
-    assert rules_failed(r) == ["retries that double the load"]
-
-
-@pytest.mark.slow
-def test_an_upgrade_that_drops_below_the_target_fails(sol16):
-    ns = mutants.mutated(STEM, sol16, "plan_fault_tolerant", '"max_unavailable": unavailable}',
-                         '"max_unavailable": unavailable + 1}')
-    r = _ft_grade(ns)
-    assert r.status == "failed" and "drops below the target" in r.message, r.message
+    assert r.status == "failed" and rules_failed(r) == ["retries that double the load"], r.message
 
 
 def test_retries_that_double_the_load_are_priced(sol16):
