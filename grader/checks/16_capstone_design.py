@@ -6,7 +6,8 @@ the all-to-alls, EP's rules, EP in the search); serving capacity (weights and KV
 profile); reliability (Young/Daly, a ZeRO re-shard, stragglers and hangs, a diverging run) and an MLOps checklist
 with a canary decision; fault-tolerant serving (a confidence bound on a simulated p99, the load of retries and hedges,
 N+1 replicas on the bound with rolling upgrades, failure domains on a mixed fleet, failover and draining) and
-performance engineering practice (a fair CPU vs GPU benchmark design, a noise-aware per-SKU CI gate). Wrong answers are named by the mistake they match. Hidden cases: one per rule, the same rules
+performance engineering practice (a fair CPU vs GPU benchmark design, a noise-aware per-SKU CI gate). Wrong answers
+are named by the mistake they match. Hidden cases: one per rule, the same rules
 on every seed, named by their inputs alone and shuffled (grader.kit.neutral).
 """
 from __future__ import annotations
