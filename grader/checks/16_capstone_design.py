@@ -1,14 +1,14 @@
 """Checks of lab 16, the capstone: a training planner (memory per GPU by ZeRO stage and recomputation, a modelled step
 time with the bubble and the alpha-beta collectives, feasibility, the layout search) checked against the published
-GPT-3 175B and Llama 3 405B layouts, and its mixture-of-experts extension (EP inside DP: experts' memory over ep,
-the all-to-alls, EP's rules, EP in the search); serving capacity (weights and KV cache per GPU, a 175B deployment at
-100 requests/s judged by a queueing simulation, 7B on 4 GPUs, ResNet-152 batching, a slow deployment's per-rank
-profile); reliability (Young/Daly, a ZeRO re-shard, stragglers and hangs, a diverging run) and an MLOps checklist
-with a canary decision; fault-tolerant serving (a confidence bound on a simulated p99, the load of retries and hedges,
-N+1 replicas on the bound with rolling upgrades, failure domains on a mixed fleet, failover and draining) and
-performance engineering practice (a fair CPU vs GPU benchmark design, a noise-aware per-SKU CI gate). Wrong answers
-are named by the mistake they match. Hidden cases: one per rule, the same rules
-on every seed, named by their inputs alone and shuffled (grader.kit.neutral).
+145.6B GPT (Megatron-LM) and Llama 3 405B layouts, and its mixture-of-experts extension (EP inside DP: experts'
+memory over ep, the all-to-alls, EP's rules, EP in the search); serving capacity (weights and KV cache per GPU, a
+175B deployment at 100 requests/s judged by a queueing simulation, 7B on 4 GPUs, ResNet-152 batching, a slow
+deployment's per-rank profile); reliability (Young/Daly, a ZeRO re-shard, stragglers and hangs, a diverging run) and
+an MLOps checklist with a canary decision; fault-tolerant serving (a confidence bound on a simulated p99, the load of
+retries and hedges, N+1 replicas on the bound with rolling upgrades, failure domains on a mixed fleet, failover and
+draining) and performance engineering practice (a fair CPU vs GPU benchmark design, a noise-aware per-SKU CI gate).
+Wrong answers are named by the mistake they match. Hidden cases: one per rule, the same rules on every seed, named by
+their inputs alone and shuffled (grader.kit.neutral).
 """
 from __future__ import annotations
 
