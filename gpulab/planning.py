@@ -8,16 +8,20 @@
   microbatch size, the ZeRO stage and activation recomputation.
 - :class:`MoESpec`: a mixture-of-experts model (every layer's MLP is ``num_experts`` SwiGLU experts, ``top_k``
   of them per token); :data:`MIXTRAL_8X7B` holds Mixtral's shape, :func:`all_to_all_time` prices its token
-  exchange on the alpha-beta model. :data:`PUBLISHED` holds layouts published runs used, with their sources.
+  exchange on the alpha-beta model. :data:`PUBLISHED` holds layouts published runs used, with their sources;
+  :data:`GPT3_175B_ASSUMED` the interview's 175B case, whose layout is an assumption.
 - The building blocks of earlier labs, as plain formulas: :func:`ring_allreduce_time` (lab 11's alpha-beta
   model of a ring), :func:`bubble_fraction` (lab 13's ``(p-1)/(m+p-1)``), :func:`group_link` (which link
   a process group's ring crosses, from the rank order TP fastest, then DP, then PP, as Megatron-LM orders
   them), :func:`kv_bytes_per_token` (lab 14's cache).
 - Serving on paper: :func:`replica_step_time` (one step of a TP-sharded replica on the roofline, plus its
   per-layer all-reduces) and :func:`simulate_replicas` (a seeded trace split round-robin over replicas, each
-  served by :func:`gpulab.serving.simulate`, batching the oldest requests; lab 14's scheduler is yours).
+  served by :func:`gpulab.serving.simulate`, batching the oldest requests; lab 14's scheduler is yours);
+  :func:`replica_latencies`, the same run's latency samples, for a confidence bound on its tail.
 - Prefill and decode apart: :func:`fcfs_pool` (a first-come-first-served queue over identical servers, the
   disaggregated prefill replicas) and :data:`SERVE_UTILISATION`, the busy share a replica is sized for.
+- Fault-tolerant serving: :data:`TAIL_SAMPLES` and :data:`TAIL_CONFIDENCE` (how a simulated p99 is bounded) and
+  :func:`make_fleet` (a seeded, heterogeneous mix of 8-GPU nodes in racks, for placing replicas).
 
 All sizes are bytes, times seconds, rates per second; the functions take and return Python floats.
 """
@@ -27,6 +31,8 @@ import heapq
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
+
+import torch
 
 from gpulab.datasheet import H100_FP16_FLOPS, H100_HBM_BYTES, H100_HBM_BYTES_PER_S, H100_NVLINK_BYTES_PER_S
 from gpulab.serving import ModelSpec, make_trace, simulate, summarize
@@ -113,18 +119,32 @@ LLAMA3_405B = ModelSpec("Llama-3-405B", 126, 16384, 128, 8, 128, 405e9)
 # 12.9B active per token.
 MIXTRAL_8X7B = MoESpec("Mixtral-8x7B", 32, 4096, 32, 8, 128, 46.7e9, num_experts=8, top_k=2, expert_hidden=14336)
 
-# Published training layouts: (model, sequence length, global batch in sequences, cluster, layout, source).
+# A GPT of 145.6B parameters (Narayanan et al., Table 1: 96 heads, hidden 12288, 80 layers; 12 h^2 L weights plus a
+# 51,200-token embedding make its 145.6B).
+GPT_145B = ModelSpec("GPT-145.6B", 80, 12288, 96, 96, 128, 145.6e9)
+
+# Published training layouts: (model, sequence length, global batch in sequences, cluster, layout, source). The
+# microbatch, ZeRO stage and recomputation are not in the tables: each row's are the planner's assumptions.
 PUBLISHED = {
-    "GPT-3 175B (Megatron-LM)": (GPT3_175B, 2048, 1536, CLUSTERS["A100-80GB x 1024 (Selene-like, HDR InfiniBand)"],
-                                 Layout(dp=16, tp=8, pp=8, micro_batch=1, zero=0, recompute=True),
+    "GPT 145.6B (Megatron-LM)": (GPT_145B, 2048, 2304,
+                                 CLUSTERS["A100-80GB x 1024 (Selene-like, HDR InfiniBand)"].with_gpus(1536),
+                                 Layout(dp=24, tp=8, pp=8, micro_batch=1, zero=0, recompute=True),
                                  "Narayanan et al., 'Efficient Large-Scale Language Model Training on GPU Clusters "
-                                 "Using Megatron-LM', SC 2021 (arXiv:2104.04473), Table 1: 175B, TP 8, PP 8, "
-                                 "1024 GPUs, batch 1536"),
+                                 "Using Megatron-LM', SC 2021 (arXiv:2104.04473), Table 1: 145.6B parameters, TP 8, "
+                                 "PP 8, 1536 GPUs, batch 2304, sequence 2048"),
     "Llama 3 405B (Meta)": (LLAMA3_405B, 8192, 2048, CLUSTERS["H100-80GB x 8192 (RoCE 400G)"],
                             Layout(dp=64, tp=8, pp=16, micro_batch=1, zero=1, recompute=True),
                             "Llama Team, 'The Llama 3 Herd of Models' (arXiv:2407.21783), Table 4: 8192 GPUs, "
                             "TP 8, CP 1, PP 16, DP 64, sequence 8192, 32 sequences per DP rank"),
 }
+
+# The interview's training case, GPT-3 175B on 1024 A100s at batch 1536: the GPU count and batch are those of
+# Narayanan et al.'s Section 5.1 estimate of GPT-3's training time, which states no layout. The layout here is an
+# assumption (the TP 8 x PP 8 of their 145.6B row), not a published one.
+GPT3_175B_ASSUMED = (GPT3_175B, 2048, 1536, CLUSTERS["A100-80GB x 1024 (Selene-like, HDR InfiniBand)"],
+                     Layout(dp=16, tp=8, pp=8, micro_batch=1, zero=0, recompute=True),
+                     "an assumption: Narayanan et al. (arXiv:2104.04473), Section 5.1, estimate GPT-3 175B's training "
+                     "time on 1024 GPUs at batch 1536 and state no layout; TP 8 x PP 8 is their 145.6B row's")
 
 
 def ring_allreduce_time(nbytes: float, p: int, alpha: float, bytes_per_s: float) -> float:
@@ -217,11 +237,19 @@ def simulate_replicas(spec: ModelSpec, cluster: Cluster, work: Workload, tp: int
     sequences (KV blocks for ``max_batch`` sequences of the maximum context). ``summarize``'s keys.
     Runs are remembered: asking twice for the same plan costs one simulation."""
     work = replace(work, prompt_len=tuple(work.prompt_len), new_tokens=tuple(work.new_tokens))
-    return dict(_simulate(spec, cluster, work, tp, replicas, max_batch, n_requests, seed, block_size))
+    return dict(_simulate(spec, cluster, work, tp, replicas, max_batch, n_requests, seed, block_size)[0])
+
+
+def replica_latencies(spec: ModelSpec, cluster: Cluster, work: Workload, tp: int, replicas: int, max_batch: int,
+                      n_requests: int = 300, seed: int = 0, block_size: int = 16) -> list[float]:
+    """The end-to-end latencies (s, ascending) of :func:`simulate_replicas`'s requests, one per request: the samples
+    a tail bound is computed from (section 15). Remembered as :func:`simulate_replicas`'s runs are."""
+    work = replace(work, prompt_len=tuple(work.prompt_len), new_tokens=tuple(work.new_tokens))
+    return list(_simulate(spec, cluster, work, tp, replicas, max_batch, n_requests, seed, block_size)[1])
 
 
 @lru_cache(maxsize=256)
-def _simulate(spec, cluster, work, tp, replicas, max_batch, n_requests, seed, block_size) -> dict:
+def _simulate(spec, cluster, work, tp, replicas, max_batch, n_requests, seed, block_size) -> tuple[dict, tuple]:
     trace = make_trace(seed, n_requests, work.rate, work.prompt_len, work.new_tokens)
     blocks = max_batch * math.ceil(work.max_context / block_size)
     step = lambda prefill, decode: replica_step_time(spec, tp, cluster, work, prefill, decode)  # noqa: E731
@@ -232,7 +260,8 @@ def _simulate(spec, cluster, work, tp, replicas, max_batch, n_requests, seed, bl
         merged.requests.update(run.requests)
         merged.steps += run.steps
         merged.clock = max(merged.clock, run.clock)
-    return summarize(merged)
+    latencies = tuple(sorted(r["finish"] - r["arrival"] for r in merged.requests.values()))
+    return summarize(merged), latencies
 
 # The interview's serving case: 175B at 100 requests/s, p99 under 500 ms end to end, fp8 weights and cache.
 SERVE_175B = Workload(rate=100, prompt_len=(64, 512), new_tokens=(8, 24), p99_s=0.5, weight_bytes=1.0, kv_bytes=1.0)
@@ -252,3 +281,28 @@ def fcfs_pool(arrivals: list, services: list, servers: int) -> list[float]:
         heapq.heappush(free, start + service)
         out.append(start + service - arrival)
     return out
+
+
+# --- fault-tolerant serving (section 15) -------------------------------------------------------------
+
+# A p99 is judged by an upper confidence bound from this many simulated requests (20 of them beyond the p99), at
+# this confidence: 300 requests leave 3 samples past the p99, too few to tell a 494 ms p99 from a 520 ms one.
+TAIL_SAMPLES = 2000
+TAIL_CONFIDENCE = 0.95
+
+
+def make_fleet(seed: int, racks: int = 4, nodes_per_rack: int = 4, gpus=("H100", "A100"),
+               idle: float = 0.6) -> list[dict]:
+    """A heterogeneous fleet of 8-GPU nodes, as placement sees it: ``{"name", "rack", "gpu", "free"}`` per node,
+    ``gpu`` drawn from ``gpus``, ``free`` (GPUs not yet taken) 8 for an ``idle`` share of the nodes and 0-7 for the
+    others, all from the seed; racks are the failure domains above a node (a top-of-rack switch or a power feed
+    takes every node in it)."""
+    gen = torch.Generator().manual_seed(seed)
+    fleet = []
+    for r in range(racks):
+        for n in range(nodes_per_rack):
+            gpu = gpus[int(torch.randint(len(gpus), (1,), generator=gen))]
+            busy = float(torch.rand(1, generator=gen)) >= idle
+            free = int(torch.randint(0, 8, (1,), generator=gen)) if busy else 8
+            fleet.append({"name": f"rack{r}-node{n}", "rack": f"rack{r}", "gpu": gpu, "free": free})
+    return fleet

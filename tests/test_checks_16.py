@@ -5,7 +5,9 @@ layout, a planner that is not the fastest, a serving plan that forgets the KV ca
 with lower latency, batching that ignores the wait to fill a batch, the network blamed for a slow rank, Young/Daly
 without the factor 2 or with one GPU's MTBF, a re-shard that drops the padding tail, a straggler test fooled by one
 hiccup, a divergence diagnosis that blames the biggest layer, MLOps anti-patterns and a canary promoted on too few
-requests."""
+requests; a serving plan judged by the p99 of a handful of tail samples, without a spare replica, blind to the load
+retries add, packed into one failure domain, or upgraded below its target; a benchmark review that misses an unfair
+choice; a performance gate on a single run, with a fixed 5% threshold, or across SKUs."""
 import dataclasses
 import math
 import sys
@@ -14,9 +16,11 @@ import types
 import pytest
 import torch
 
+from gpulab.bench import percentile
 from gpulab.planning import (
     CLUSTERS,
     GPT3_175B,
+    GPT3_175B_ASSUMED,
     MIXTRAL_8X7B,
     PUBLISHED,
     SERVE_175B,
@@ -26,7 +30,9 @@ from gpulab.planning import (
     fcfs_pool,
     group_link,
     kv_bytes_per_token,
+    make_fleet,
     ring_allreduce_time,
+    simulate_replicas,
 )
 from gpulab.reliability import BOTTLENECKS, CAUSES, make_divergence_trace, make_step_times
 from gpulab.serving import make_trace
@@ -40,6 +46,7 @@ from tests.conftest import HIDDEN_SEED, ROOT, grade, solution_namespace
 
 STEM = "16_capstone_design"
 CHECKS, EX = load_lab(STEM), exercises(STEM)
+H100_512 = CLUSTERS["H100-80GB x 8192 (RoCE 400G)"].with_gpus(512)
 
 
 def rules_failed(result) -> list:
@@ -784,6 +791,29 @@ MUTANTS = [  # (exercise, the solution's text, the mistake, what the message say
     ("mlops", 'canary["psi"] >= 0.25', 'canary["psi"] >= 0.1', "PSI 0."),
     ("mlops", 'canary["psi"] >= 0.25', 'canary["psi"] > 0.25', "PSI 0.25"),
     ("mlops", '/ canary["requests"])', '/ baseline["requests"])', "the error limit"),
+    ("p99_upper_bound", "    return math.inf", "    return xs[-1]", "return math.inf"),
+    ("p99_upper_bound", "if covered >= confidence:", "if covered >= 0.5:", "the bound is rank"),
+    ("retry_load", "sum(p_error ** i for i in range(max_retries + 1))", "1 + max_retries * p_error", "1 + r p"),
+    ("retry_load", "attempts += 1 - hedge_quantile", "attempts += hedge_quantile", "1 - q, get one"),
+    ("retry_load", "attempts = min(attempts, 1 + budget)", "attempts = attempts", "no retry budget"),
+    ("place_replicas", "rack = min(open_racks, key=lambda r: used[r])", "rack = open_racks[0]",
+     "spread the replicas over the racks"),
+    ("place_replicas", 'if node["gpu"] == gpu and node["free"] >= tp:', 'if node["free"] >= tp:',
+     "on H100 nodes only"),
+    ("failover_cost", "contexts = [prompt + generated for", "contexts = [prompt for", "the prompt alone"),
+    ("failover_cost", 'detect = health["interval_s"] * health["failures"]', 'detect = health["interval_s"]',
+     "after one failed probe"),
+    ("failover_cost", "max(new - generated for", "max(new for", "the whole output"),
+    ("benchmark_design", 'not set(STAGES) <= set(design["timed"])', '"compute" not in design["timed"]',
+     "It misses: end_to_end"),
+    ("benchmark_design", 'design["cpu_threads"] < design["cpu_cores"]', "False", "It misses: tuned_baseline"),
+    ("ci_gate", "elif len(runs) < MIN_RUNS:", "elif False:", "one run is noise"),
+    ("ci_gate", " and slower > MIN_EFFECT * float(b.mean())", "", "MIN_EFFECT"),
+    ("ci_gate", "baseline.get(sku, [])", "next(iter(baseline.values()))", "its own baseline"),
+    ("plan_fault_tolerant", "upper(mid - 1) <= work.p99_s", "upper(mid) <= work.p99_s", "no spare replica"),
+    ("plan_fault_tolerant", "rate=work.rate * load_factor", "rate=work.rate", "rate x load_factor"),
+    ("plan_fault_tolerant", '"max_unavailable": unavailable}', '"max_unavailable": unavailable + 1}',
+     "drops below the target"),
 ]
 
 
@@ -813,3 +843,175 @@ def test_a_renamed_helper_earns_nothing():
     spoofed.__module__ = "__main__"
     r = grade(STEM, "checkpoint_interval", {"checkpoint_interval": spoofed})
     assert r.score == 0 and "gpulab:" in r.message and "does not offer" in r.message, r.message
+
+
+# --- the published layouts: what the papers' tables say ------------------------------------------------------
+
+def test_the_megatron_row_is_its_table_1_row_and_the_175b_layout_is_labelled_an_assumption():
+    """Narayanan et al. (arXiv:2104.04473), Table 1 has no 175B row: its nearest is 145.6B (96 heads, hidden 12288,
+    80 layers) with TP 8, PP 8, 1536 GPUs, batch 2304; Section 5.1's GPT-3 estimate (1024 GPUs, batch 1536) states
+    no layout."""
+    spec, seq, batch, cluster, layout, source = PUBLISHED["GPT 145.6B (Megatron-LM)"]
+    assert (spec.n_params, spec.n_layers, spec.d_model, spec.n_heads) == (145.6e9, 80, 12288, 96)
+    assert (layout.tp, layout.pp, cluster.n_gpus, batch, seq) == (8, 8, 1536, 2304, 2048)
+    assert layout.dp * layout.tp * layout.pp == cluster.n_gpus
+    assert "Table 1: 145.6B parameters, TP 8, PP 8, 1536 GPUs, batch 2304, sequence 2048" in source
+    assert not any("175B" in src for *_, src in PUBLISHED.values())
+    spec, seq, batch, cluster, layout, source = GPT3_175B_ASSUMED
+    assert (spec.n_params, cluster.n_gpus, batch, layout.tp, layout.pp) == (175e9, 1024, 1536, 8, 8)
+    assert source.startswith("an assumption") and "Section 5.1" in source and "state no layout" in source
+
+
+# --- fault-tolerant serving -------------------------------------------------------------------------------------
+
+def test_a_p99_from_a_handful_of_tail_samples_is_no_bound(sol16):
+    r = grade(STEM, "p99_upper_bound", with_answer(sol16, p99_upper_bound=lambda xs, c=0.95: percentile(xs, 99)))
+    assert r.status == "failed" and "Yours is the sample p99" in r.message, r.message
+    r = grade(STEM, "p99_upper_bound", with_answer(sol16, p99_upper_bound=lambda xs, c=0.95: max(xs)))
+    assert r.status == "failed" and any("return math.inf" in c.message for c in r.cases), r.message
+
+
+def test_the_section_6_plan_misses_the_target_once_its_tail_is_bounded():
+    """300 requests put the 175B plan under 500 ms; its bound on TAIL_SAMPLES requests, and one replica down, do not."""
+    best = CHECKS.ref_plan_serving(GPT3_175B, SERVE_175B, H100_512)
+    tp, replicas, max_batch = best[1:]
+    assert simulate_replicas(GPT3_175B, H100_512, SERVE_175B, tp, replicas, max_batch)["p99"] <= SERVE_175B.p99_s
+    assert CHECKS._upper(GPT3_175B, H100_512, SERVE_175B, tp, replicas - 1, max_batch) > SERVE_175B.p99_s
+    assert CHECKS.ref_plan_fault_tolerant(GPT3_175B, SERVE_175B, H100_512, tp, max_batch) > replicas
+
+
+def _ft_grade(sol, **answers):
+    return _public("plan_fault_tolerant", with_answer(sol, **answers))
+
+
+@pytest.mark.slow
+def test_a_plan_on_the_sample_p99_of_300_requests_fails(sol16):
+    def plan_fault_tolerant(spec, work, cluster, tp, max_batch, load_factor=1.0):  # N+1, on section 6's p99
+        offered = dataclasses.replace(work, rate=work.rate * load_factor)
+
+        def p99(replicas):
+            return simulate_replicas(spec, cluster, offered, tp, replicas, max_batch)["p99"]
+        r = next(r for r in range(2, 33) if p99(r - 1) <= work.p99_s)
+        return {"replicas": r, "upper_all": p99(r), "upper_one_down": p99(r - 1), "max_unavailable": 1}
+    r = _ft_grade(sol16, plan_fault_tolerant=plan_fault_tolerant)
+    assert r.status == "failed" and "rests on 3 samples" in r.message, r.message
+
+
+def test_a_plan_that_ignores_the_retry_load_fails_only_where_retries_add_load(sol16):
+    ns = mutants.mutated(STEM, sol16, "plan_fault_tolerant", "rate=work.rate * load_factor", "rate=work.rate")
+    r = _ft_grade(ns)
+    assert r.status == "failed" and rules_failed(r) == ["retries that double the load"], r.message
+
+
+def test_retries_that_double_the_load_are_priced(sol16):
+    assert sol16["retry_load"](1.0, 1) == 2.0 and sol16["retry_load"](1.0, 3, None, 0.1) == pytest.approx(1.1)
+    def retries_once(p_error, max_retries, hedge_quantile=None, budget=None):
+        return 1.0 + p_error
+    r = grade(STEM, "retry_load", with_answer(sol16, retry_load=retries_once))
+    assert r.status == "failed" and "expected" in r.message, r.message
+
+
+def _first_fit(nodes, replicas, tp, gpu):
+    """Packs replicas into the first nodes with room: two per node when they fit, one rack before the next."""
+    placed = []
+    for node in nodes:
+        if node["gpu"] == gpu:
+            placed += [node["name"]] * (node["free"] // tp)
+    return placed[:replicas] if len(placed) >= replicas else None
+
+
+def _one_per_node_in_order(nodes, replicas, tp, gpu):
+    placed = [n["name"] for n in nodes if n["gpu"] == gpu and n["free"] >= tp]
+    return placed[:replicas] if len(placed) >= replicas else None
+
+
+@pytest.mark.parametrize("fn, says", [(_first_fit, "two replicas on one node"),
+                                      (_one_per_node_in_order, "spread the replicas over the racks")])
+def test_replicas_in_one_failure_domain_fail(sol16, fn, says):
+    r = grade(STEM, "place_replicas", with_answer(sol16, place_replicas=fn))
+    assert r.status == "failed" and says in r.message, r.message
+
+
+def test_the_fleet_is_heterogeneous_and_the_public_placement_spreads_over_racks(sol16):
+    fleet = make_fleet(0, racks=6, nodes_per_rack=8)
+    assert {n["gpu"] for n in fleet} == {"H100", "A100"} and len({n["free"] for n in fleet}) > 2
+    placed = sol16["place_replicas"](fleet, 13, 8, "H100")
+    assert len(set(placed)) == 13 and CHECKS._fullest_rack(fleet, placed) == 3
+
+
+# --- benchmark design and the CI gate ---------------------------------------------------------------------------
+
+def _gate_single_run(baseline, candidate):
+    """Decides on whatever runs there are: one candidate run against the baseline's noise."""
+    out = {}
+    for sku, runs in candidate.items():
+        b = torch.tensor(baseline[sku], dtype=torch.float64) if sku in baseline else None
+        if b is None:
+            out[sku] = "no_baseline"
+            continue
+        slower = sum(runs) / len(runs) - float(b.mean())
+        out[sku] = "regression" if slower > 3 * float(b.std()) / math.sqrt(len(b)) else "pass"
+    return out
+
+
+def _gate_fixed_5_percent(baseline, candidate):
+    out = {}
+    for sku, runs in candidate.items():
+        if len(baseline.get(sku, [])) < 5:
+            out[sku] = "no_baseline"
+        elif len(runs) < 5:
+            out[sku] = "rerun"
+        else:
+            b = sum(baseline[sku]) / len(baseline[sku])
+            out[sku] = "regression" if sum(runs) / len(runs) > 1.05 * b else "pass"
+    return out
+
+
+def _gate_pooled_over_skus(baseline, candidate):
+    pooled = [t for runs in baseline.values() for t in runs]  # one baseline for every SKU
+    out = {}
+    for sku, runs in candidate.items():
+        if len(runs) < 5:
+            out[sku] = "rerun"
+            continue
+        b, c = torch.tensor(pooled, dtype=torch.float64), torch.tensor(runs, dtype=torch.float64)
+        slower = float(c.mean() - b.mean())
+        noise = 3 * math.sqrt(float(b.var()) / len(b) + float(c.var()) / len(c))
+        out[sku] = "regression" if slower > noise and slower > 0.01 * float(b.mean()) else "pass"
+    return out
+
+
+@pytest.mark.parametrize("fn, says", [(_gate_single_run, "one run is noise"),
+                                      (_gate_fixed_5_percent, "a fixed 5% threshold"),
+                                      (_gate_pooled_over_skus, "its own baseline")])
+def test_a_wrong_ci_gate_is_named(sol16, fn, says):
+    r = grade(STEM, "ci_gate", with_answer(sol16, ci_gate=fn))
+    assert r.status == "failed" and any(says in c.message for c in r.cases), r.message
+
+
+def test_a_fixed_threshold_fails_both_ways(sol16):
+    r = grade(STEM, "ci_gate", with_answer(sol16, ci_gate=_gate_fixed_5_percent))
+    assert {"a real regression on a quiet SKU", "a shift within a noisy SKU's noise"} <= set(rules_failed(r))
+
+
+def test_a_benchmark_review_that_misses_a_rule_is_named(sol16):
+    def lenient(design):  # checks the stages but trusts any report
+        return [p for p in sol16["benchmark_problems"](design) if p != "repeats_with_ci"]
+    r = grade(STEM, "benchmark_design", with_answer(sol16, benchmark_problems=lenient))
+    assert r.status == "failed" and "It misses: repeats_with_ci" in r.message, r.message
+
+
+def test_an_unfair_design_of_your_own_fails(sol16):
+    def fair_benchmark(cpu_cores):
+        return dict(sol16["fair_benchmark"](cpu_cores), timed=["compute"], cpu_threads=1)
+    r = grade(STEM, "benchmark_design", with_answer(sol16, fair_benchmark=fair_benchmark))
+    assert r.status == "failed" and "breaks ['end_to_end', 'tuned_baseline']" in r.message, r.message
+
+
+
+def test_the_bound_needs_299_samples_and_is_the_maximum_of_300(sol16):
+    """1 - 0.99^n >= 0.95 first holds at n = 299: below it no sample bounds the p99; at 300 only the maximum does."""
+    xs = [float(i) for i in range(1, 2001)]
+    assert sol16["p99_upper_bound"](xs[:298]) == math.inf == CHECKS.ref_p99_upper_bound(xs[:298])[0]
+    assert sol16["p99_upper_bound"](xs[:299]) == 299.0 and sol16["p99_upper_bound"](xs[:300]) == 300.0
+    assert 1980 < sol16["p99_upper_bound"](xs) == CHECKS.ref_p99_upper_bound(xs)[0] < 2000

@@ -1,11 +1,14 @@
 """Checks of lab 16, the capstone: a training planner (memory per GPU by ZeRO stage and recomputation, a modelled step
 time with the bubble and the alpha-beta collectives, feasibility, the layout search) checked against the published
-GPT-3 175B and Llama 3 405B layouts, and its mixture-of-experts extension (EP inside DP: experts' memory over ep,
-the all-to-alls, EP's rules, EP in the search); serving capacity (weights and KV cache per GPU, a 175B deployment at
-100 requests/s judged by a queueing simulation, 7B on 4 GPUs, ResNet-152 batching, a slow deployment's per-rank
-profile); reliability (Young/Daly, a ZeRO re-shard, stragglers and hangs, a diverging run) and an MLOps checklist
-with a canary decision. Wrong answers are named by the mistake they match. Hidden cases: one per rule, the same rules
-on every seed, named by their inputs alone and shuffled (grader.kit.neutral).
+145.6B GPT (Megatron-LM) and Llama 3 405B layouts, and its mixture-of-experts extension (EP inside DP: experts'
+memory over ep, the all-to-alls, EP's rules, EP in the search); serving capacity (weights and KV cache per GPU, a
+175B deployment at 100 requests/s judged by a queueing simulation, 7B on 4 GPUs, ResNet-152 batching, a slow
+deployment's per-rank profile); reliability (Young/Daly, a ZeRO re-shard, stragglers and hangs, a diverging run) and
+an MLOps checklist with a canary decision; fault-tolerant serving (a confidence bound on a simulated p99, the load of
+retries and hedges, N+1 replicas on the bound with rolling upgrades, failure domains on a mixed fleet, failover and
+draining) and performance engineering practice (a fair CPU vs GPU benchmark design, a noise-aware per-SKU CI gate).
+Wrong answers are named by the mistake they match. Hidden cases: one per rule, the same rules on every seed, named by
+their inputs alone and shuffled (grader.kit.neutral).
 """
 from __future__ import annotations
 
@@ -17,14 +20,18 @@ from functools import lru_cache
 import torch
 
 from gpulab.bench import percentile
+from gpulab.perfci import BENCH_RULES, DESIGN_FIELDS, MIN_EFFECT, MIN_RUNS, SKU_NOISE, STAGES, make_runs
 from gpulab.planning import (
     CLUSTERS,
     GPT3_175B,
+    GPT3_175B_ASSUMED,
     LLAMA3_405B,
     MIXTRAL_8X7B,
     PUBLISHED,
     SERVE_175B,
     SERVE_UTILISATION,
+    TAIL_CONFIDENCE,
+    TAIL_SAMPLES,
     Cluster,
     Layout,
     MoESpec,
@@ -33,6 +40,8 @@ from gpulab.planning import (
     fcfs_pool,
     group_link,
     kv_bytes_per_token,
+    make_fleet,
+    replica_latencies,
     replica_step_time,
     ring_allreduce_time,
     simulate_replicas,
@@ -315,7 +324,7 @@ def _with_control(case: Case, layout: Layout, cluster: Cluster) -> Case:
 
 
 def _layout_problems_cases(gen, public):
-    gpt3_spec, seq, batch, a100, gpt3_layout, _ = PUBLISHED["GPT-3 175B (Megatron-LM)"]
+    gpt3_spec, seq, batch, a100, gpt3_layout, _ = GPT3_175B_ASSUMED
     across = Layout(8, 16, 8, 1, 1, True)  # TP=16 over nodes of 8: never feasible
     if public:
         gpt3 = (GPT3_175B, 2048, 1536, A100)
@@ -435,8 +444,8 @@ def _plan_training_cases(gen, public):
         return [case("a published run", name, spec, seq, batch, cl, lay)
                 for name, (spec, seq, batch, cl, lay, _) in PUBLISHED.items()]
     spec = choice(gen, (MODELS["Llama-2-70B"], MODELS["Llama-2-13B"]))
-    gpt3 = PUBLISHED["GPT-3 175B (Megatron-LM)"]
-    return [case("a published run", "GPT-3 175B", *gpt3[:4], gpt3[4]),
+    gpt = PUBLISHED["GPT 145.6B (Megatron-LM)"]
+    return [case("a published run", "GPT 145.6B", *gpt[:4], gpt[4]),
             case("a mid-size model", spec.name, spec, 4096, 64 * randint(gen, 4, 16), H100.with_gpus(
                 choice(gen, (64, 128, 256)))),
             # 3 x 2^k GPUs and a batch of 2^k sequences: only a pipeline of 3, 6 or 12 stages takes the factor 3
@@ -1565,6 +1574,571 @@ def _mlops_judge(case, obs):
             "wait; an SLO, error-rate (over 3 standard errors) or drift (PSI >= 0.25) breach: rollback; else promote.")
 
 
+# --- 15. fault-tolerant serving --------------------------------------------------------------------------------
+
+def ref_p99_upper_bound(latencies, confidence: float = TAIL_CONFIDENCE) -> tuple[float, int, float]:
+    """(the distribution-free upper confidence bound on the p99, its rank k, an also-accepted value): x_(k) for the
+    least k with P(Binomial(n, 0.99) <= k - 1) >= confidence, or (inf, 0, inf) when no sample is one. Where that
+    probability at k - 1 falls within 1e-9 under the confidence, x_(k-1) is accepted too (a sum in another order
+    may land a hair over)."""
+    xs, n, q = sorted(latencies), len(latencies), 0.99
+    covered = 0.0
+    for k in range(1, n + 1):
+        i = k - 1
+        covered += math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                            + i * math.log(q) + (n - i) * math.log1p(-q))
+        if covered >= confidence - 1e-9:
+            if covered < confidence:  # a borderline rank: k + 1 by this sum, k by one a hair over
+                return (xs[k] if k < n else math.inf), k + 1, xs[k - 1]
+            return xs[k - 1], k, xs[k - 1]
+    return math.inf, 0, math.inf
+
+
+def _latency_sample(gen, n: int) -> list[float]:
+    """``n`` latencies (s) with a heavy tail: a lognormal body, every 50th request 2-4x slower (a long prompt)."""
+    body = torch.exp(torch.randn(n, generator=gen, dtype=torch.float64) * 0.3 - 1.2)  # (n,) around 0.3 s
+    slow = 1 + (torch.rand(n, generator=gen, dtype=torch.float64) < 0.02) * (1 + 2 * torch.rand(n, generator=gen))
+    return [round(float(v), 6) for v in body * slow]
+
+
+def _p99_upper_bound_cases(gen, public):
+    def case(rule, n, confidence):
+        return Case(f"{rule}: {n} latencies, confidence {confidence}",
+                    dict(latencies=_latency_sample(gen, n), confidence=confidence))
+
+    if public:
+        return [case("too few samples for a bound", 200, 0.95), case("just enough samples", 300, 0.95),
+                case("a tail of many samples", 2000, 0.95)]
+    return [case("too few samples for a bound", randint(gen, 20, 298), 0.95),
+            case("just enough samples", randint(gen, 300, 400), 0.95),
+            case("a tail of many samples", randint(gen, 1500, 4000), choice(gen, (0.9, 0.95))),
+            case("a high confidence", randint(gen, 800, 3000), 0.99)]
+
+
+def _p99_upper_bound_judge(case, obs):
+    x, got = case.inputs, obs["got"]
+    if not isinstance(got, float):
+        return f"p99_upper_bound must return a float (math.inf when no sample is a bound), got {got!r}."
+    want, k, also = ref_p99_upper_bound(x["latencies"], x["confidence"])
+    if got in (want, also):
+        return None
+    xs, n = sorted(x["latencies"]), len(x["latencies"])
+    p99 = percentile(xs, 99)
+    message = f"p99_upper_bound = {got:.6g} s, expected {want:.6g} s for {case.name}."
+    if want == math.inf:
+        return (message + f" With {n} samples even the slowest is below the true p99 with probability 0.99^{n} = "
+                f"{0.99 ** n:.3f} > 1 - {x['confidence']}: no sample bounds the p99, return math.inf (simulate more "
+                "requests).")
+    if close(got, p99, 1e-9):
+        return (message + f" Yours is the sample p99, {n - math.ceil(0.99 * n)} samples from the top: it is "
+                "below the true p99 about half the time. Take the order statistic x_(k) whose rank k covers the "
+                "true p99 with the confidence asked.")
+    rank = [i + 1 for i, v in enumerate(xs) if v == got]
+    return (message + f" That is the sample of rank {rank[0] if rank else '(none)'}, the bound is rank {k} of {n}: the "
+            "least k with P(Binomial(n, 0.99) <= k - 1) >= confidence.")
+
+
+def ref_retry_load(p_error, max_retries, hedge_quantile=None, budget=None, *, bug: str = "") -> float:
+    """Attempts per request: retries 1 + p + ... + p^r, hedges 1 - q more, a budget capping the total at 1 + b."""
+    attempts = 1 + max_retries * p_error if bug == "linear" else sum(p_error ** i for i in range(max_retries + 1))
+    if hedge_quantile is not None:
+        attempts += hedge_quantile if bug == "hedge q" else 1 - hedge_quantile
+    if budget is not None and bug != "no budget":
+        attempts = min(attempts, 1 + budget)
+    return attempts
+
+
+_RETRY_VARIANTS = (("linear", "1 + r p: a retry can fail too, so the attempts are 1 + p + p^2 + ... + p^r"),
+                   ("hedge q", "a hedge for q of the requests: only those slower than the q-quantile, 1 - q, get one"),
+                   ("no budget", "no retry budget: it caps the extra attempts at budget x the requests"))
+
+
+def _retry_load_cases(gen, public):
+    def case(rule, p, r, q=None, b=None):
+        return Case(f"{rule}: p_error {p}, {r} retries, hedge at {q}, budget {b}",
+                    dict(p_error=p, max_retries=r, hedge_quantile=q, budget=b))
+
+    if public:
+        return [case("retries on rare failures", 0.05, 3), case("an outage with one retry", 1.0, 1),
+                case("hedged at the p95", 0.01, 2, 0.95), case("a budget in an outage", 1.0, 3, None, 0.1)]
+    return [case("retries on rare failures", round(uniform(gen, 0.01, 0.3), 3), randint(gen, 2, 5)),
+            case("an outage with one retry", 1.0, 1),
+            case("hedged at a quantile", round(uniform(gen, 0.0, 0.05), 3), randint(gen, 1, 3),
+                 choice(gen, (0.9, 0.95, 0.99))),
+            case("a budget in an outage", 1.0, randint(gen, 2, 4), choice(gen, (0.9, 0.95)),
+                 choice(gen, (0.05, 0.1, 0.2)))]
+
+
+def _retry_load_judge(case, obs):
+    x, got = case.inputs, obs["got"]
+    if not isinstance(got, float):
+        return f"retry_load must return a float, got {got!r}."
+    want = ref_retry_load(**x)
+    if close(got, want, 1e-9):
+        return None
+    message = (f"retry_load = {got:.6g} attempts per request, expected {want:.6g} for {case.name}: retries 1 + p + "
+               "... + p^max_retries, a hedge for the 1 - q slowest, the budget capping the total at 1 + budget.")
+    return diagnose(message, got, [(label, lambda bug=bug: ref_retry_load(**x, bug=bug)) for bug, label in
+                                   _RETRY_VARIANTS], lambda g, w: close(g, w, 1e-9), _YOURS)
+
+
+MAX_FT_REPLICAS = 32
+
+
+def _upper(spec, cluster, work, tp, replicas, max_batch, n_requests=TAIL_SAMPLES) -> float:
+    return ref_p99_upper_bound(replica_latencies(spec, cluster, work, tp, replicas, max_batch,
+                                                 n_requests=n_requests))[0]
+
+
+@lru_cache(maxsize=16)
+def ref_plan_fault_tolerant(spec, work, cluster, tp, max_batch) -> int:
+    """The fewest replicas (bisection in 2..MAX_FT_REPLICAS) whose p99 upper bound meets the target with one down;
+    ``work.rate`` already holds the load factor."""
+    lo, hi = 2, MAX_FT_REPLICAS
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _upper(spec, cluster, work, tp, mid - 1, max_batch) <= work.p99_s else (mid + 1, hi)
+    return lo
+
+
+def _plan_fault_tolerant_cases(gen, public):
+    def case(rule, spec, work, tp, max_batch, factor):
+        return Case(f"{rule}: {spec.name} at {work.rate:g} requests/s x {factor:g} load, prompts {work.prompt_len}, "
+                    f"outputs {work.new_tokens}, p99 < {work.p99_s:g} s, TP={tp}, max_batch {max_batch}",
+                    dict(spec=RUN._plain(spec), work=RUN._plain(work), cluster=RUN._plain(H100.with_gpus(512)), tp=tp,
+                         max_batch=max_batch, load_factor=factor))
+
+    if public:
+        return [case("the interview's case", GPT3_175B, SERVE_175B, 8, 256, 1.0),
+                case("retries that double the load", GPT3_175B, dataclasses.replace(SERVE_175B, rate=50.0), 8, 256,
+                     2.0)]
+    rate = float(choice(gen, (60, 80, 120)))
+    return [case("175B at another rate", GPT3_175B, dataclasses.replace(SERVE_175B, rate=rate), 8, 256,
+                 choice(gen, (1.0, 1.05, 1.1))),
+            case("retries that double the load", GPT3_175B, dataclasses.replace(SERVE_175B, rate=rate / 2), 8, 256,
+                 2.0),
+            case("a 70B model in fp16", MODELS["Llama-2-70B"], Workload(float(choice(gen, (20, 30))), (128, 1024),
+                                                                        (8, 32), 1.0, 2.0, 2.0), 4, 64, 1.0)]
+
+
+def _plan_fault_tolerant_judge(case, obs):
+    x, got = case.inputs, obs["plan"]
+    keys = ("replicas", "upper_all", "upper_one_down", "max_unavailable")
+    if not isinstance(got, dict) or not all(k in got for k in keys) or not isinstance(got["replicas"], int) or \
+            not isinstance(got["max_unavailable"], int) or not 2 <= got["replicas"] <= MAX_FT_REPLICAS:
+        return (f"plan_fault_tolerant must return {{'replicas': int in 2..{MAX_FT_REPLICAS}, 'upper_all': float, "
+                f"'upper_one_down': float, 'max_unavailable': int}}, got {got}.")
+    spec, cluster, tp, batch = RUN._spec(x["spec"]), RUN._cluster(x["cluster"]), x["tp"], x["max_batch"]
+    work = RUN._work(x["work"])
+    offered = dataclasses.replace(work, rate=work.rate * x["load_factor"])
+    r = got["replicas"]
+
+    def upper(n, w=offered):  # the p99 upper bound of n replicas at load w
+        return _upper(spec, cluster, w, tp, n, batch)
+
+    if upper(r - 1) > work.p99_s:
+        message = (f"plan_fault_tolerant: {r} replicas for {case.name}; with one down the other {r - 1} take the whole "
+                   f"load and their p99 upper bound ({TAIL_SAMPLES} requests, {TAIL_CONFIDENCE:.0%} confidence) is "
+                   f"{upper(r - 1):.3f} s, over the {work.p99_s:g} s target.")
+        reported = got["upper_one_down"]
+        short = simulate_replicas(spec, cluster, offered, tp, r - 1, batch)["p99"]
+        sample = percentile(replica_latencies(spec, cluster, offered, tp, r - 1, batch, n_requests=TAIL_SAMPLES), 99)
+        if isinstance(reported, float) and (close(reported, short, 1e-9) or close(reported, sample, 1e-9)):
+            message += (f" Yours judged it by a sample p99 ({reported:.3f} s): the p99 of 300 simulated requests rests "
+                        "on 3 samples, and even that of TAIL_SAMPLES is below the true p99 half the time. Judge the "
+                        "plan by p99_upper_bound of TAIL_SAMPLES requests.")
+        elif x["load_factor"] > 1 and isinstance(reported, float) and close(reported, upper(r - 1, work), 1e-9):
+            message += (f" It would meet it at {work.rate:g} requests/s: size the replicas for rate x load_factor "
+                        f"({x['load_factor']:g}), the attempts retries and hedges send.")
+        elif upper(r) <= work.p99_s:
+            message += (" With all of them up it meets the target: the plan has no spare replica. Size it N+1: the "
+                        "target must hold with replicas - 1.")
+        return message
+    best = ref_plan_fault_tolerant(spec, offered, cluster, tp, batch)
+    if r > SERVE_SLACK * best:
+        return (f"plan_fault_tolerant uses {r} replicas; {best} already meet p99 < {work.p99_s:g} s with one down "
+                f"for {case.name}. Search for the fewest.")
+    for key, n in (("upper_all", r), ("upper_one_down", r - 1)):
+        want = upper(n)
+        if not isinstance(got[key], float) or not close(got[key], want, 1e-9):
+            message = (f"plan_fault_tolerant: {key} = {got[key]!r}, expected {want:.6g} s, the p99 upper bound of "
+                       f"{n} replicas for {case.name} (p99_upper_bound of replica_latencies(..., n_requests="
+                       f"{TAIL_SAMPLES}) at rate x load_factor).")
+            if isinstance(got[key], float) and close(got[key], percentile(replica_latencies(
+                    spec, cluster, offered, tp, n, batch, n_requests=TAIL_SAMPLES), 99), 1e-9):
+                message += " Yours is the sample p99: report the upper bound."
+            return message
+    unavailable = 1
+    while unavailable + 1 < r and upper(r - unavailable - 1) <= work.p99_s:
+        unavailable += 1
+    if got["max_unavailable"] != unavailable:
+        message = (f"plan_fault_tolerant: max_unavailable = {got['max_unavailable']}, expected {unavailable} for "
+                   f"{r} replicas ({case.name}).")
+        if got["max_unavailable"] > unavailable:
+            message += (f" A rolling upgrade that takes {got['max_unavailable']} out leaves "
+                        f"{r - got['max_unavailable']} replicas, whose p99 upper bound is "
+                        f"{upper(r - got['max_unavailable']):.3f} s: it drops below the target for the whole upgrade.")
+        else:
+            message += " Count how many can be out at once with the target still met (every v in 1..u)."
+        return message
+    return None
+
+
+def ref_place_replicas(nodes, replicas, tp, gpu) -> list | None:
+    """Replicas spread over the eligible nodes (right GPU, tp free), one per node, the emptiest rack first."""
+    racks = {}
+    for node in nodes:
+        if node["gpu"] == gpu and node["free"] >= tp:
+            racks.setdefault(node["rack"], []).append(node["name"])
+    placed, used = [], dict.fromkeys(racks, 0)
+    for _ in range(replicas):
+        open_racks = [r for r in racks if used[r] < len(racks[r])]
+        if not open_racks:
+            return None
+        rack = min(open_racks, key=lambda r: used[r])
+        placed.append(racks[rack][used[rack]])
+        used[rack] += 1
+    return placed
+
+
+def _fullest_rack(nodes, names) -> int:
+    rack = {n["name"]: n["rack"] for n in nodes}
+    counts = {}
+    for name in names:
+        counts[rack[name]] = counts.get(rack[name], 0) + 1
+    return max(counts.values(), default=0)
+
+
+def _eligible(nodes, tp, gpu) -> int:
+    return sum(n["gpu"] == gpu and n["free"] >= tp for n in nodes)
+
+
+def _place_replicas_cases(gen, public):
+    def case(rule, seed, racks, per_rack, replicas, tp, gpu):
+        nodes = make_fleet(seed, racks, per_rack)
+        return Case(f"{rule}: {replicas} replicas of TP={tp} on {gpu} over {racks} racks of {per_rack} nodes",
+                    dict(nodes=nodes, replicas=replicas, tp=tp, gpu=gpu, control=None))
+
+    def too_many(seed, gpu):
+        """One replica more than the fleet's eligible nodes, with a control of as many as it holds: an answer that
+        always says None fails the control."""
+        while _eligible(make_fleet(seed, 2, 4), 8, gpu) < 2:
+            seed += 1
+        fits = _eligible(make_fleet(seed, 2, 4), 8, gpu)
+        out = case("more replicas than nodes", seed, 2, 4, fits + 1, 8, gpu)
+        return dataclasses.replace(out, inputs=dict(out.inputs, control=fits))
+
+    if public:
+        return [case("whole nodes", 0, 6, 8, 13, 8, "H100"), case("half nodes", 3, 4, 4, 6, 4, "A100"),
+                too_many(1, "H100")]
+    seed = randint(gen, 0, 10_000)
+    return [case("whole nodes", seed, 6, 8, randint(gen, 6, 10), 8, "H100"),
+            case("half nodes", seed + 1, 4, 6, randint(gen, 4, 8), choice(gen, (2, 4)), "A100"),
+            case("racks of different sizes", seed + 2, 3, 8, randint(gen, 5, 8), 4, "H100"),
+            too_many(seed + 3, choice(gen, ("H100", "A100")))]
+
+
+def _place_replicas_judge(case, obs):
+    x = case.inputs
+    if ref_place_replicas(x["nodes"], x["replicas"], x["tp"], x["gpu"]) is None:
+        if obs["got"] is not None:
+            return (f"place_replicas: the fleet of {case.name} has {_eligible(x['nodes'], x['tp'], x['gpu'])} "
+                    f"{x['gpu']} nodes with {x['tp']} free GPUs, fewer than {x['replicas']} replicas: return None, "
+                    f"got {obs['got']}.")
+        return _judge_placement(case, x["nodes"], x["control"], x["tp"], x["gpu"], obs["control"])
+    return _judge_placement(case, x["nodes"], x["replicas"], x["tp"], x["gpu"], obs["got"])
+
+
+def _judge_placement(case, nodes, replicas, tp, gpu, got) -> str | None:
+    """What is wrong with ``got``, a placement of ``replicas`` replicas the fleet can hold, or None."""
+    if not isinstance(got, list) or len(got) != replicas:
+        return f"place_replicas must return a list of {replicas} node names for {case.name}, got {got!r}."
+    by_name = {n["name"]: n for n in nodes}
+    for name in got:
+        node = by_name.get(name)
+        if node is None:
+            return f"place_replicas placed a replica on {name!r}, which is not a node of the fleet."
+        if node["gpu"] != gpu:
+            return (f"place_replicas put a {gpu} replica on {name}, a {node['gpu']} node: a replica's weights and "
+                    f"kernels are built for one GPU kind; place it on {gpu} nodes only.")
+        if node["free"] < tp:
+            return (f"place_replicas put a replica of TP={tp} on {name}, which has {node['free']} free GPUs: a "
+                    "replica lives inside one node (its all-reduces on NVLink) with tp free GPUs.")
+    if len(set(got)) < len(got):
+        twice = sorted({name for name in got if got.count(name) > 1})
+        return (f"place_replicas puts two replicas on one node ({', '.join(twice)}): one node failure would take "
+                "both, and N+1 covers one. One replica per node.")
+    fullest, least = _fullest_rack(nodes, got), _fullest_rack(nodes, ref_place_replicas(nodes, replicas, tp, gpu))
+    if fullest > least:
+        return (f"place_replicas puts {fullest} replicas in one rack, where {least} is possible for {case.name}: a "
+                "rack (its switch, its power) fails as one, so spread the replicas over the racks, the emptiest "
+                "rack first.")
+    return None
+
+
+def ref_failover_cost(spec, cluster, work, tp, in_flight, health, rate_per_replica, *, bug: str = "") -> dict:
+    """Detection after ``failures`` probes, the requests misrouted meanwhile, the caches rebuilt by prefill
+    (prompt and generated tokens, compute-bound), the worst request's delay, and a planned drain's time."""
+    def prefill(tokens):
+        if bug == "prefill memory-bound":
+            return spec.n_params * work.weight_bytes / (tp * cluster.hbm_bytes_per_s)
+        return 2 * spec.n_params * tokens / (tp * cluster.peak_flops * cluster.mfu)
+
+    detect = health["interval_s"] * (1 if bug == "one probe" else health["failures"])
+    contexts = [p if bug == "prompt only" else p + g for p, g, _ in in_flight]
+    step = replica_step_time(spec, tp, cluster, work, 0, len(in_flight))
+    left = [new if bug == "drain whole output" else new - g for _, g, new in in_flight]
+    return {"detect_s": detect, "misrouted": rate_per_replica * detect, "reprefill_s": prefill(sum(contexts)),
+            "worst_added_s": detect + prefill(max(contexts)), "drain_s": max(left) * step}
+
+
+_FAILOVER_HINTS = {
+    "detect_s": "interval_s x failures: the balancer marks a replica down after that many failed probes in a row.",
+    "misrouted": "rate_per_replica x detect_s: its share keeps coming until it is marked down.",
+    "reprefill_s": "2 x n_params x (prompt + generated tokens, summed over the in-flight requests) / (tp x peak_flops "
+                   "x mfu).",
+    "worst_added_s": "detect_s + the re-prefill of the longest context (prompt + generated).",
+    "drain_s": "max(max_new_tokens - generated) decode steps of replica_step_time(spec, tp, cluster, work, 0, "
+               "len(in_flight)).",
+    "_variants": (("one probe", "detection after one failed probe: the balancer waits for `failures` in a row"),
+                  ("prompt only", "the prompt alone: the generated tokens' keys and values died with the cache too"),
+                  ("prefill memory-bound", "prefill as memory-bound: a prompt's tokens share each weight read, so "
+                   "its FLOPs set the time"),
+                  ("drain whole output", "the whole output: a drained request only finishes its remaining tokens")),
+}
+
+
+def _failover_cost_cases(gen, public):
+    def case(rule, spec, work, tp, n, health, rate):
+        in_flight = [(r.prompt_len, r.max_new_tokens // 2, r.max_new_tokens)
+                     for r in make_trace(randint(gen, 0, 10_000), n, 1.0, work.prompt_len, work.new_tokens)]
+        return Case(f"{rule}: {spec.name}, TP={tp}, {n} requests in flight, probes every {health['interval_s']} s, "
+                    f"down after {health['failures']}, {rate:g} requests/s per replica",
+                    dict(spec=RUN._plain(spec), cluster=RUN._plain(H100.with_gpus(512)), work=RUN._plain(work), tp=tp,
+                         in_flight=in_flight, health=health, rate_per_replica=rate))
+
+    if public:
+        return [case("the interview's case", GPT3_175B, SERVE_175B, 8, 32, {"interval_s": 1.0, "failures": 3}, 8.0),
+                case("a 70B model", MODELS["Llama-2-70B"], Workload(20.0, (128, 1024), (8, 32), 1.0, 2.0, 2.0), 4, 16,
+                     {"interval_s": 5.0, "failures": 2}, 4.0)]
+    return [case("175B", GPT3_175B, SERVE_175B, 8, randint(gen, 8, 64),
+                 {"interval_s": choice(gen, (0.5, 1.0, 2.0)), "failures": randint(gen, 2, 5)},
+                 float(randint(gen, 4, 12))),
+            case("a 70B model", MODELS["Llama-2-70B"], Workload(20.0, (128, 1024), (8, 32), 1.0, 2.0, 2.0),
+                 choice(gen, (4, 8)), randint(gen, 4, 32), {"interval_s": choice(gen, (2.0, 5.0)),
+                                                            "failures": randint(gen, 2, 4)}, float(randint(gen, 2, 8)))]
+
+
+def _failover_cost_judge(case, obs):
+    x = case.inputs
+    args = (RUN._spec(x["spec"]), RUN._cluster(x["cluster"]), RUN._work(x["work"]), x["tp"],
+            [tuple(r) for r in x["in_flight"]], x["health"], x["rate_per_replica"])
+    return _judge_numbers("failover_cost", obs["got"], ref_failover_cost(*args),
+                          lambda bug: ref_failover_cost(*args, bug=bug), _FAILOVER_HINTS, case)
+
+
+# --- 16. benchmark design and performance CI --------------------------------------------------------------------
+
+def ref_benchmark_problems(design: dict) -> list[str]:
+    """The BENCH_RULES a design breaks, sorted."""
+    broken = {"time_to_accuracy": design["metric"] != "time_to_accuracy",
+              "end_to_end": not set(STAGES) <= set(design["timed"]),
+              "tuned_baseline": design["cpu_library"] != "tuned" or design["cpu_threads"] < design["cpu_cores"],
+              "same_data": design["data"]["cpu"] != design["data"]["gpu"],
+              "same_hyperparameters": design["hparams"]["cpu"] != design["hparams"]["gpu"],
+              "repeats_with_ci": design["repeats"] < MIN_RUNS or design["report"] != "mean_with_ci",
+              "cost": not design["cost"]}
+    return sorted(rule for rule, bad in broken.items() if bad)
+
+
+_WORKLOADS = ({"data": "criteo-1tb", "hparams": {"batch": 512, "lr": 0.2, "max_epochs": 40}, "repeats": 10},
+              {"data": "imagenet-1k", "hparams": {"batch": 256, "lr": 0.1, "max_epochs": 90}, "repeats": 6})
+
+
+def _fair_template(cores: int, workload: int = 0) -> dict:
+    """A design that breaks no rule; ``workload`` 1 differs from 0 in every field a rule leaves free."""
+    w = _WORKLOADS[workload]
+    return {"metric": "time_to_accuracy", "timed": list(STAGES if workload == 0 else reversed(STAGES)),
+            "cpu_library": "tuned", "cpu_threads": cores + 16 * workload, "cpu_cores": cores + 16 * workload,
+            "data": {"cpu": w["data"], "gpu": w["data"]}, "hparams": {"cpu": dict(w["hparams"]),
+                                                                      "gpu": dict(w["hparams"])},
+            "repeats": w["repeats"], "report": "mean_with_ci", "cost": True}
+
+
+def _unfair(gen, rule: str, cores: int, workload: int = 0) -> dict:
+    """The fair template with the mistake a published comparison makes against ``rule``."""
+    d = _fair_template(cores, workload)
+    if rule == "time_to_accuracy":
+        d["metric"] = choice(gen, ("time_per_epoch", "peak_throughput"))
+    elif rule == "end_to_end":
+        d["timed"] = choice(gen, (["compute"], ["compute", "device_to_host"], ["data_loading", "compute"]))
+    elif rule == "tuned_baseline":
+        d.update(choice(gen, ({"cpu_threads": 1}, {"cpu_library": "naive"}, {"cpu_threads": cores // 2})))
+    elif rule == "same_data":
+        d["data"] = dict(d["data"], gpu=d["data"]["cpu"] + "-subsample-10pct")
+    elif rule == "same_hyperparameters":
+        d["hparams"]["gpu"] = dict(d["hparams"]["gpu"], **choice(gen, ({"batch": 8192}, {"max_epochs": 20},
+                                                                       {"lr": 1.6})))
+    elif rule == "repeats_with_ci":
+        d.update(choice(gen, ({"repeats": 1, "report": "single_run"}, {"report": "best_run"},
+                              {"repeats": MIN_RUNS - 2}, {"report": "mean"})))
+    elif rule == "cost":
+        d["cost"] = False
+    return d
+
+
+def _benchmark_design_cases(gen, public):
+    cores = choice(gen, (32, 64, 96))
+
+    def review(rule, design):
+        """The design, and a control of the other verdict on another workload (no near copy of the design, whose
+        differences would point at the broken rule): an answer that always flags nothing, or always the same
+        rules, fails every review."""
+        control = _fair_template(cores, 1)
+        if rule.startswith("a fair"):
+            control = _unfair(gen, choice(gen, list(BENCH_RULES)), cores, 1)
+        return Case(f"{rule}: a design to review", dict(design=design, control=control))
+
+    cases = [Case(f"a fair design of your own: {cores} CPU cores", dict(cores=cores))]
+    rules = list(BENCH_RULES)
+    if public:
+        return cases + [review(f"one unfair choice ({rule})", _unfair(gen, rule, cores))
+                        for rule in ("end_to_end", "tuned_baseline", "repeats_with_ci")] + [
+            review("a typical published speed-up", dict(_fair_template(cores), metric="time_per_epoch",
+                                                        timed=["compute"], cpu_threads=1, repeats=1,
+                                                        report="best_run", cost=False))]
+    cases += [review(f"one unfair choice ({rule})", _unfair(gen, rule, cores)) for rule in rules]
+    two = torch.randperm(len(rules), generator=gen)[:2].tolist()
+    design = _unfair(gen, rules[two[0]], cores)
+    other = _unfair(gen, rules[two[1]], cores)
+    design.update({k: v for k, v in other.items() if v != _fair_template(cores)[k]})
+    return cases + [review("two unfair choices", design), review("a fair design", _fair_template(cores))]
+
+
+def _benchmark_design_judge(case, obs):
+    x = case.inputs
+    if "cores" in x:
+        return _judge_fair_design(x["cores"], obs["got"])
+    return _judge_review(case, x["design"], obs["got"]) or _judge_review(case, x["control"], obs["control"])
+
+
+def _judge_fair_design(cores: int, got) -> str | None:
+    if not isinstance(got, dict) or not set(DESIGN_FIELDS) <= set(got):
+        missing = sorted(set(DESIGN_FIELDS) - set(got)) if isinstance(got, dict) else list(DESIGN_FIELDS)
+        return f"fair_benchmark({cores}) must return a dict of every DESIGN_FIELDS key; missing {missing}."
+    try:
+        broken = ref_benchmark_problems(got)
+    except (KeyError, TypeError) as exc:
+        return f"fair_benchmark({cores}) returned a design its fields cannot be read from ({exc!r}): {got}."
+    if broken:
+        return f"fair_benchmark({cores}) breaks {broken}: " + "; ".join(BENCH_RULES[r] for r in broken) + "."
+    return None
+
+
+def _judge_review(case, design: dict, got) -> str | None:
+    if not isinstance(got, list):
+        return f"benchmark_problems must return a sorted list of BENCH_RULES ids, got {got!r}."
+    want = ref_benchmark_problems(design)
+    if sorted(got) == want:
+        return None
+    missed, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    message = f"benchmark_problems = {got}, expected {want} for {case.name}."
+    if missed:
+        message += " It misses: " + "; ".join(f"{r} ({BENCH_RULES[r]})" for r in missed) + "."
+    if extra:
+        message += f" The design keeps {extra}: flag only the rules it breaks."
+    return message
+
+
+def _slower_and_noise(base: list, runs: list) -> tuple[float, float, float]:
+    """(m_c - m_b, 3 standard errors of that difference, m_b): sample means and variances (n - 1)."""
+    b, c = torch.tensor(base, dtype=torch.float64), torch.tensor(runs, dtype=torch.float64)
+    return float(c.mean() - b.mean()), 3 * math.sqrt(float(b.var()) / len(b) + float(c.var()) / len(c)), float(b.mean())
+
+
+def ref_ci_gate(baseline: dict, candidate: dict) -> dict:
+    """Per candidate SKU: no_baseline, rerun, regression (over 3 standard errors and MIN_EFFECT) or pass."""
+    verdicts = {}
+    for sku, runs in candidate.items():
+        base = baseline.get(sku, [])
+        if len(base) < MIN_RUNS:
+            verdicts[sku] = "no_baseline"
+        elif len(runs) < MIN_RUNS:
+            verdicts[sku] = "rerun"
+        else:
+            slower, noise, mean = _slower_and_noise(base, runs)
+            verdicts[sku] = "regression" if slower > noise and slower > MIN_EFFECT * mean else "pass"
+    return verdicts
+
+
+_SKU_MEANS = {"H100": 0.8, "A100": 1.6, "L4": 4.0}  # seconds per benchmark run, an example
+
+
+def _ci_gate_cases(gen, public):
+    def runs(sku, shift=0.0, n=10, cv=None, mean=None):
+        return make_runs(randint(gen, 0, 10**6), (mean or _SKU_MEANS[sku]) * (1 + shift), cv or SKU_NOISE[sku], n)
+
+    def case(rule, candidate, baseline=None):
+        baseline = baseline or {sku: runs(sku) for sku in _SKU_MEANS}
+        return Case(f"{rule}: candidate runs on {sorted(candidate)}", dict(baseline=baseline, candidate=candidate))
+
+    n = randint(gen, 8, 12)
+    cases = [
+        case("no change on any SKU", {sku: runs(sku, 0.0, n) for sku in _SKU_MEANS}),
+        # 3% on a 1%-noise SKU: beyond 3 standard errors (about 1.3%) and 1%; a fixed 5% passes it
+        case("a real regression on a quiet SKU", {"H100": runs("H100", uniform(gen, 0.025, 0.035), n)}),
+        # 6-7% on an 8%-noise SKU: within 3 standard errors (about 10%); a fixed 5% fails it
+        case("a shift within a noisy SKU's noise", {"L4": runs("L4", uniform(gen, 0.06, 0.07), n)}),
+        case("a single candidate run", {"A100": runs("A100", uniform(gen, 0.1, 0.3), 1)}),
+        case("a SKU without a baseline of its own", {"L40S": runs("L4", uniform(gen, -0.2, 0.2), n, 0.02, 2.0)}),
+        case("a speed-up", {"A100": runs("A100", -uniform(gen, 0.1, 0.2), n)}),
+    ]
+    if not public:
+        # 0.6% on a 0.3%-noise SKU with 30 runs a side: significant, under MIN_EFFECT
+        quiet = {"H100": make_runs(randint(gen, 0, 10**6), 0.8, 0.003, 30)}
+        others = {s: runs(s) for s in ("A100", "L4")}
+        cases.append(case("a significant change under the minimum effect", {"H100": runs("H100", 0.006, 30, 0.003)},
+                          dict(quiet, **others)))
+        cases.append(case("every SKU at its own speed, one regressed",
+                          {"H100": runs("H100", 0.0, n), "A100": runs("A100", 0.08, n), "L4": runs("L4", 0.0, n)}))
+    return cases
+
+
+def _ci_gate_judge(case, obs):
+    x, got = case.inputs, obs["got"]
+    want = ref_ci_gate(x["baseline"], x["candidate"])
+    if got == want:
+        return None
+    if not isinstance(got, dict):
+        return f"ci_gate must return {{sku: verdict}} for every candidate SKU, got {got!r}."
+    sku = next((s for s in want if got.get(s) != want[s]), None)
+    if sku is None:
+        return f"ci_gate returned verdicts for SKUs the candidate did not run: {sorted(set(got) - set(want))}."
+    cand, base = x["candidate"][sku], x["baseline"].get(sku, [])
+    message = f"ci_gate: {sku} is {got.get(sku)!r}, expected {want[sku]!r} for {case.name}."
+    if want[sku] == "no_baseline":
+        return message + (f" There is no baseline of {MIN_RUNS} runs on {sku}: another SKU's runs say nothing about "
+                          "this one (compare each SKU with its own baseline only).")
+    if want[sku] == "rerun":
+        return message + (f" The candidate has {len(cand)} run(s) on {sku}: one run is noise, not evidence. Ask for "
+                          f"at least MIN_RUNS = {MIN_RUNS}.")
+    slower, noise, mean = _slower_and_noise(base, cand)
+    message += (f" The candidate is {slower / mean:+.1%} against {sku}'s own baseline; 3 standard errors of the "
+                f"difference are {noise / mean:.1%} and MIN_EFFECT {MIN_EFFECT:.0%}: a regression needs both, "
+                "m_c - m_b > 3 sqrt(s_b^2 / n_b + s_c^2 / n_c) and > MIN_EFFECT x m_b.")
+    pooled = [t for runs in x["baseline"].values() for t in runs]
+    fixed = "regression" if slower > 0.05 * mean else "pass"
+    if got.get(sku) == fixed:
+        message += (" Yours matches a fixed 5% threshold, which " + ("passes this real regression on a quiet SKU."
+                    if want[sku] == "regression" else "fails this SKU on its own noise."))
+    if got.get(sku) == ref_ci_gate({sku: pooled}, {sku: cand})[sku]:
+        message += (f" Yours matches a comparison with every SKU's baseline runs pooled: compare {sku} with its own "
+                    "baseline only.")
+    if want[sku] == "pass" and slower < 0:
+        message += " It is faster: a speed-up passes."
+    return message
+
+
 # --- the exercises: titles and hints, then the declarations ----------------------------------------
 
 _TEXT = {
@@ -1667,6 +2241,40 @@ _TEXT = {
         hint=(
             "Select every item a scenario needs and no anti-pattern; rollout: wait below min_requests, "
             "rollback on p99 > target, error rate > baseline + 3 standard errors, or PSI >= 0.25.")),
+    "p99_upper_bound": dict(
+        title="Fault tolerance: a confidence bound on a simulated p99",
+        hint=(
+            "Sort; the count of samples below the true p99 is Binomial(n, 0.99): return the k-th smallest for the "
+            "least k with P(Binomial(n, 0.99) <= k - 1) >= confidence; math.inf when no k <= n reaches it.")),
+    "retry_load": dict(
+        title="Fault tolerance: the load retries and hedged requests add",
+        hint="1 + p + ... + p^max_retries attempts, plus 1 - hedge_quantile for hedges, capped at 1 + budget."),
+    "plan_fault_tolerant": dict(
+        title="Fault tolerance: N+1 replicas on the p99 bound, at the retried load, and rolling upgrades",
+        hint=(
+            "At rate x load_factor, upper(r) = p99_upper_bound(replica_latencies(..., r, ..., n_requests="
+            "TAIL_SAMPLES)); the fewest R with upper(R - 1) <= p99_s (bisect 2..32); max_unavailable: the most u "
+            "with upper(R - v) <= p99_s for every v in 1..u.")),
+    "place_replicas": dict(
+        title="Fault tolerance: failure domains on a mixed fleet of 8-GPU nodes",
+        hint=(
+            "Nodes of the right GPU with tp free GPUs, one replica per node, each replica in the rack holding the "
+            "fewest so far; None when the nodes run out.")),
+    "failover_cost": dict(
+        title="Fault tolerance: health checks, the KV cache lost on failover, draining",
+        hint=(
+            "detect = interval x failures; misrouted = rate x detect; re-prefill prompt + generated tokens at 2 N t / "
+            "(tp peak mfu); worst = detect + the longest re-prefill; drain = max tokens left x one decode step.")),
+    "benchmark_design": dict(
+        title="Benchmark design: a fair CPU vs GPU comparison, and the flaws of unfair ones",
+        hint=(
+            "fair_benchmark: every DESIGN_FIELDS key, no BENCH_RULES rule broken; benchmark_problems: one test per "
+            "rule (metric, stages timed, tuned CPU on every core, same data, same hparams, repeats and CI, cost).")),
+    "ci_gate": dict(
+        title="Performance CI: a per-SKU gate that knows its noise",
+        hint=(
+            "Per SKU: no baseline of MIN_RUNS runs: no_baseline; fewer than MIN_RUNS candidate runs: rerun; regression "
+            "if m_c - m_b > 3 sqrt(s_b^2 / n_b + s_c^2 / n_c) and > MIN_EFFECT x m_b; else pass.")),
 }
 
 
@@ -1674,14 +2282,17 @@ _TEXT = {
 _POINTS = dict(training_memory=3, step_time=3, layout_problems=2, plan_training=4, moe_training_memory=2,
                moe_step_time=3, moe_layout_problems=2, plan_moe_training=3, serving_memory=2, plan_serving=4,
                prefill_decode_split=3, four_gpu_options=2, resnet_batch=2, diagnose_deployment=2, checkpoint_interval=1,
-               reshard_zero=2, find_stragglers=2, diagnose_divergence=3, mlops=3)
-_ENTRIES = {"mlops": ("mlops_checklist", "rollout_decision")}  # names other than the exercise id
+               reshard_zero=2, find_stragglers=2, diagnose_divergence=3, mlops=3, p99_upper_bound=2, retry_load=2,
+               plan_fault_tolerant=4, place_replicas=3, failover_cost=3, benchmark_design=3, ci_gate=3)
+_ENTRIES = {"mlops": ("mlops_checklist", "rollout_decision"),
+            "benchmark_design": ("fair_benchmark", "benchmark_problems")}  # names other than the exercise id
 
 # The helpers lab 16's setup imports: its answers may call these, and no other gpulab function or class.
 OFFERED = ("gpulab.setup", "gpulab.feedback.check", "gpulab.bench.percentile", "gpulab.planning.Cluster",
            "gpulab.planning.Layout", "gpulab.planning.MoESpec", "gpulab.planning.Workload",
            "gpulab.planning.all_to_all_time", "gpulab.planning.fcfs_pool", "gpulab.planning.group_link",
-           "gpulab.planning.kv_bytes_per_token", "gpulab.planning.replica_step_time",
+           "gpulab.planning.kv_bytes_per_token", "gpulab.planning.make_fleet", "gpulab.planning.replica_latencies",
+           "gpulab.planning.replica_step_time", "gpulab.perfci.make_runs",
            "gpulab.planning.ring_allreduce_time", "gpulab.planning.simulate_replicas",
            "gpulab.reliability.make_divergence_trace", "gpulab.reliability.make_profile",
            "gpulab.reliability.make_step_times", "gpulab.serving.ModelSpec", "gpulab.serving.make_trace")

@@ -4,6 +4,7 @@ it knows no answer (the references and verdicts are the judge's, in ``grader/che
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
@@ -201,3 +202,60 @@ def _mlops_run(ns, case, device):
         got = entry(ns, "mlops_checklist")(x["scenario"])
         return {"got": sorted(str(i) for i in got) if isinstance(got, (list, set, tuple)) else repr(got)}
     return {"got": str(entry(ns, "rollout_decision")(dict(x["baseline"]), dict(x["canary"]), dict(x["slo"])))}
+
+
+def _p99_upper_bound_run(ns, case, device):
+    x = case.inputs
+    got = entry(ns, "p99_upper_bound")(list(x["latencies"]), x["confidence"])
+    return {"got": float(got) if isinstance(got, (int, float)) else repr(got)}
+
+
+def _retry_load_run(ns, case, device):
+    got = entry(ns, "retry_load")(**case.inputs)
+    return {"got": float(got) if isinstance(got, (int, float)) else repr(got)}
+
+
+def _plan_fault_tolerant_run(ns, case, device):
+    x = case.inputs
+    got = entry(ns, "plan_fault_tolerant")(_spec(x["spec"]), _work(x["work"]), _cluster(x["cluster"]), x["tp"],
+                                           x["max_batch"], x["load_factor"])
+    if not isinstance(got, dict):
+        return {"plan": repr(got)}
+    plain = {k: (float(v) if isinstance(v, float) else v) for k, v in got.items() if isinstance(v, (int, float))}
+    return {"plan": plain}
+
+
+def _place_replicas_run(ns, case, device):
+    x = case.inputs
+    fn = entry(ns, "place_replicas")
+
+    def ask(replicas):
+        got = fn([dict(n) for n in x["nodes"]], replicas, x["tp"], x["gpu"])
+        return [str(n) for n in got] if isinstance(got, (list, tuple)) else None if got is None else repr(got)
+    return {"got": ask(x["replicas"]), "control": None if x["control"] is None else ask(x["control"])}
+
+
+def _failover_cost_run(ns, case, device):
+    x = case.inputs
+    got = entry(ns, "failover_cost")(_spec(x["spec"]), _cluster(x["cluster"]), _work(x["work"]), x["tp"],
+                                     [tuple(r) for r in x["in_flight"]], dict(x["health"]), x["rate_per_replica"])
+    return {"got": got if isinstance(got, dict) else repr(got)}
+
+
+def _benchmark_design_run(ns, case, device):
+    x = case.inputs
+    if "cores" in x:
+        got = entry(ns, "fair_benchmark")(x["cores"])
+        return {"got": copy.deepcopy(got) if isinstance(got, dict) else repr(got)}
+    fn = entry(ns, "benchmark_problems")
+
+    def review(design):
+        got = fn(copy.deepcopy(design))
+        return [str(r) for r in got] if isinstance(got, (list, tuple)) else repr(got)
+    return {"got": review(x["design"]), "control": review(x["control"])}
+
+
+def _ci_gate_run(ns, case, device):
+    x = case.inputs
+    got = entry(ns, "ci_gate")(copy.deepcopy(x["baseline"]), copy.deepcopy(x["candidate"]))
+    return {"got": {str(k): str(v) for k, v in got.items()} if isinstance(got, dict) else repr(got)}
