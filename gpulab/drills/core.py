@@ -59,7 +59,7 @@ and what limits it?
 - TP inside an NVLink node, PP across nodes: message size and frequency decide
 - Bottlenecks: per-layer all-reduce latency; stage imbalance; activation memory of in-flight microbatches
 - Hybrid 3D: TP x PP x DP (plus sequence/expert parallelism), with a worked layout
-- Cites measurements: lab 13's measured bubble against (p-1)/(m+p-1), lab 16's planner layout for GPT-3 175B
+- Cites measurements: lab 13's measured bubble against (p-1)/(m+p-1), lab 16's planner against Megatron-LM's published 145.6B layout
 > 32 heads at TP=8 is fine: 4 per GPU. What if the model has 8 KV heads (GQA) and you want TP=16?
 > Your bubble is [[%@bubble|the fraction you quoted]] with p=8. How many microbatches keep it under 10%, and what does
   that cost in activation memory under 1F1B vs GPipe?
@@ -68,8 +68,8 @@ and what limits it?
   in backward; at batch 8 x 2048 x 8192 bf16 that is 537 MB per layer, about 2.1 ms on NVLink at TP=8 (formula).
 + PP splits the layers: point-to-point activations only, but a bubble of (p-1)/(m+p-1): 18% at p=8, m=32
   (lab 13 measured its own schedule against the formula).
-+ So TP inside the node (NVLink), PP across nodes, DP over the rest: GPT-3 175B as TP=8 x PP=8 x DP (lab 16's
-  planner).
++ So TP inside the node (NVLink), PP across nodes, DP over the rest: Megatron-LM's published 145.6B run used
+  TP=8 x PP=8 on 1536 GPUs (lab 16's planner checks its layout against it).
 + Limits: TP by heads (GQA: at most KV-heads-way without replicating K/V) and by all-reduce latency; PP by
   imbalance and in-flight activations.
 ~ Tensor parallelism splits the tensors across GPUs and pipeline parallelism splits the layers. Use TP for big
