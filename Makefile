@@ -52,7 +52,7 @@ test-gpu:
 VENV36        ?= .venv-triton36
 TRITON36_PIN  ?= triton==3.6.0
 KERNEL_TESTS  ?= tests/test_checks_02.py tests/test_checks_03.py tests/test_checks_04.py \
-                 tests/test_checks_05.py tests/test_checks_08.py tests/test_checks_15.py tests/test_compile_sm90.py \
+                 tests/test_checks_05.py tests/test_checks_08.py tests/test_checks_15.py tests/test_compile_targets.py \
                  tests/test_int8_decode.py
 test-triton36: $(VENV36)/.gpulab-installed
 	$(VENV36)/bin/python -c "import triton; print('Triton', triton.__version__)"
