@@ -47,7 +47,7 @@ gpu-check:
 test-gpu:
 	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) benchmarks/gpu_check.py --budget 0 $(ARGS)
 
-# The kernel tests (CPU interpreter and the sm_90 compile check) against Triton 3.6, the GPU machines'
+# The kernel tests (CPU interpreter and the compile check for every target GPU) against Triton 3.6, the GPU machines'
 # version, in a side venv: not part of `make test`. numpy < 2.4: Triton 3.6's interpreter needs it.
 VENV36        ?= .venv-triton36
 TRITON36_PIN  ?= triton==3.6.0
