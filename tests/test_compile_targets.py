@@ -292,20 +292,27 @@ def straight_line_figure(stem: str, label: str, r: aot.KernelRecord) -> str:
             f"{100 * ceiling / 4.8e12:.0f}% of an H200's 4.8 TB/s")
 
 
+def _write(path, text: str) -> None:
+    """Replace ``path`` at once: another worker may be reading it (the targets run in parallel)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def write_report(name: str, target: dict) -> str:
     """Save one target's results and rebuild the combined report from every target saved so far (the
     targets run as separate tests, possibly in separate workers)."""
     out = ROOT / ".gpulab" / "compile_targets"
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(target, indent=1))
+    _write(out / f"{name}.json", json.dumps(target, indent=1))
     report = {"toolchain": f"Triton {triton.__version__}", "targets": {}}  # ptxas differs per target
     for path in sorted(out.glob("sm_*.json")):
         saved = json.loads(path.read_text())
         if saved["toolchain"].split(",")[0] == report["toolchain"]:
             report["targets"][path.stem] = saved
-    (ROOT / ".gpulab" / "compile_targets.json").write_text(json.dumps(report, indent=1))
+    _write(ROOT / ".gpulab" / "compile_targets.json", json.dumps(report, indent=1))
     text = markdown(report)
-    (ROOT / ".gpulab" / "compile_targets.md").write_text(text)
+    _write(ROOT / ".gpulab" / "compile_targets.md", text)
     return text
 
 
