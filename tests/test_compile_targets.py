@@ -178,18 +178,22 @@ def compile_lab(stem: str, dev: aot.Device = aot.H100) -> list[tuple[str, aot.Ke
     return rows
 
 
-def estimate_failures(r: aot.KernelRecord, label: str) -> list[str]:
+def estimate_failures(r: aot.KernelRecord, label: str, dev: aot.Device) -> list[str]:
     """An autotuned kernel's shared memory as compiled must stay within the estimate its lab prunes with
-    (``gpulab.device.pipeline_shared_bytes``), or pruning could keep a config that does not fit."""
+    (``gpulab.device.pipeline_shared_bytes``), or pruning could keep a config that does not fit; and the
+    autotuner, pruning through the stand-in driver, must have compiled only configs whose estimate fits."""
     if r.kernel not in AUTOTUNED:
         return []
     config = triton.Config({k: v for k, v in r.config.items() if k.startswith("BLOCK")},
                            num_warps=r.config["num_warps"], num_stages=r.config["num_stages"])
     a_bytes = 4 if "fp32" in label else 2
     estimate = device.pipeline_shared_bytes(config, a_bytes, 1 if r.kernel in INT8_WEIGHTS else a_bytes)
+    problems = []
     if r.shared > estimate:
-        return [f"{r.kernel} [{r.config_text()}]: {r.shared:,} B of shared memory > its estimate {estimate:,} B"]
-    return []
+        problems.append(f"{r.shared:,} B of shared memory > its estimate {estimate:,} B")
+    if estimate > dev.smem_per_block:
+        problems.append(f"compiled although its estimate, {estimate:,} B, exceeds {dev.smem_per_block:,} B")
+    return [f"{r.kernel} [{r.config_text()}]: {p}" for p in problems]
 
 
 FMA_SPILLS = ("FMA fallback: without tensor cores each tl.dot holds its operand tiles in registers across the "
@@ -210,7 +214,7 @@ def target_failures(rows: list[tuple[str, str, aot.KernelRecord]], dev: aot.Devi
         if why:
             notes[i] = why
             continue
-        failures += rule_failures(r, dev, spills_allowed=i in notes) + estimate_failures(r, label)
+        failures += rule_failures(r, dev, spills_allowed=i in notes) + estimate_failures(r, label, dev)
     for stem, label, r in rows:
         if r.kernel in AUTOTUNED and (label, r.kernel) not in calm and not (r.dot and fma):
             failures.append(f"{stem} {label}: every {r.kernel} candidate spills or fails on sm_{dev.arch}")
@@ -405,6 +409,38 @@ def test_flash_attention_picks_its_tiles_for_the_target(name):
                          ("TILE_CANDIDATES", "CANDIDATES_BY_SHARED_KIB")):
         kib = max(k for k in ns[table] if k * 1024 <= dev.smem_per_block)  # the largest entry this GPU holds
         assert ns[tiles] == ns[table][kib], (tiles, name)
+
+
+def test_the_estimate_rules_catch_an_unpruned_config_and_an_underestimate():
+    def record(shared, **blocks):
+        config = {**blocks, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+        return aot.KernelRecord(kernel="matmul_kernel", config=config, shared=shared, threads=256,
+                                tensor_cores="", vector_bits=128, loads=("f16",), dot=True)
+
+    hopper_tile = record(65_536, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64)  # 144 KiB of buffers by the estimate
+    assert any("exceeds 65,536 B" in p for p in estimate_failures(hopper_tile, "fp16", aot.T4))
+    assert estimate_failures(hopper_tile, "fp16", aot.H100) == []
+    underestimated = record(40_000, BLOCK_M=32, BLOCK_N=32, BLOCK_K=32)  # the estimate: 3 x 4 KiB
+    assert any("> its estimate 12,288 B" in p for p in estimate_failures(underestimated, "fp16", aot.H100))
+
+
+def test_each_target_expects_its_matrix_unit_and_excuses_only_fma_spills():
+    def record(kernel, unit, spills, dot=True):
+        return aot.KernelRecord(kernel=kernel, config={"num_warps": 4, "num_stages": 2}, shared=1024, threads=128,
+                                tensor_cores=unit, vector_bits=128, loads=("f16",), registers=255, spills=spills,
+                                ctas_per_sm=1, dot=dot)
+
+    fma = record("flash_fwd_kernel", "", 0)
+    assert any("FMA fallback where sm_80 gives mma" in p for p in rule_failures(fma, aot.A100))
+    assert rule_failures(fma, aot.T4) == []
+    assert any("mma where sm_90 gives wgmma" in p for p in rule_failures(record("flash_fwd_kernel", "mma", 0)))
+    dq, softmax = record("flash_bwd_dq_kernel", "", 76), record("softmax_kernel", "", 8, dot=False)
+    rows = [("05", "flash", dq), ("03", "softmax", softmax)]
+    failures, notes = target_failures(rows, aot.T4)
+    assert notes[0].startswith("FMA fallback") and 1 not in notes  # a tl.dot on CUDA cores: listed, not failed
+    assert failures == ["softmax_kernel [num_warps=4 num_stages=2]: spills 8 registers to local memory"]
+    failures, notes = target_failures(rows[:1], aot.A10G)  # with tensor cores a spill is a failure
+    assert not notes and any("spills 76" in f for f in failures)
 
 
 # --- each rule fails on a plausible wrong kernel ----------------------------------------------------
