@@ -237,7 +237,8 @@ def target_markdown(dev: aot.Device, target: dict) -> list[str]:
     lines = [f"## sm_{dev.arch}: {dev.name.split(' (')[0]}", "",
              f"{TARGET_NOTES[dev.arch]}. Per SM: {dev.regs_per_sm:,} registers, {dev.smem_per_sm // 1024} KiB "
              f"shared memory, {dev.threads_per_sm:,} threads, {dev.blocks_per_sm} CTAs. {target['toolchain']}; "
-             f"compiled in {target['seconds']:.0f} s.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             f"{target['seconds']:.0f} s of wall clock to compile here (with whatever Triton had cached).", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = target["rows"]
     for row in rows:
         cells = [row["lab"], row["label"], row["kernel"], row["config_text"], str(row["registers"]),
