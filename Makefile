@@ -58,12 +58,12 @@ gpu-check:
 test-gpu:
 	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) benchmarks/gpu_check.py --budget 0 $(ARGS)
 
-# The kernel tests (CPU interpreter and the sm_90 compile check) against Triton 3.6, the GPU machines'
+# The kernel tests (CPU interpreter and the compile check for every target GPU) against Triton 3.6, the GPU machines'
 # version, in a side venv: not part of `make test`. numpy < 2.4: Triton 3.6's interpreter needs it.
 VENV36        ?= .venv-triton36
 TRITON36_PIN  ?= triton==3.6.0
 KERNEL_TESTS  ?= tests/test_checks_02.py tests/test_checks_03.py tests/test_checks_04.py \
-                 tests/test_checks_05.py tests/test_checks_08.py tests/test_checks_15.py tests/test_compile_sm90.py \
+                 tests/test_checks_05.py tests/test_checks_08.py tests/test_checks_15.py tests/test_compile_targets.py \
                  tests/test_int8_decode.py
 test-triton36: $(VENV36)/.gpulab-installed
 	$(VENV36)/bin/python -c "import triton; print('Triton', triton.__version__)"

@@ -1,8 +1,9 @@
-"""What the compiler made of your kernel: compile Triton kernels for an H100 without a GPU (lesson 04).
+"""What the compiler made of your kernel: compile Triton kernels for a GPU you do not have (lesson 04).
 
 On a CPU your kernels run in Triton's interpreter, which says nothing about registers, shared memory
-or tensor cores. This module compiles them for a real GPU instead: a stand-in CUDA driver reports an
-H100 (``sm_90``, its device limits) and launches nothing, and everything else is Triton's own path:
+or tensor cores. This module compiles them for a real GPU instead: a stand-in CUDA driver reports one
+of :data:`TARGETS` (an H100, ``sm_90``, unless you pick another: a T4, an A100, an A10G, an L4) with
+its device limits and launches nothing, and everything else is Triton's own path:
 argument specialisation, the autotuner, the NVIDIA backend with its bundled ``ptxas``, and the
 launch-time check that a kernel's shared memory fits the device. Inputs are tensors on PyTorch's
 ``meta`` device: they have shapes, strides and dtypes but no memory, so full-size inputs cost nothing.
@@ -11,9 +12,13 @@ launch-time check that a kernel's shared memory fits the device. Inputs are tens
     x = torch.empty(4096, 4096, device="meta", dtype=torch.float16)
     records = aot.compile_call(softmax, x)      # a lab's wrapper: every kernel it launches
     aot.show(records)                           # registers, shared memory, occupancy, tensor cores
+    aot.show(aot.compile_call(softmax, x, device=aot.T4))   # the same wrapper on a T4 (sm_75)
 
 Each :class:`KernelRecord` holds what ``ptxas`` and the PTX say (registers, spills, shared memory,
-``wgmma``/``mma``, the widest global load, int8 loads) and the occupancy that follows on an H100.
+``wgmma``/``mma``, or the FMA fallback of ``tl.dot`` on a T4; the widest global load, int8 loads) and
+the occupancy that follows on the target. Code that picks tiles for "this GPU" (``gpulab.device``'s
+:func:`~gpulab.device.shared_memory_per_block`) sees the target inside :func:`target` and
+:func:`stand_in` blocks, so a whole lab can be set up and compiled for each GPU in turn.
 Nothing here is a measurement: how fast a kernel runs is only known by timing it on a GPU.
 """
 from __future__ import annotations
@@ -106,7 +111,8 @@ def occupancy(registers: int, threads: int, shared: int, device: Device = H100) 
         "threads": device.threads_per_sm // (warps * device.warp_size),
         "blocks": device.blocks_per_sm,
         "registers": (device.regs_per_sm // regs_per_warp) // warps if regs_per_warp else device.blocks_per_sm,
-        "shared memory": device.smem_per_sm // smem if shared <= device.smem_per_block else 0,
+        # a T4 keeps no shared memory per CTA for the system: a kernel without any is not limited by it
+        "shared memory": (device.smem_per_sm // smem if smem else math.inf) if shared <= device.smem_per_block else 0,
     }
     ctas = min(limits.values())
     return ctas, " & ".join(name for name, value in limits.items() if value == ctas)
@@ -140,6 +146,11 @@ def tensor_core_instructions(ptx: str) -> str:
     if re.search(r"\bmma\.sync\b", ptx):
         return "mma"
     return ""
+
+
+def multiplies_tiles(ttir: str) -> bool:
+    """True when the kernel's Triton IR holds a ``tt.dot`` (a ``tl.dot`` of tiles)."""
+    return re.search(r"\btt\.dot\b", ttir) is not None
 
 
 def loaded_dtypes(ttir: str) -> tuple[str, ...]:
@@ -186,6 +197,9 @@ def issue_ceiling_bytes_per_s(instructions_per_byte: float, device: Device = H10
 class KernelRecord:
     """One compiled kernel: its configuration and what the compiler made of it for ``device``.
 
+    ``tensor_cores`` is ``"wgmma"``, ``"mma"`` or ``""``; ``dot`` says whether the kernel multiplies
+    tiles with ``tl.dot`` at all: a ``dot`` without tensor-core instructions runs on the CUDA cores
+    (:attr:`matrix_unit` says ``"FMA fallback"``, what Triton does below ``sm_80``, on a T4).
     ``spills`` is Triton's ``n_spills``: a thread's local memory (spilled registers and stack frame,
     from the cubin) in 32-bit words, as ``cuFuncGetAttribute(LOCAL_SIZE_BYTES) / 4`` on a GPU;
     ``vector_bits`` is the widest global load; ``error`` is Triton's launch-time refusal (for example
@@ -205,6 +219,7 @@ class KernelRecord:
     limiter: str = ""
     grid: tuple | None = None
     error: str = ""
+    dot: bool = False
     device: Device = field(default=H100, repr=False)
     ptx: str = field(default="", repr=False)
     ttgir: str = field(default="", repr=False)
@@ -214,6 +229,11 @@ class KernelRecord:
     def int8_loads(self) -> bool:
         """True when the kernel reads int8 (i8) data from global memory."""
         return "i8" in self.loads
+
+    @property
+    def matrix_unit(self) -> str:
+        """``"wgmma"``, ``"mma"``, ``"FMA fallback"`` (a ``tl.dot`` on the CUDA cores) or ``"none"`` (no ``tl.dot``)."""
+        return self.tensor_cores or ("FMA fallback" if self.dot else "none")
 
     @property
     def fits(self) -> bool:
@@ -234,6 +254,7 @@ class KernelRecord:
     def as_dict(self) -> dict:
         return {"kernel": self.kernel, "config": self.config, "registers": self.registers, "spills": self.spills,
                 "shared": self.shared, "threads": self.threads, "tensor_cores": self.tensor_cores,
+                "matrix_unit": self.matrix_unit,
                 "vector_bits": self.vector_bits, "loads": list(self.loads), "int8_loads": self.int8_loads,
                 "ctas_per_sm": self.ctas_per_sm, "limiter": self.limiter, "grid": self.grid, "error": self.error}
 
@@ -495,6 +516,27 @@ def _is_kernel(obj) -> bool:
 
 
 _active_session: _Session | None = None
+_targets: list[Device] = []  # the GPUs of the enclosing target() and stand_in() blocks, innermost last
+
+
+def current_target() -> Device | None:
+    """The GPU the enclosing :func:`target` or :func:`stand_in` block compiles for, or None outside them."""
+    return _targets[-1] if _targets else None
+
+
+@contextlib.contextmanager
+def target(device: Device):
+    """Within this block, code that asks which GPU it is on (``gpulab.device.shared_memory_per_block``,
+    and through it ``tuning_configs``, ``prune_configs`` and ``pick_tiles``) is told ``device``.
+
+    Set up a lab inside the block (its tiles are then picked for ``device``) and compile it there with
+    ``compile_call(..., device=device)``: the whole session sees one GPU. Blocks nest; nothing else
+    changes (kernels still run in the interpreter between compiles)."""
+    _targets.append(device)
+    try:
+        yield device
+    finally:
+        _targets.pop()
 
 
 @contextlib.contextmanager
@@ -547,6 +589,7 @@ def stand_in(device: Device = H100):
     os.environ["TRITON_INTERPRET"] = "0"  # code that asks gpulab.interpreted() picks its GPU settings
     triton_compiler.max_shared_mem.cache_clear()  # Triton caches the limit per device number
     _active_session = session
+    _targets.append(device)
     try:
         session.patch_triton_language()
         with warnings.catch_warnings():
@@ -554,6 +597,7 @@ def stand_in(device: Device = H100):
             yield session
     finally:
         session.restore()
+        _targets.pop()
         _active_session = None
         JITFunction.run, InterpretedFunction.run, Autotuner.run = (
             original_jit_run, original_interpreted_run, original_autotune_run)
@@ -598,8 +642,8 @@ def _record(copy, kernel, device: Device) -> KernelRecord:
     record = KernelRecord(kernel=kernel.name, config=config, shared=meta.shared,
                           threads=meta.num_warps * device.warp_size * getattr(meta, "num_ctas", 1),
                           tensor_cores=tensor_core_instructions(ptx), vector_bits=global_load_bits(ptx),
-                          loads=loaded_dtypes(ttir), device=device, ptx=ptx, ttgir=kernel.asm.get("ttgir", ""),
-                          cubin=kernel.asm.get("cubin", b""))
+                          loads=loaded_dtypes(ttir), dot=multiplies_tiles(ttir), device=device, ptx=ptx,
+                          ttgir=kernel.asm.get("ttgir", ""), cubin=kernel.asm.get("cubin", b""))
     record.error = _launch_error(kernel)
     if not record.error:
         record.registers, record.spills = kernel.n_regs, kernel.n_spills
@@ -665,7 +709,7 @@ def _row(r: KernelRecord) -> list[str]:
             f"{r.shared:,}", str(r.threads),
             blank if r.ctas_per_sm is None else str(r.ctas_per_sm),
             r.limiter or ("does not launch" if r.error else blank),
-            r.tensor_cores or "none", f"{r.vector_bits}-bit" if r.vector_bits else blank,
+            r.matrix_unit, f"{r.vector_bits}-bit" if r.vector_bits else blank,
             ",".join(r.loads) or blank]
 
 
@@ -694,7 +738,8 @@ def show(records: list[KernelRecord]) -> None:
     print(table(records, markdown=False))
     print("regs: registers per thread; spills: registers spilled to (slow) local memory; CTAs/SM: how many "
           "copies of the kernel share one SM, and the resource that caps it; tensor cores: wgmma (Hopper) "
-          "or mma (Ampere) instructions in the PTX; widest load: bits per thread per global load "
+          "or mma (Ampere to Ada) instructions in the PTX, 'FMA fallback' when a tl.dot runs on the CUDA cores "
+          "(a T4); widest load: bits per thread per global load "
           "instruction (128 = fully vectorised). Nothing here is a timing.")
 
 

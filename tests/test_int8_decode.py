@@ -67,9 +67,9 @@ def test_the_gemv_refuses_prefill_shapes(sol08):
 # --- compiled for an H100 --------------------------------------------------------------------------
 
 def _decode_records(entry: str, kn: int = 4096):
-    from tests.test_compile_sm90 import h100_namespace
+    from tests.test_compile_targets import lab_namespace
 
-    ns = h100_namespace("08_quantization")  # the GPU configurations
+    ns = lab_namespace("08_quantization")  # the GPU configurations
     x = torch.empty(1, kn, device="meta", dtype=torch.float16)  # one token
     w = torch.empty(kn, kn, device="meta", dtype=torch.int8)
     s = torch.empty(kn, device="meta", dtype=torch.float32)
