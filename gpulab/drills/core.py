@@ -59,7 +59,8 @@ and what limits it?
 - TP inside an NVLink node, PP across nodes: message size and frequency decide
 - Bottlenecks: per-layer all-reduce latency; stage imbalance; activation memory of in-flight microbatches
 - Hybrid 3D: TP x PP x DP (plus sequence/expert parallelism), with a worked layout
-- Cites measurements: lab 13's measured bubble against (p-1)/(m+p-1), lab 16's planner against Megatron-LM's published 145.6B layout
+- Cites measurements: lab 13's measured bubble against (p-1)/(m+p-1), lab 16's planner against Megatron-LM's
+  published 145.6B layout
 > 32 heads at TP=8 is fine: 4 per GPU. What if the model has 8 KV heads (GQA) and you want TP=16?
 > Your bubble is [[%@bubble|the fraction you quoted]] with p=8. How many microbatches keep it under 10%, and what does
   that cost in activation memory under 1F1B vs GPipe?
