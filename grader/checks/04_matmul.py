@@ -35,8 +35,8 @@ LAB = "04_matmul"
 RUN = run_side(LAB)  # the learner side: grader/runs/04_matmul.py
 TITLE = "Matmul: tiling and the matrix units"
 
-# Shared memory of one H100 SM available to a kernel (227 KiB): a config whose pipeline buffers do not
-# fit cannot be compiled.
+# Shared memory one CTA may use on an H100 (227 KiB; its SM has 228 KiB): a config whose pipeline buffers
+# do not fit cannot be compiled.
 SMEM_BYTES = 227 * 1024
 # Non-square tiles (BLOCK_M, BLOCK_N, BLOCK_K) of the kernel checks: a BLOCK_M / BLOCK_N mix-up shows
 TILES = ((32, 64, 32), (64, 32, 32))
@@ -419,7 +419,8 @@ def _config_problem(cfg: dict, device: str) -> str | None:
         smem = cfg["num_stages"] * (kw["BLOCK_M"] * kw["BLOCK_K"] + kw["BLOCK_K"] * kw["BLOCK_N"]) * 2
         if smem > SMEM_BYTES:
             return (f"{cfg['text']} needs num_stages x (BLOCK_M x BLOCK_K + BLOCK_K x BLOCK_N) x 2 bytes = "
-                    f"{smem // 1024} KiB of shared memory for fp16 pipeline buffers, more than an H100 SM's 227 KiB")
+                    f"{smem // 1024} KiB of shared memory for fp16 pipeline buffers, more than the 227 KiB one CTA "
+                    "may use on an H100 (its SM has 228 KiB)")
     if device == "cpu" and max(kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"]) > 64:
         return (f"{cfg['text']}: on the CPU keep the tiles small (at most 64) so the interpreter stays fast "
                 "and masks are exercised")
