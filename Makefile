@@ -30,11 +30,17 @@ $(KERNEL_CONFIG): gpulab/jupyter/ipython_kernel_config.py | $(STAMP)
 	mkdir -p "$(@D)"
 	cp $< $@
 
+# The notebook lane runs beside the unit tests, on one worker: most of the unit tests' time is spent waiting
+# (sandboxes starting, ranks meeting, deadlines expiring), and the notebooks fill it. Its report follows theirs.
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m grader release --check
-	$(PY) -m pytest -n 2 --dist worksteal
-	$(MAKE) --no-print-directory test-notebooks
+	mkdir -p .gpulab
+	$(MAKE) --no-print-directory test-notebooks NOTEBOOK_WORKERS=1 > .gpulab/test-notebooks.log 2>&1 & lane=$$!; \
+	$(PY) -m pytest -n 2 --dist worksteal; units=$$?; \
+	wait $$lane; notebooks=$$?; \
+	echo "--- the notebook lane (make test-notebooks):"; cat .gpulab/test-notebooks.log; \
+	test $$units -eq 0 -a $$notebooks -eq 0
 
 # Every lesson and solution re-executed top to bottom under nbval, each notebook in one kernel (--dist
 # loadfile keeps a notebook's cells on one worker, in order). --nbval-lax: a cell fails on an error, and
@@ -42,9 +48,11 @@ test: $(STAMP)
 # varies (times, rates, addresses, device names). GPULAB_STRICT=1 makes a failed inline check raise. The
 # notebooks' DEVICE = "auto" picks the GPU where there is one: the GPU lane runs the same command.
 NOTEBOOKS ?= notebooks solutions
+NOTEBOOK_WORKERS ?= 2
 NBVAL := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
 test-notebooks: $(STAMP)
-	GPULAB_STRICT=1 MPLBACKEND=Agg $(PY) -m pytest $(NBVAL) -n 2 --dist loadfile -p no:cacheprovider $(NOTEBOOKS)
+	GPULAB_STRICT=1 MPLBACKEND=Agg $(PY) -m pytest $(NBVAL) -n $(NOTEBOOK_WORKERS) --dist loadfile -p no:cacheprovider \
+		$(NOTEBOOKS)
 
 # The GPU check: one command for an offline GPU machine with nothing but python3 + torch/Triton/NumPy (no
 # venv, no pip, no Jupyter, no install of this project). Options go in ARGS, e.g.
