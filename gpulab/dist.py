@@ -4,6 +4,8 @@
 processes joined by ``torch.distributed`` and returns the results in rank order:
 
 - gloo between CPU processes; NCCL when there are at least ``world_size`` GPUs (one rank per GPU);
+  inside a rank, :func:`rank_device` says where its tensors belong (its GPU under NCCL, else the CPU),
+  and :func:`demo_world` sizes a demonstration to the GPUs there are (Kaggle's two T4s: 2 NCCL ranks);
 - the function is shipped *by value* with cloudpickle, so code defined in a notebook cell works
   (``torch.multiprocessing.spawn`` cannot pickle it);
 - a free port per launch, so parallel launches (tests, cohorts) never collide;
@@ -81,6 +83,42 @@ def pick_backend(world_size: int, device: str | None = None) -> str:
             and torch.distributed.is_nccl_available():
         return "nccl"
     return "gloo"
+
+
+def demo_world(preferred: int, device: str | None = None) -> int:
+    """How many ranks a demonstration launches here (lessons and labs 11 to 13).
+
+    With ``device == "cuda"`` and at least two GPUs visible: one rank per GPU, at most ``preferred``,
+    so :func:`launch` picks NCCL (Kaggle's two T4s run 2 ranks; an 8-GPU node runs ``preferred``).
+    Otherwise ``preferred`` CPU processes over gloo (one GPU cannot all-reduce with anyone, and NCCL
+    refuses two ranks on one GPU). Formulas in the cells use the returned size, so they hold either way.
+    """
+    import torch
+
+    from gpulab.device import current_device
+
+    device = device or current_device()
+    gpus = torch.cuda.device_count() if device == "cuda" and torch.cuda.is_available() else 0
+    if gpus >= 2 and torch.distributed.is_nccl_available():
+        return max(1, min(preferred, gpus))
+    return preferred
+
+
+def rank_device():
+    """Inside a rank of :func:`launch`: the ``torch.device`` its tensors must live on (lessons 11 to 13).
+
+    Under NCCL, this rank's own GPU (``launch`` gives rank ``r`` GPU ``r``): NCCL moves GPU memory
+    only, and a CPU tensor in a collective fails. Under gloo, the CPU. Build a rank's tensors with
+    ``device=rank_device()``, move models and inputs with ``.to(rank_device())``, and make every
+    other tensor ``like`` one of those (``torch.empty_like``, ``device=x.device``), so one function
+    runs on both backends.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def backend_note(world_size: int, device: str | None = None, backend: str | None = None) -> str:
@@ -201,6 +239,21 @@ def _first_failure(procs, work: Path) -> tuple[int, str] | None:
     return min(failed, key=lambda item: (cause_rank(item), item[0]))[1:]
 
 
+# What torch says when a rank's tensor is not where its backend (or its other operand) is.
+_DEVICE_WORDS = ("no backend type associated with device type", "tensors must be cuda", "tensors must be cpu",
+                 "expected all tensors to be on the same device", "is not on the expected device")
+
+
+def _device_advice(report: str) -> str:
+    """A next step for a tensor on the wrong device (a rank written for gloo, run over NCCL), else ``""``."""
+    if not any(w in report.lower() for w in _DEVICE_WORDS):
+        return ""
+    return ("\n(A tensor is on the wrong device for this backend: over NCCL every tensor of a collective, and "
+            "every operand of a rank's math, must be on the rank's GPU. Create tensors with "
+            "device=gpulab.dist.rank_device() (or like an existing one: torch.empty_like(x), device=x.device) and "
+            "move models and inputs with .to(rank_device()).)")
+
+
 _TIMEOUT_WORDS = ("timed out", "timeout", "deadline")
 _PEER_GONE_WORDS = ("closed by peer", "reset by peer", "broken pipe", "connection refused", "connection closed")
 
@@ -224,6 +277,7 @@ def _watch(procs, work: Path, timeout_s: float) -> None:
                     kind = "peer_gone"
                     report += ("\n(Another rank exited or crashed while this one was waiting for it: a send "
                                "without a matching recv, or a collective that not every rank calls.)")
+                report += _device_advice(report)
                 raise RankError(f"rank {rank} of {len(procs)} failed:\n{report}", kind, rank, report,
                                 exc_type, exc_message)
             codes = [p.poll() for p in procs]
