@@ -383,9 +383,49 @@ def _sdpa_backend() -> dict:
     return found
 
 
-PATHS = {"cuda_graphs": _cuda_graphs, "l2_flush_effect": _l2_flush_effect, "sync_debug_mode": _sync_debug,
-         "sparsity_2_4": _sparsity_2_4, "pinned_copies": _pinned_copies, "profiler_trace": _profiler_trace,
-         "sdpa_backend": _sdpa_backend}
+def _nccl_rank(rank: int, world_size: int, place_on_gpu: bool) -> dict:
+    """One rank of :func:`_nccl_ranks`: an all-reduce of a tensor on ``rank_device()`` (or, to see NCCL's
+    refusal and launch's advice, on the CPU)."""
+    import torch
+    import torch.distributed as dist
+
+    from gpulab.dist import rank_device
+
+    dev = rank_device() if place_on_gpu else torch.device("cpu")
+    t = torch.full((1024,), float(rank + 1), device=dev)
+    dist.all_reduce(t)
+    return {"device": str(dev), "sum": t[0].item()}
+
+
+def _nccl_ranks() -> dict:
+    """Lessons and labs 11-13 on GPUs: ``launch`` over NCCL, one rank per visible GPU (one on a one-GPU
+    machine): ``rank_device()`` is each rank's GPU and the all-reduce sums; then a CPU tensor in the same
+    collective, which NCCL refuses, to see that ``launch`` adds its advice."""
+    import cloudpickle
+    import torch
+
+    from gpulab.dist import RankError, launch
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import this script's module
+    world = torch.cuda.device_count()
+    ranks = launch(_nccl_rank, world, True, backend="nccl", timeout_s=60)
+    out = {"world_size": world, "devices": [r["device"] for r in ranks],
+           "sums_correct": all(r["sum"] == world * (world + 1) / 2 for r in ranks)}
+    try:
+        launch(_nccl_rank, world, False, backend="nccl", timeout_s=60)
+        out["cpu_tensor_refused"] = False
+    except RankError as exc:
+        out["cpu_tensor_refused"] = True
+        out["advice_given"] = "rank_device()" in str(exc)
+        out["nccl_words"] = next((ln for ln in exc.report.splitlines() if "Error" in ln), "")[:200]
+    if not out["sums_correct"] or not out.get("advice_given", True):  # a problem for the summary, with the facts
+        raise AssertionError(f"NCCL ranks did not behave as lessons 11-13 say: {out}")
+    return out
+
+
+PATHS = {"nccl_ranks": _nccl_ranks, "cuda_graphs": _cuda_graphs, "l2_flush_effect": _l2_flush_effect,
+         "sync_debug_mode": _sync_debug, "sparsity_2_4": _sparsity_2_4, "pinned_copies": _pinned_copies,
+         "profiler_trace": _profiler_trace, "sdpa_backend": _sdpa_backend}
 
 
 # --- notebooks ----------------------------------------------------------------------------------------

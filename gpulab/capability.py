@@ -162,7 +162,8 @@ def lab_support(capability: tuple[int, int] | None, gpus: int = 1) -> list[tuple
         else:
             rows.append((lab, False, f"needs {f.since}: {f.instead}"))
     if gpus >= 2:
-        rows.append(("11-13 distributed", True, f"{gpus} GPUs: two ranks over NCCL, one per GPU"))
+        rows.append(("11-13 distributed", True, f"{gpus} GPUs: the demonstrations run up to {min(gpus, 4)} ranks "
+                                                "over NCCL, one per GPU (grading stays on gloo CPU ranks)"))
     else:
         rows.append(("11-13 distributed", False, "NCCL needs a GPU per rank: the ranks run over gloo on the CPU "
                                                  "(Kaggle's two T4s run two ranks over NCCL)"))

@@ -152,6 +152,36 @@ def test_a_forced_gloo_says_so(monkeypatch):
     assert "asks for gloo" in dist.backend_note(2, "cuda", backend="gloo")
 
 
+@pytest.mark.parametrize("gpus, device, preferred, world, backend", [
+    (2, "cuda", 4, 2, "nccl"),   # Kaggle's two T4s: one rank per GPU
+    (8, "cuda", 4, 4, "nccl"),   # a node with more GPUs than the demonstration needs
+    (1, "cuda", 4, 4, "gloo"),   # Colab's one T4 cannot all-reduce with anyone: CPU processes
+    (2, "cpu", 4, 4, "gloo")])   # DEVICE = "cpu" on a GPU machine keeps everything on the CPU
+def test_a_demonstration_is_sized_to_the_gpus_there_are(monkeypatch, gpus, device, preferred, world, backend):
+    fake_gpu(monkeypatch, T4, count=gpus)
+    assert dist.demo_world(preferred, device) == world
+    assert dist.pick_backend(dist.demo_world(preferred, device), device) == backend
+
+
+def test_a_rank_puts_its_tensors_on_its_gpu_under_nccl_and_on_the_cpu_otherwise(monkeypatch):
+    assert dist.rank_device() == torch.device("cpu")  # no process group at all
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None: "gloo")
+    assert dist.rank_device() == torch.device("cpu")
+    monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)  # launch gives rank 1 GPU 1
+    assert dist.rank_device() == torch.device("cuda", 1)
+
+
+@pytest.mark.parametrize("error", [
+    "RuntimeError: No backend type associated with device type cpu",  # a CPU tensor in an NCCL collective
+    "RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"])
+def test_a_tensor_on_the_wrong_device_gets_a_next_step(error):
+    advice = dist._device_advice(f"Traceback ...\n{error}")
+    assert "rank_device()" in advice and ".to(" in advice
+    assert dist._device_advice("RuntimeError: shapes cannot be multiplied") == ""
+
+
 # --- your GPU vs an H100 ------------------------------------------------------------------------------------
 
 def test_the_datasheet_parts_take_their_limits_from_the_compile_targets():
