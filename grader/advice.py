@@ -77,12 +77,14 @@ def _top_level_names(source: str) -> frozenset:
 
 
 def _failure(text: str) -> str:
-    """``"has a syntax error at line 4"`` or ``"stopped with ValueError: ..."``, from the worker's report."""
+    """``"has a syntax error at line 4"`` or ``"stopped at line 9 with ValueError: ..."``, from the worker's
+    report."""
     last = text.strip().splitlines()[-1] if text.strip() else "an error"
     if last.startswith(("SyntaxError", "IndentationError", "TabError")):
         line = re.search(r'", line (\d+)', text)
         return "has a syntax error" + (f" at line {line.group(1)}" if line else "") + f" ({last})"
-    return f"stopped with {last}"
+    line = re.search(r'^File "<answer cell [^>]*>", line (\d+)', text.strip(), re.MULTILINE)
+    return f"stopped at line {line.group(1)} with {last}" if line else f"stopped with {last}"
 
 
 def _where(cell: Cell) -> str:

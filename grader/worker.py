@@ -163,10 +163,7 @@ def main() -> int:
         except BaseException as exc:  # SyntaxError, SystemExit, anything: this exercise only
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            import traceback
-
-            text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            cell_errors[eid] = f"the answer cell failed to run: {text}"[:2000]
+            cell_errors[eid] = f"the answer cell failed to run: {_cell_error(exc, eid)}"[:2000]
         finally:
             _restore_imports(imports)
 
@@ -192,6 +189,22 @@ def main() -> int:
         send(b"O", eid.encode() + b"\0" + _observations_bytes(outcomes))
     send(b"M", b"done")
     return 0
+
+
+def _cell_error(exc: BaseException, eid: str) -> str:
+    """The exception an answer cell raised while it ran, with the line of that cell it reached (the last
+    frame in the cell: a call into the learner's own functions shows where the call was made) and its code.
+    A syntax error names its line itself."""
+    import traceback
+
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    filename = f"<answer cell {eid}>"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == filename]
+    if not frames or isinstance(exc, SyntaxError):
+        return text
+    where = f'File "{filename}", line {frames[-1].lineno}'
+    code = (frames[-1].line or "").strip()
+    return f"{where}\n    {code}\n{text}" if code else f"{where}\n{text}"
 
 
 if __name__ == "__main__":

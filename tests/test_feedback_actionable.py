@@ -90,7 +90,7 @@ def test_no_path_of_the_grading_machine_reaches_the_reports(syntax_cascade, tmp_
 
 
 def test_an_unwritten_helper_and_a_cell_that_raises_are_named(tmp_path):
-    raising = "raise ValueError('not yet')\n" + kit.source(kit.load("solutions", L14), "paged_kv")
+    raising = "BLOCK = 16\n\nraise ValueError('not yet')\n" + kit.source(kit.load("solutions", L14), "paged_kv")
     result, _, _ = graded(tmp_path, kit.submission(L14, {"paged_kv": raising}, solved=("decode_roofline",)))
     e = kit.by_id(result)
     assert e["decode_roofline"]["status"] == "not_attempted"
@@ -98,7 +98,9 @@ def test_an_unwritten_helper_and_a_cell_that_raises_are_named(tmp_path):
         "Exercise `decode_roofline` could not run because it calls your function `kv_cache_bytes`, which is not "
         f"written yet (exercise `kv_cache_bytes`, section {SECTION_KV}). Write that one first")
     assert e["paged_kv"]["message"].startswith('Your cell for this exercise (under "4 · A paged KV cache") '
-                                               "stopped with ValueError: not yet, so none of its cases could run.")
+                                               "stopped at line 3 with ValueError: not yet, so none of its cases "
+                                               "could run.")
+    assert "line 3\n    raise ValueError('not yet')\nValueError: not yet" in e["paged_kv"]["message"]
 
 
 @pytest.mark.parametrize("text,shown", [
