@@ -3,7 +3,8 @@
 Every lab ends with "## In the interview": the questions it serves, a cell for the learner's answer
 and a model outline. The autograder cannot score prose, so this command collects the answers of
 every submission into one review page per question (``q1.html`` and ``q1.md``, ...), learners side
-by side under the lab's model outline, and a blank ``scores.csv`` (``learner,question,points,comment``,
+by side under the lab's model outline, an index of the questions with how many learners answered each
+(``index.html``, ``index.md``), and a blank ``scores.csv`` (``learner,question,points,comment``,
 one row per learner and question) for the instructor to fill in; ``merge --scores scores.csv`` folds
 it into the gradebook.
 
@@ -212,6 +213,51 @@ def page_html(lab: str, question: Question, interview: Interview, answers: list[
             f'<div class="grid">\n' + "\n".join(cards) + "\n</div>\n</body></html>\n")
 
 
+def _tally(question: Question, interview: Interview, answers: list[Answer]) -> dict:
+    """How the cohort answered ``question``: ``{note kind: learners}`` (labelled, whole, none, unreadable)."""
+    counts = {"labelled": 0, "whole answer": 0, "no answer": 0, "unreadable": 0}
+    for a in answers:
+        text, note = _shown(a, question, interview.questions)
+        kind = ("unreadable" if a.problem else "no answer" if not text else
+                "labelled" if note.startswith("the part labelled") else "whole answer")
+        counts[kind] += 1
+    return counts
+
+
+def index_markdown(lab: str, interview: Interview, answers: list[Answer]) -> str:
+    """The table of contents: one row per question, with its page and how many learners answered it."""
+    out = [f"# {lab} · written interview answers", "",
+           f"{len(answers)} submissions. One page per question (the model outline on top, then every learner); "
+           "score them in `scores.csv`.", "",
+           "| question | asks | page | labelled part | whole answer | no answer | unreadable |",
+           "|---|---|---|---|---|---|---|"]
+    for q in interview.questions:
+        c = _tally(q, interview, answers)
+        label = f"{q.id} ({q.label})" if q.label else q.id
+        asks = q.text.replace("|", "\\|")[:120]
+        out.append(f"| {label} | {asks} | [{q.id}.md]({q.id}.md) | {c['labelled']} | {c['whole answer']} | "
+                   f"{c['no answer']} | {c['unreadable']} |")
+    return "\n".join(out) + "\n"
+
+
+def index_html(lab: str, interview: Interview, answers: list[Answer]) -> str:
+    e = html.escape
+    rows = []
+    for q in interview.questions:
+        c = _tally(q, interview, answers)
+        label = f"{e(q.id)} ({e(q.label)})" if q.label else e(q.id)
+        rows.append(f'<tr><td><a href="{e(q.id)}.html">{label}</a></td><td>{e(q.text)}</td>'
+                    + "".join(f"<td>{c[k]}</td>" for k in ("labelled", "whole answer", "no answer", "unreadable"))
+                    + "</tr>")
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{e(lab)} · interview answers</title>'
+            f"<style>{_STYLE}\ntd,th{{border:1px solid #ccc;padding:.3em .6em;text-align:left}}"
+            "table{border-collapse:collapse}</style></head><body>\n"
+            f"<h1>{e(lab)} · written interview answers</h1>\n<p>{len(answers)} submissions. One page per question "
+            "(the model outline on top, then every learner); score them in <code>scores.csv</code>.</p>\n"
+            "<table><tr><th>question</th><th>asks</th><th>labelled part</th><th>whole answer</th><th>no answer</th>"
+            "<th>unreadable</th></tr>\n" + "\n".join(rows) + "\n</table>\n</body></html>\n")
+
+
 def scores_csv(questions: tuple, answers: list[Answer]) -> str:
     """The blank score sheet: ``learner,question,points,comment``, one row per learner and question."""
     buf = io.StringIO()
@@ -239,6 +285,10 @@ def write_answers(folder, lab: str, out) -> list[Path]:
             path = out / f"{q.id}{suffix}"
             path.write_text(page(lab, q, interview, answers), encoding="utf-8")
             written.append(path)
+    for name, text in (("index.md", index_markdown(lab, interview, answers)),
+                       ("index.html", index_html(lab, interview, answers))):
+        (out / name).write_text(text, encoding="utf-8")
+        written.append(out / name)
     scores = out / "scores.csv"
     if scores.exists() and _filled(scores):
         scores = out / "scores.blank.csv"  # never overwrite the instructor's scores

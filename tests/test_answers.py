@@ -44,7 +44,8 @@ def pages(tmp_path_factory):
 
 def test_one_page_per_question_in_html_and_markdown(pages):
     names = sorted(p.name for p in pages.iterdir())
-    assert names == ["q1.html", "q1.md", "q2.html", "q2.md", "q3.html", "q3.md", "scores.csv"]
+    assert names == ["index.html", "index.md", "q1.html", "q1.md", "q2.html", "q2.md", "q3.html", "q3.md",
+                     "scores.csv"]
     for q, label, asks in (("q1", "Q-HW", "memory-bound or compute-bound"), ("q2", "Q-COMP", "benchmark a kernel"),
                            ("q3", "Q-E2E", "A training step is slow")):
         for suffix in (".html", ".md"):
@@ -52,6 +53,18 @@ def test_one_page_per_question_in_html_and_markdown(pages):
             assert f"{L1} · {q} ({label})" in page and asks in page
             assert "Model outline" in page and "ridge point of *measured* peaks" in page  # the rubric, on top
             assert page.index("ridge point of *measured* peaks") < page.index("alice")
+
+
+def test_the_index_links_every_question_and_counts_the_answers(pages):
+    index = (pages / "index.md").read_text(encoding="utf-8")
+    assert "3 submissions" in index
+    for q, label in (("q1", "Q-HW"), ("q2", "Q-COMP"), ("q3", "Q-E2E")):
+        row = next(line for line in index.splitlines() if line.startswith(f"| {q} ({label})"))
+        # alice labelled every part, bob wrote one unlabelled answer, carol nothing
+        assert row.endswith(f"| [{q}.md]({q}.md) | 1 | 1 | 1 | 0 |"), row
+    page = (pages / "index.html").read_text(encoding="utf-8")
+    assert all(f'<a href="{q}.html">' in page for q in ("q1", "q2", "q3"))
+    assert "<td>1</td><td>1</td><td>1</td><td>0</td>" in page
 
 
 def test_a_labelled_part_shows_on_its_own_page_only(pages):
