@@ -377,15 +377,21 @@ def _lab_02(page, findings: list[str]) -> None:
 
 
 def _drill(page) -> None:
-    """A drill answered in its box, saved, closed and reopened: the answer is still shown, in the restored
-    widget (make lab saves widget state), with no "model not found"."""
+    """A drill answered in its box and submitted, its first follow-up answered, saved, closed and reopened: the
+    answer, the follow-ups with their answer and the rubric are still shown, in the restored widgets (make lab
+    saves widget state), with no "model not found"."""
     cells = _cell_index(DRILLS)
     _open(page, DRILLS)
     for cell_id in ("parameters", "setup", "q-opt-1-drill"):
         _run_cell(page, cells[cell_id], f"running the drills' {cell_id} cell")
-    box = _cell(page, cells["q-opt-1-drill"]).locator("textarea")
-    box.fill("Quantize the weights to int8 and measure")  # saved to the answers file on every change
+    cell = _cell(page, cells["q-opt-1-drill"])
+    boxes = cell.locator("textarea")  # the answer box; after Submit, one more per follow-up
+    boxes.first.fill("Quantize the weights to int8 and measure")  # saved to the answers file on every change
     page.wait_for_timeout(1000)  # let the widget sync the value to the kernel (a debounce, not a poll)
+    cell.get_by_role("button", name="Submit answer").click()
+    _wait(page, lambda s: boxes.count() > 1, "showing the follow-ups after Submit")
+    boxes.nth(1).fill("Measure the bytes per token first")
+    page.wait_for_timeout(1000)
     _save_close_and_reopen(page, Path(DRILLS).name, DRILLS)
     cell = _cell(page, cells["q-opt-1-drill"])
     cell.scroll_into_view_if_needed()
@@ -394,6 +400,8 @@ def _drill(page) -> None:
     _wait(page, lambda s: "Loading widget" not in output.inner_text(), "restoring the drill's widget")
     shown = output.inner_text() + " ".join(t.input_value() for t in output.locator("textarea").all())
     assert "Quantize the weights to int8" in shown, shown
+    assert "The interviewer follows up" in shown and "Follow-up 1" in shown and "Follow-up 3" in shown, shown
+    assert "Measure the bytes per token first" in shown and "Rubric" in shown, shown
     assert "model not found" not in shown and "Error displaying widget" not in shown, shown
     _close_without_saving(page, Path(DRILLS).name)
 
