@@ -104,19 +104,20 @@ def demo_world(preferred: int, device: str | None = None) -> int:
     return preferred
 
 
-def rank_device():
+def rank_device(group=None):
     """Inside a rank of :func:`launch`: the ``torch.device`` its tensors must live on (lessons 11 to 13).
 
     Under NCCL, this rank's own GPU (``launch`` gives rank ``r`` GPU ``r``): NCCL moves GPU memory
     only, and a CPU tensor in a collective fails. Under gloo, the CPU. Build a rank's tensors with
     ``device=rank_device()``, move models and inputs with ``.to(rank_device())``, and make every
     other tensor ``like`` one of those (``torch.empty_like``, ``device=x.device``), so one function
-    runs on both backends.
+    runs on both backends. ``group``: a layer that talks over a process group of its own asks
+    about that group's backend (lab 12's tensor-parallel layers: ``rank_device(process_group)``).
     """
     import torch
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+    if dist.is_available() and dist.is_initialized() and dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 

@@ -1074,7 +1074,8 @@ EXPERT_PARALLEL = Exercise(
 
 # The course helpers this lab's answers may call (its locked cells import them; every lab also offers
 # gpulab.device and gpulab.compare): an answer that is, derives from or calls another earns nothing.
-OFFERED = ("gpulab.commlog.record_collectives", "gpulab.dist.launch", "gpulab.tensor_parallel_ref.MLP",
+OFFERED = ("gpulab.commlog.record_collectives", "gpulab.dist.launch", "gpulab.dist.rank_device",
+           "gpulab.tensor_parallel_ref.MLP",
            "gpulab.tensor_parallel_ref.SelfAttention", "gpulab.tensor_parallel_ref.draw_megatron")
 EXERCISES = [offering(ex, OFFERED) for ex in (TP_REGIONS, COLUMN_PARALLEL, ROW_PARALLEL, TP_MLP, TP_ATTENTION,
                                           TP_COMM_VOLUME, VOCAB_PARALLEL_CE, SEQUENCE_PARALLEL, MOE_ROUTING,
