@@ -8,7 +8,7 @@ processes joined by ``torch.distributed`` and returns the results in rank order:
   and :func:`demo_world` sizes a demonstration to the GPUs there are (Kaggle's two T4s: 2 NCCL ranks);
 - the function is shipped *by value* with cloudpickle, so code defined in a notebook cell works
   (``torch.multiprocessing.spawn`` cannot pickle it);
-- a free port per launch, so parallel launches (tests, cohorts) never collide;
+- the ranks meet through a store on a port the OS picks, so parallel launches (tests, cohorts) never collide;
 - a timeout on the process group and a watchdog: a rank that raises ends the launch at once with
   its traceback; a hung rank ends it after ``timeout_s`` with a message naming the rank.
 
@@ -163,9 +163,10 @@ def launch(fn, world_size: int = 2, *args, backend: str | None = None, timeout_s
     work = Path(tempfile.mkdtemp(prefix="gpulab-launch-"))
     try:
         (work / "payload.pkl").write_bytes(cloudpickle.dumps((fn, args, kwargs)))
-        port = free_port()
+        # The ranks meet through a store rank 0 opens on a port the OS picks (gpulab.dist_worker): no port is
+        # chosen here, so launches running at the same time never collide.
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-                   PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                   PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1")
         procs = [_start_rank(work, rank, world_size, backend, timeout_s, env) for rank in range(world_size)]
         _watch(procs, work, timeout_s)
         return [cloudpickle.loads((work / f"rank{r}.result").read_bytes()) for r in range(world_size)]

@@ -19,6 +19,29 @@ def die_with_parent() -> None:
         pass  # not Linux: the launcher's watchdog still stops the ranks
 
 
+def rendezvous_store(work_dir: Path, rank: int, world_size: int, timeout_s: float):
+    """The launch's ``TCPStore``: rank 0 opens it on a port the OS picks and writes the port to ``store.port``
+    in the launch's folder; the other ranks read it there. No port is chosen before it is bound, so launches
+    running at the same time (tests, a cohort's graders, a notebook beside them) never meet on one port."""
+    import time
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    path = work_dir / "store.port"
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+        (work_dir / "store.port.tmp").write_text(str(store.port))
+        (work_dir / "store.port.tmp").replace(path)  # atomic: a reader sees the whole port or no file
+        return store
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank 0 did not open the launch's store within {timeout_s:g} s (timed out)")
+        time.sleep(0.01)  # a poll interval: rank 0 is starting
+    return dist.TCPStore("127.0.0.1", int(path.read_text()), world_size, is_master=False, timeout=timeout)
+
+
 def main(work: str, rank: int, world_size: int, backend: str, timeout_s: float) -> int:
     die_with_parent()
     import cloudpickle
@@ -38,8 +61,8 @@ def main(work: str, rank: int, world_size: int, backend: str, timeout_s: float) 
         fn, args, kwargs = cloudpickle.loads((work_dir / "payload.pkl").read_bytes())
         if backend == "nccl":
             torch.cuda.set_device(rank)  # NCCL: exactly one rank per GPU
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(backend, store=rendezvous_store(work_dir, rank, world_size, timeout_s), rank=rank,
+                                world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
     except BaseException:
         return fail()
     try:

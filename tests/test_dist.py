@@ -20,6 +20,39 @@ def test_all_reduce_on_two_ranks():
     assert launch(_all_reduce_sum, 2, 10.0, timeout_s=scaled(30)) == [30.0, 30.0]
 
 
+def test_the_ranks_meet_on_a_port_the_os_picked(tmp_path):
+    """Rank 0 binds the store first and publishes its port; nothing picks a port that another launch could
+    take in between (the notebook lane launches ranks beside the unit tests)."""
+    from gpulab.dist_worker import rendezvous_store
+
+    clients = []
+    joiner = threading.Thread(target=lambda: clients.append(rendezvous_store(tmp_path, 1, 2, scaled(10))))
+    joiner.start()  # rank 1 may start first: it waits for the port
+    master = rendezvous_store(tmp_path, 0, 2, scaled(10))
+    joiner.join()
+    assert int((tmp_path / "store.port").read_text()) == master.port != 0
+    clients[0].set("from rank 1", "hello")
+    assert master.get("from rank 1") == b"hello"
+
+
+def test_launches_at_the_same_time_do_not_meet():
+    results, errors = [], []
+
+    def one(scale):
+        try:
+            results.append(launch(_all_reduce_sum, 2, scale, timeout_s=scaled(30)))
+        except Exception as exc:  # noqa: BLE001 - collected, asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(float(k),)) for k in (1, 2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sorted(results) == [[3.0, 3.0], [6.0, 6.0], [9.0, 9.0]]
+
+
 def test_code_defined_like_a_notebook_cell_is_shipped_by_value():
     namespace = {"__name__": "__main__"}
     exec("import torch\nOFFSET = 5\n"

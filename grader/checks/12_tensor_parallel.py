@@ -1087,11 +1087,9 @@ EXERCISES = [offering(ex, OFFERED) for ex in (TP_REGIONS, COLUMN_PARALLEL, ROW_P
 def _one_rank_group(device):
     import torch.distributed as dist
 
-    from gpulab.dist import free_port
-
-    if not dist.is_initialized():
+    if not dist.is_initialized():  # one rank: an in-process store, no port to collide with another run's
         backend = "nccl" if device == "cuda" and dist.is_nccl_available() else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return dist.group.WORLD
 
 
