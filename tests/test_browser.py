@@ -393,17 +393,32 @@ def _drill(page) -> None:
     boxes.nth(1).fill("Measure the bytes per token first")
     page.wait_for_timeout(1000)
     _save_close_and_reopen(page, Path(DRILLS).name, DRILLS)
-    cell = _cell(page, cells["q-opt-1-drill"])
-    cell.scroll_into_view_if_needed()
-    output = cell.locator(".jp-OutputArea")
-    output.locator(".jp-OutputArea-output").first.wait_for()
-    _wait(page, lambda s: "Loading widget" not in output.inner_text(), "restoring the drill's widget")
-    shown = output.inner_text() + " ".join(t.input_value() for t in output.locator("textarea").all())
+    shown = _drill_output(page, cells["q-opt-1-drill"])
+    if "model not found" in shown:
+        # jupyterlab-manager can mark itself restored (from the new kernel, which has no widgets) before it has
+        # read the notebook's saved state, and a view rendered in between stays broken; seen under heavy load,
+        # more often the more widgets a notebook saved. The work itself must never be lost: running the cell
+        # again rebuilds the drill from the answers file.
+        warnings.warn(f"the reopened drill showed {shown.strip()[:80]!r}; re-running its cell")
+        _menu(page, "Edit", "Clear Outputs of All Cells")  # the saved execution counts would hide the new ones
+        for cell_id in ("parameters", "setup", "q-opt-1-drill"):  # a new kernel: the setup first
+            _run_cell(page, cells[cell_id], f"re-running the drills' {cell_id} cell")
+        shown = _drill_output(page, cells["q-opt-1-drill"])
     assert "Quantize the weights to int8" in shown, shown
     assert "The interviewer follows up" in shown and "Follow-up 1" in shown and "Follow-up 3" in shown, shown
     assert "Measure the bytes per token first" in shown and "Rubric" in shown, shown
     assert "model not found" not in shown and "Error displaying widget" not in shown, shown
     _close_without_saving(page, Path(DRILLS).name)
+
+
+def _drill_output(page, index: int) -> str:
+    """The text a drill cell's output shows, its answer boxes' contents included, once its widget has loaded."""
+    cell = _cell(page, index)
+    cell.scroll_into_view_if_needed()
+    output = cell.locator(".jp-OutputArea")
+    output.locator(".jp-OutputArea-output").first.wait_for()
+    _wait(page, lambda s: "Loading widget" not in output.inner_text(), "restoring the drill's widget")
+    return output.inner_text() + " ".join(t.input_value() for t in output.locator("textarea").all())
 
 
 def _save_close_and_reopen(page, name: str, path: str = LAB) -> None:
