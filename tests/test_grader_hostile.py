@@ -480,12 +480,12 @@ HEAP_CORRUPTION = ("import ctypes\n"
                    "    return t1 / tn\n")
 
 
-def test_five_gradings_give_identical_exercise_lists(tmp_path):
+def test_three_gradings_give_identical_exercise_lists(tmp_path):
     """Heap corruption, a crash and honest answers: the same statuses and scores every time."""
     answers = {"scaling": HEAP_CORRUPTION,
                "roofline": kit.solution_with(L1, "roofline", "return", "import os; os._exit(3)\n    return", )}
     nb = kit.submission(L1, answers, solved=("benchmark",))
-    lists = [run(tmp_path, nb, name=f"s{i}.ipynb", seed=7)["exercises"] for i in range(5)]
+    lists = [run(tmp_path, nb, name=f"s{i}.ipynb", seed=7)["exercises"] for i in range(3)]
     assert all(lst == lists[0] for lst in lists)
     statuses = {e["id"]: e["status"] for e in lists[0]}
     assert statuses["benchmark"] == "passed" and statuses["roofline"] == "crashed"

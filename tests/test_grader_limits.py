@@ -44,16 +44,17 @@ def sleeper(nap: float) -> dict:
 
 @pytest.mark.slow
 def test_a_sleeping_hanging_submission_ends_at_its_deadline_and_its_peer_keeps_full_marks(tmp_path):
-    """Without the deadline this costs about n * (n * t + t) (lab 01 at t = 8 s: about 2.5 minutes; fewer
-    since finished cells are not re-run, still over 2). The honest peer has the same deadline."""
+    """Without the deadline this costs about n * (n * t + t) (lab 01 at t = 4 s: about 75 s; fewer since
+    finished cells are not re-run, still about a minute, past the 45 s deadline). The honest peer has the same
+    deadline."""
     from grader.cohort import cohort
 
     folder, out = tmp_path / "in", tmp_path / "out"
     folder.mkdir()
-    kit.write(sleeper(7.5), folder / "sleeper.ipynb")
+    kit.write(sleeper(3.5), folder / "sleeper.ipynb")
     kit.write(kit.load("solutions", L1), folder / "honest.ipynb")
-    deadline = 75
-    results = cohort(folder, L1, out, jobs=2, progress=False, seed=3, notebook_run=False, timeout_s=8,
+    deadline = 45
+    results = cohort(folder, L1, out, jobs=2, progress=False, seed=3, notebook_run=False, timeout_s=4,
                      deadline_s=deadline)
     by_name = {r["submission"]: r for r in results}
     assert by_name["honest.ipynb"]["score"] == by_name["honest.ipynb"]["max_score"] == 10
