@@ -401,7 +401,10 @@ def _nccl_ranks() -> dict:
     """Lessons and labs 11-13 on GPUs: ``launch`` over NCCL, one rank per visible GPU (one on a one-GPU
     machine): ``rank_device()`` is each rank's GPU and the all-reduce sums; then a CPU tensor in the same
     collective, which NCCL refuses, to see that ``launch`` adds its advice."""
-    import cloudpickle
+    try:
+        import cloudpickle  # launch ships functions with it; an offline machine has it only from --wheels
+    except ImportError:
+        return {"status": "not run", "why": "needs cloudpickle: carry its wheel with --wheels"}
     import torch
 
     from gpulab.dist import RankError, launch
